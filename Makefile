@@ -1,0 +1,49 @@
+# qkv: `make demo` and `make test` each do everything on a fresh Debian 12 machine: install, configure, build, run.
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= 2
+VENV       := .venv
+PY         := $(VENV)/bin/python
+CMAKE_ARGS ?=
+SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+.PHONY: all deps configure build python demo test test-cpp test-asan test-python test-consumer bench fuzz experiments clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_PYTHON=ON \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) $(CMAKE_ARGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j$(JOBS)
+
+# Points the project virtualenv at the module built in $(BUILD)/python (built from this tree).
+python: build
+	@echo "$(abspath $(BUILD)/python)" > "$(SITE)/qkv-build.pth"
+	@$(PY) -c "import qkv, sys; sys.stdout.write('python: qkv ' + qkv.__version__ + ' from ' + qkv.__file__ + '\n')"
+
+demo: python
+	OMP_NUM_THREADS=2 ./$(BUILD)/qkv demo --out out/demo
+
+test: test-cpp test-asan test-python
+
+test-cpp: python
+	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure -j$(JOBS)
+
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=address,undefined \
+	  -DQKV_BUILD_PYTHON=OFF $(CMAKE_ARGS)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+
+test-python: python
+	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests/python
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) out

@@ -1,0 +1,8 @@
+// Subcommand registry of the `qkv` command.
+#pragma once
+
+namespace qkv::cli {
+
+int run(int argc, char** argv);
+
+}  // namespace qkv::cli

@@ -1,0 +1,17 @@
+// LayerNorm over the last dimension. The forward returns what its backward needs (mean and rstd).
+#pragma once
+
+#include "qkv/core/tensor.h"
+
+namespace qkv {
+
+struct LayerNormResult {
+  Tensor y;     // (..., E)
+  Tensor mean;  // (...)
+  Tensor rstd;  // (...)  1/sqrt(var + eps), biased variance as PyTorch
+};
+
+// x: (..., E)  weight: (E) or undefined  bias: (E) or undefined
+LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+
+}  // namespace qkv

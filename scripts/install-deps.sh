@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs what qkv needs on a fresh Debian 12 machine, and nothing that is already there.
+# Idempotent: a second run checks, finds everything present, and returns in about a second.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PYTHON="${PYTHON:-python3}"
+
+# --- Debian packages -------------------------------------------------------
+# libopenblas-openmp-dev : CBLAS built on OpenMP, so BLAS threads never nest inside ours
+# libgtest-dev           : GoogleTest (C++ tests)
+# libbenchmark-dev       : Google Benchmark (bench/)
+# libcli11-dev           : CLI11, header-only argument parser for the `qkv` command
+# clang-14, libclang-rt-14-dev, libfuzzer-14-dev : libFuzzer target and sanitizer runtimes
+APT_PACKAGES=(
+  build-essential pkg-config
+  libopenblas-openmp-dev
+  libgtest-dev
+  libbenchmark-dev
+  libcli11-dev
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev
+)
+command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- Python virtualenv -----------------------------------------------------
+REQ="$ROOT/scripts/requirements.txt"
+STAMP="$VENV/.qkv-requirements"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "install-deps: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+if ! cmp -s "$REQ" "$STAMP"; then
+  echo "install-deps: pip install -r scripts/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -r "$REQ"
+  cp "$REQ" "$STAMP"
+fi

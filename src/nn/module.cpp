@@ -1,0 +1,83 @@
+// Module parameter registry and PyTorch-named state dicts with strict, all-or-nothing loading.
+#include "qkv/nn/module.h"
+
+#include <set>
+
+#include "qkv/core/error.h"
+
+namespace qkv::nn {
+
+void Module::register_parameter(const std::string& name, Tensor* param) {
+  QKV_ASSERT(param != nullptr);
+  params_.emplace_back(name, param);
+}
+
+void Module::register_module(const std::string& name, Module* child) {
+  QKV_ASSERT(child != nullptr);
+  children_.emplace_back(name, child);
+}
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) {
+  for (auto& [name, p] : params_)
+    if (p->defined()) out.emplace_back(prefix + name, p);
+  for (auto& [name, m] : children_) m->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Tensor*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Tensor*> Module::parameters() {
+  std::vector<Tensor*> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+int64_t Module::num_parameters() {
+  int64_t n = 0;
+  for (Tensor* p : parameters()) n += p->numel();
+  return n;
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [name, p] : const_cast<Module*>(this)->named_parameters()) out[name] = p->clone();
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  auto params = named_parameters();
+  std::set<std::string> known;
+  std::string missing, unexpected;
+  for (auto& [name, p] : params) {
+    known.insert(name);
+    auto it = state.find(name);
+    if (it == state.end()) {
+      missing += (missing.empty() ? "" : ", ") + name;
+      continue;
+    }
+    QKV_CHECK_ARG(it->second.defined() && it->second.shape() == p->shape(), "[load_state_dict] ",
+                  name, " has shape ",
+                  it->second.defined() ? str(it->second.shape()) : std::string("(undefined)"),
+                  " but the module expects ", str(p->shape()));
+  }
+  for (auto& [name, t] : state)
+    if (!known.count(name)) unexpected += (unexpected.empty() ? "" : ", ") + name;
+  QKV_CHECK_ARG(!strict || (missing.empty() && unexpected.empty()), "[load_state_dict] ",
+                missing.empty() ? "" : "missing: " + missing,
+                (!missing.empty() && !unexpected.empty()) ? "; " : "",
+                unexpected.empty() ? "" : "unexpected: " + unexpected);
+  for (auto& [name, p] : params) {
+    auto it = state.find(name);
+    if (it != state.end()) p->copy_from(it->second);
+  }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, m] : children_) m->train(on);
+}
+
+}  // namespace qkv::nn
