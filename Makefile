@@ -31,7 +31,7 @@ python: build
 demo: python
 	OMP_NUM_THREADS=2 ./$(BUILD)/qkv demo --out out/demo
 
-test: test-cpp test-asan test-python
+test: test-cpp test-asan test-python test-consumer
 
 test-cpp: python
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure -j$(JOBS)
@@ -44,6 +44,14 @@ test-asan: deps
 
 test-python: python
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests/python
+
+# Installs qkv into a temporary prefix and builds examples/consumer against it with find_package(qkv).
+test-consumer: build
+	rm -rf $(BUILD)/consumer-prefix $(BUILD)/consumer
+	cmake --install $(BUILD) --prefix $(abspath $(BUILD))/consumer-prefix > /dev/null
+	cmake -S examples/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/consumer-prefix > /dev/null
+	cmake --build $(BUILD)/consumer -j$(JOBS) > /dev/null
+	./$(BUILD)/consumer/consumer
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) out

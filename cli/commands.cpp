@@ -1,17 +1,23 @@
-// Subcommand table of the `qkv` command (CLI11).
+// Subcommand table of the `qkv` command (CLI11). Usage errors print one line and exit non-zero.
 #include "commands.h"
 
-#include <CLI/CLI.hpp>
+#include <cstdio>
 
 namespace qkv::cli {
 
 int run(int argc, char** argv) {
   CLI::App app{"qkv: attention from Seq2Seq to self-attention"};
   app.require_subcommand(1);
+  add_demo(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "qkv: error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }

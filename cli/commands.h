@@ -1,8 +1,13 @@
-// Subcommand registry of the `qkv` command.
+// Subcommand registry of the `qkv` command: each subcommand lives in its own file and adds itself here.
 #pragma once
+
+#include <CLI/CLI.hpp>
 
 namespace qkv::cli {
 
 int run(int argc, char** argv);
+
+// Each registers one subcommand on `app`; the callback runs the command and may throw.
+void add_demo(CLI::App& app);
 
 }  // namespace qkv::cli

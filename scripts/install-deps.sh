@@ -19,6 +19,8 @@ APT_PACKAGES=(
   libgtest-dev
   libbenchmark-dev
   libcli11-dev
+  zlib1g-dev
+  ccache
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
 )
 command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
