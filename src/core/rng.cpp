@@ -23,9 +23,17 @@ uint32_t Rng::next_u32() {
 
 float Rng::uniform() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
 
+namespace {
+// lo + (hi - lo) * u can round up to hi in float (e.g. lo = 1, hi = 2); keep the interval half-open.
+float scale_unit(float u, float lo, float hi) {
+  const float r = lo + (hi - lo) * u;
+  return r < hi ? r : std::nextafter(hi, lo);
+}
+}  // namespace
+
 float Rng::uniform(float lo, float hi) {
   QKV_CHECK_ARG(lo < hi, "[rng.uniform] needs lo < hi, got ", lo, " and ", hi);
-  return lo + (hi - lo) * uniform();
+  return scale_unit(uniform(), lo, hi);
 }
 
 float Rng::normal(float mean, float stddev) {
@@ -66,7 +74,7 @@ Tensor Rng::uniform(const Shape& shape, float lo, float hi) {
   QKV_CHECK_ARG(lo < hi, "[rng.uniform] needs lo < hi, got ", lo, " and ", hi);
   Tensor t = Tensor::empty(shape);
   float* p = t.data();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = lo + (hi - lo) * uniform();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = scale_unit(uniform(), lo, hi);
   return t;
 }
 

@@ -145,7 +145,7 @@ Tensor Tensor::view(const Shape& shape_in) const {
                 " elements) as ", str(shape_in));
   // Stride computation as in torch's computeStride: walk chunks of contiguous old dims.
   Shape strides(shape.size(), 1);
-  if (n == 0) {
+  if (n == 0 || dim() == 0) {  // empty, or a scalar: any shape of numel 1 is contiguous
     strides = contiguous_strides(shape);
   } else {
     int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
@@ -258,6 +258,8 @@ Tensor Tensor::squeeze(int64_t axis) const {
 Tensor Tensor::expand(const Shape& shape) const {
   QKV_CHECK_ARG(broadcastable_to(shape_, shape), "[expand] ", str(shape_), " cannot broadcast to ",
                 str(shape));
+  for (int64_t d : shape) QKV_CHECK_ARG(d >= 0, "[expand] negative dimension in ", str(shape));
+  shape_numel(shape);  // throws on int64 overflow
   Tensor t = *this;
   const size_t lead = shape.size() - shape_.size();
   t.shape_ = shape;

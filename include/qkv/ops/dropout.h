@@ -14,4 +14,7 @@ struct DropoutResult {
 // p in [0, 1). When !training or p == 0, returns x itself (shared). Draws only from `rng`.
 DropoutResult dropout(const Tensor& x, float p, bool training, Rng& rng);
 
+// dy: x's shape, mask and p from the forward  ->  dx = dy * mask / (1 - p); dy itself when mask is undefined.
+Tensor dropout_backward(const Tensor& dy, const Tensor& mask, float p);
+
 }  // namespace qkv

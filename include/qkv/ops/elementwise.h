@@ -1,4 +1,4 @@
-// Elementwise arithmetic with numpy broadcasting, and the activations (forward halves).
+// Elementwise arithmetic with numpy broadcasting, and the activations, with their backward halves.
 #pragma once
 
 #include "qkv/core/tensor.h"
@@ -17,5 +17,26 @@ Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::kNone);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
+
+// --- backward halves: dy has the forward output's shape ----------------------------------------------------
+
+// Sums a broadcast gradient back to `shape`: g (S) -> (shape), where `shape` broadcasts to S.
+// This is the backward of expand, and reduces add/sub/mul gradients to each operand's shape.
+// Returns g itself (shared) when shape == g.shape(); otherwise a fresh tensor (sums in double).
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+struct BinaryGrads {
+  Tensor da;  // shape of a
+  Tensor db;  // shape of b
+};
+// add/sub: da and db may share dy's storage when no reduction is needed.
+BinaryGrads add_backward(const Shape& a, const Shape& b, const Tensor& dy);  // da = dy, db = dy (summed)
+BinaryGrads sub_backward(const Shape& a, const Shape& b, const Tensor& dy);  // da = dy, db = -dy
+BinaryGrads mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy);  // da = dy*b, db = dy*a
+
+Tensor relu_backward(const Tensor& x, const Tensor& dy);                 // dy * (x > 0)
+Tensor gelu_backward(const Tensor& x, const Tensor& dy, GeluApprox approx = GeluApprox::kNone);
+Tensor tanh_backward(const Tensor& y, const Tensor& dy);                 // y = tanh(x): dy * (1 - y^2)
+Tensor sigmoid_backward(const Tensor& y, const Tensor& dy);              // y = sigmoid(x): dy * y * (1 - y)
 
 }  // namespace qkv

@@ -17,4 +17,8 @@ struct Ids {
 // weight: (V, E)  ids: shape S with values in [0, V)  ->  S + (E)
 Tensor embedding(const Tensor& weight, const Ids& ids);
 
+// Accumulates: dweight[ids[i]] += dy[i] (repeated ids add up). dweight: (V, E), any strides but not expanded;
+// dy: ids.shape + (E). The caller zeroes dweight once per step.
+void embedding_backward(Tensor& dweight, const Ids& ids, const Tensor& dy);
+
 }  // namespace qkv

@@ -14,4 +14,14 @@ struct LayerNormResult {
 // x: (..., E)  weight: (E) or undefined  bias: (E) or undefined
 LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 
+struct LayerNormGrads {
+  Tensor dx;       // (..., E)
+  Tensor dweight;  // (E); undefined when weight is undefined
+  Tensor dbias;    // (E) = sum of dy over the leading dims (always computed: the caller knows if it has a bias)
+};
+
+// x, weight, mean, rstd: as given to / returned by layer_norm;  dy: (..., E).
+LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& dy);
+
 }  // namespace qkv
