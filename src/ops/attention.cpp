@@ -1,3 +1,118 @@
+// attention(): validation shared by every attention path, the effective scale, and the one dispatch point.
+// The math lives in kernels/attention_reference.cpp (and, for the fused path, kernels/attention_flash.cpp).
 #include "qkv/ops/attention.h"
-namespace qkv { AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) { return attention_reference(q,k,v,o);} 
-AttentionResult attention_reference(const Tensor&, const Tensor&, const Tensor&, const AttentionOptions&) { return {}; } }
+
+#include <algorithm>
+#include <cmath>
+
+#include "qkv/core/error.h"
+#include "qkv/kernels/attention_reference.h"
+
+namespace qkv {
+namespace {
+
+const char* kind_name(MaskKind kind) {
+  switch (kind) {
+    case MaskKind::kNone: return "kNone";
+    case MaskKind::kKeep: return "kKeep";
+    case MaskKind::kBlock: return "kBlock";
+    case MaskKind::kAdditive: return "kAdditive";
+  }
+  return "unknown";
+}
+
+Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
+
+// NumPy broadcast of a and b; false when they do not broadcast.
+bool broadcast_into(Shape& out, const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  out.assign(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1) return false;
+    out[i] = da == 1 ? db : da;
+  }
+  return true;
+}
+
+}  // namespace
+
+Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                      const char* op) {
+  QKV_CHECK_ARG(q.defined() && k.defined() && v.defined(), "[", op, "] q, k and v must be defined tensors");
+  QKV_CHECK_ARG(q.dim() >= 2, "[", op, "] q ", str(q.shape()), " must have rank >= 2: (..., Tq, Dk)");
+  QKV_CHECK_ARG(k.dim() >= 2, "[", op, "] k ", str(k.shape()), " must have rank >= 2: (..., Tk, Dk)");
+  QKV_CHECK_ARG(v.dim() >= 2, "[", op, "] v ", str(v.shape()), " must have rank >= 2: (..., Tk, Dv)");
+  QKV_CHECK_ARG(q.size(-1) == k.size(-1), "[", op, "] q ", str(q.shape()), " and k ", str(k.shape()),
+                " must have the same last dimension (Dk)");
+  QKV_CHECK_ARG(k.size(-2) == v.size(-2), "[", op, "] k ", str(k.shape()), " and v ", str(v.shape()),
+                " must have the same sequence length (Tk, dim -2)");
+  QKV_CHECK_ARG(q.size(-2) > 0 && k.size(-2) > 0 && q.size(-1) > 0 && v.size(-1) > 0, "[", op, "] q ",
+                str(q.shape()), ", k ", str(k.shape()), " and v ", str(v.shape()),
+                ": Tq, Tk, Dk and Dv must be nonzero");
+  Shape qk, batch;
+  QKV_CHECK_ARG(broadcast_into(qk, leading(q), leading(k)) && broadcast_into(batch, qk, leading(v)), "[", op,
+                "] the leading (batch) dims of q ", str(q.shape()), ", k ", str(k.shape()), " and v ",
+                str(v.shape()), " do not broadcast");
+
+  const bool has_mask = options.mask.defined();
+  QKV_CHECK_ARG(!(has_mask && options.mask_kind == MaskKind::kNone), "[", op, "] mask ",
+                str(options.mask.shape()), " given with mask_kind kNone; choose kKeep, kBlock or kAdditive");
+  QKV_CHECK_ARG(has_mask || options.mask_kind == MaskKind::kNone, "[", op, "] mask_kind ",
+                kind_name(options.mask_kind), " needs a mask tensor");
+  if (has_mask) {
+    Shape full = batch;
+    full.push_back(q.size(-2));
+    full.push_back(k.size(-2));
+    QKV_CHECK_ARG(broadcastable_to(options.mask.shape(), full), "[", op, "] mask ", str(options.mask.shape()),
+                  " does not broadcast to (batch..., Tq, Tk) = ", str(full), " of q ", str(q.shape()), ", k ",
+                  str(k.shape()), " and v ", str(v.shape()));
+  }
+  QKV_CHECK_ARG(!options.scale || std::isfinite(*options.scale), "[", op, "] scale ",
+                options.scale.value_or(0.0f), " must be finite (q ", str(q.shape()), ")");
+  return batch;
+}
+
+float attention_scale(const AttentionOptions& options, int64_t dk) {
+  if (options.scale) {
+    QKV_CHECK_ARG(std::isfinite(*options.scale), "[attention] scale ", *options.scale, " must be finite");
+    return *options.scale;
+  }
+  QKV_CHECK_ARG(dk > 0, "[attention] Dk ", dk, " must be positive");
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+}
+
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  // The single dispatch point: the fused kernel takes over here when !options.return_weights.
+  if (!options.return_weights) return attention_fused(q, k, v, options);
+  return attention_reference(q, k, v, options);
+}
+
+AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options) {
+  const Shape batch = attention_check(q, k, v, options, "attention");
+  return kernels::attention_reference_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
+}
+
+AttentionGrads attention_backward_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                            const Tensor& lse, const Tensor& d_out,
+                                            const AttentionOptions& options) {
+  const char* op = "attention_backward";
+  const Shape batch = attention_check(q, k, v, options, op);
+  Shape out_shape = batch, lse_shape = batch;
+  out_shape.push_back(q.size(-2));
+  out_shape.push_back(v.size(-1));
+  lse_shape.push_back(q.size(-2));
+  QKV_CHECK_ARG(d_out.defined() && d_out.shape() == out_shape, "[", op, "] d_out ",
+                d_out.defined() ? str(d_out.shape()) : "(undefined)", " must have the shape of out ",
+                str(out_shape), " (q ", str(q.shape()), ", v ", str(v.shape()), ")");
+  QKV_CHECK_ARG(!out.defined() || out.shape() == out_shape, "[", op, "] out ", str(out.shape()),
+                " must have shape (batch..., Tq, Dv) = ", str(out_shape));
+  QKV_CHECK_ARG(!lse.defined() || lse.shape() == lse_shape, "[", op, "] lse ", str(lse.shape()),
+                " must have shape (batch..., Tq) = ", str(lse_shape));
+  return kernels::attention_reference_backward(q, k, v, out, lse, d_out, options, batch,
+                                               attention_scale(options, q.size(-1)));
+}
+
+}  // namespace qkv

@@ -37,7 +37,8 @@ struct AttentionResult {
 };
 
 // q: (..., Tq, Dk)  k: (..., Tk, Dk)  v: (..., Tk, Dv)  ->  out: (..., Tq, Dv)
-// Leading dims of q, k, v (and of the mask) broadcast together. Inputs may be strided views.
+// Leading dims of q, k, v broadcast together into `batch`; the mask broadcasts to (batch..., Tq, Tk) (it does not
+// widen the batch). Inputs may be strided views.
 // A fully masked row gives out 0, weights 0, lse -inf: never NaN.
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const AttentionOptions& options = {});
@@ -51,6 +52,27 @@ struct AttentionGrads {
   Tensor dk;  // shape of k
   Tensor dv;  // shape of v
 };
+
+// Reference backward of attention_reference (recomputes the weights; never the fused kernel).
+// q, k, v as for attention(); out, d_out: (batch..., Tq, Dv); lse: (batch..., Tq) from the forward
+// (out and lse may be undefined: they are then recomputed).  ->  dq, dk, dv with the shapes of q, k, v,
+// summed over the batch axes along which each was broadcast. A fully masked row contributes zero gradient.
+// No gradient flows to the mask.
+AttentionGrads attention_backward_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                                            const AttentionOptions& options = {});
+
+// The fused O(T)-memory path (FlashAttention-2 kernel, kernels/attention_flash.cpp) that attention() takes when
+// weights are not requested. Same contract as attention(); options.return_weights must be false.
+AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const AttentionOptions& options = {});
+
+// Backward of attention() through the fused kernel: recomputes the scores block by block from the lse and never
+// forms (Tq, Tk). Inputs and outputs as for attention_backward_reference; out and lse are the forward's
+// (attention(..., return_lse)); when either is undefined the fused forward recomputes both.
+// Deterministic: the same bits on every run with the same thread count (no atomics).
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& d_out, const AttentionOptions& options = {});
 
 // Validates q, k, v and options exactly as attention() does; returns the broadcast batch shape.
 // Exposed so that every attention path (reference, fused, bindings) rejects the same inputs with the same words.

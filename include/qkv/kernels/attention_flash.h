@@ -1,0 +1,40 @@
+// Fused O(T)-memory attention on the CPU (FlashAttention-2): tiled forward with an online softmax that keeps the
+// log-sum-exp, and the backward that recomputes the scores block by block from it. Never materialises Tq x Tk.
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/ops/attention.h"
+
+namespace qkv::kernels {
+
+// Which microkernels run. kAuto picks AVX2+FMA when the CPU has both (checked once at run time), else portable.
+enum class FlashIsa { kAuto, kPortable, kAvx2 };
+
+struct FlashConfig {
+  FlashIsa isa = FlashIsa::kAuto;
+  int threads = 0;  // 0 = omp_get_max_threads(); results are bit-identical across runs for a given count
+  // Multiply-adds per started thread: smaller problems start fewer threads (never changes the results).
+  // 0 starts every thread whatever the size (tests, sanitizers).
+  double min_work_per_thread = 1 << 21;
+};
+
+// Name of the microkernel set `isa` resolves to on this CPU: "avx2" or "portable".
+const char* flash_isa_name(FlashIsa isa = FlashIsa::kAuto);
+
+// q: (..., Tq, Dk)  k: (..., Tk, Dk)  v: (..., Tk, Dv)  ->  out: (batch..., Tq, Dv), lse: (batch..., Tq)
+// `batch` is attention_check's broadcast batch shape, `scale` the effective scale. Inputs: any strides whose last
+// dim is contiguous (others are copied). The lse is always returned (-inf on a fully masked row, whose out is 0).
+// options.return_weights is ignored (the fused path never forms the weights). Extra memory O(threads · tile).
+AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionOptions& options, const Shape& batch, float scale,
+                                        const FlashConfig& config = {});
+
+// q, k, v as above; out, d_out: (batch..., Tq, Dv); lse: (batch..., Tq) from attention_flash_forward (or any
+// forward: natural-log LSE, -inf for a fully masked row).  ->  dq, dk, dv with the shapes of q, k, v (summed over
+// the batch axes each one was broadcast along). Fully masked rows give zero gradient. Deterministic: no atomics.
+AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                        const Tensor& lse, const Tensor& d_out, const AttentionOptions& options,
+                                        const Shape& batch, float scale, const FlashConfig& config = {});
+
+}  // namespace qkv::kernels

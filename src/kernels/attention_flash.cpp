@@ -1,0 +1,575 @@
+// Fused attention on the CPU (FlashAttention-2): tiling, online softmax, causal and mask block skipping, OpenMP work
+// splitting (query tiles, paired causal tiles, split keys when there are too few tiles) and the deterministic backward.
+#include "qkv/kernels/attention_flash.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention_flash_kernels.h"
+#include "qkv/core/error.h"
+
+namespace qkv::kernels {
+namespace {
+
+using flash::Gemm;
+using flash::Kernels;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2 = 0.6931471805599453;
+
+// Tile sizes. Forward: a query tile (columns of the transposed score tile, packed Qᵀ) against key tiles read in
+// place. Backward: a key tile (packed Kᵀ, Vᵀ, dK and dV accumulators) against query tiles read in place.
+constexpr int64_t kFwdQ = 48;
+constexpr int64_t kFwdK = 96;
+constexpr int64_t kSmallQ = 8;  // query tiles this small score by dot products (decode) instead of the packed GEMM
+constexpr int64_t kBwdQ = 48;
+constexpr int64_t kBwdK = 96;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+bool cpu_has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+const Kernels& pick(FlashIsa isa) {
+  if (isa == FlashIsa::kPortable) return flash::portable_kernels();
+  if (isa == FlashIsa::kAvx2) {
+    QKV_CHECK_RUNTIME(cpu_has_avx2_fma(), "[attention] the AVX2+FMA kernels were requested but this CPU lacks them");
+    return flash::avx2_kernels();
+  }
+  return cpu_has_avx2_fma() ? flash::avx2_kernels() : flash::portable_kernels();
+}
+
+int thread_count(const FlashConfig& config) {
+  return config.threads > 0 ? config.threads : std::max(1, omp_get_max_threads());
+}
+
+// Threads actually started for `work` multiply-adds: small problems run on fewer threads (a parallel region costs
+// more than they do). Only the team size changes; the work decomposition, hence every result bit, does not.
+int team_size(int threads, double work, int64_t items, double work_per_thread) {
+  const double by_work = work_per_thread > 0.0 ? std::max(1.0, std::floor(work / work_per_thread)) : threads;
+  return static_cast<int>(std::clamp<double>(std::min<double>(by_work, static_cast<double>(items)), 1.0, threads));
+}
+
+// A (batch..., R, C) input read in place: the storage offset of each batch's matrix, and its row stride.
+struct Operand {
+  Tensor t;  // keeps the storage alive; a copy only when the last dim was not contiguous
+  const float* base = nullptr;
+  std::vector<int64_t> offs;
+  int64_t rs = 0;
+  const float* at(int64_t b) const { return base + offs[static_cast<size_t>(b)]; }
+};
+
+Operand operand(const Tensor& t, const Shape& batch) {
+  Operand o;
+  o.t = (t.size(-1) == 1 || t.stride(-1) == 1) ? t : t.contiguous();
+  Shape full = batch;
+  full.push_back(o.t.size(-2));
+  full.push_back(o.t.size(-1));
+  const Tensor e = o.t.expand(full);
+  o.base = e.data();
+  o.rs = e.stride(-2);
+  const Shape strides(e.strides().begin(), e.strides().begin() + static_cast<int64_t>(batch.size()));
+  o.offs.resize(static_cast<size_t>(shape_numel(batch)));
+  for_each_offset(batch, strides, [&](int64_t i, int64_t off) { o.offs[static_cast<size_t>(i)] = off; });
+  return o;
+}
+
+// The mask broadcast to (batch..., Tq, Tk), read through its strides; converted to log2-unit biases per tile.
+struct MaskView {
+  MaskKind kind = MaskKind::kNone;
+  Operand op;
+  int64_t cs = 0;  // column (key) stride; may be 0
+  float bias(float m) const {
+    switch (kind) {
+      case MaskKind::kKeep: return m != 0.0f ? 0.0f : kNegInf;
+      case MaskKind::kBlock: return m != 0.0f ? kNegInf : 0.0f;
+      case MaskKind::kAdditive: return static_cast<float>(m * kLog2e);
+      case MaskKind::kNone: break;
+    }
+    return 0.0f;
+  }
+};
+
+MaskView mask_view(const AttentionOptions& options, const Shape& batch, int64_t tq, int64_t tk) {
+  MaskView m;
+  m.kind = options.mask_kind;
+  if (m.kind == MaskKind::kNone || !options.mask.defined()) {
+    m.kind = MaskKind::kNone;
+    return m;
+  }
+  Shape full = batch;
+  full.push_back(tq);
+  full.push_back(tk);
+  const Tensor e = options.mask.expand(full);
+  m.op.t = e;
+  m.op.base = e.data();
+  m.op.rs = e.stride(-2);
+  m.cs = e.stride(-1);
+  const Shape strides(e.strides().begin(), e.strides().begin() + static_cast<int64_t>(batch.size()));
+  m.op.offs.resize(static_cast<size_t>(shape_numel(batch)));
+  for_each_offset(batch, strides, [&](int64_t i, int64_t off) { m.op.offs[static_cast<size_t>(i)] = off; });
+  return m;
+}
+
+// What both passes share: inputs, sizes, the causal offset and the microkernels.
+struct Ctx {
+  const Kernels* kr = nullptr;
+  Operand q, k, v;
+  MaskView mask;
+  bool causal = false;
+  int64_t off = 0;  // query i sees keys j <= i + off when causal
+  int64_t tq = 0, tk = 0, dk = 0, dv = 0;
+  float scale = 1.0f;
+  float c2 = 1.0f;  // scale · log2(e): scores in log2 units
+  // Keys [0, key_end) are visible to query rows up to i_last.
+  int64_t key_end(int64_t i_last) const { return causal ? std::clamp<int64_t>(i_last + off + 1, 0, tk) : tk; }
+  // The tile (rows i0.., keys j0..j0+n) has a causally masked pair.
+  bool diagonal(int64_t i0, int64_t j0, int64_t n) const { return causal && j0 + n - 1 > i0 + off; }
+};
+
+Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+             const Shape& batch, float scale, const FlashConfig& config) {
+  Ctx cx;
+  cx.kr = &pick(config.isa);
+  cx.tq = q.size(-2);
+  cx.tk = k.size(-2);
+  cx.dk = q.size(-1);
+  cx.dv = v.size(-1);
+  cx.q = operand(q, batch);
+  cx.k = operand(k, batch);
+  cx.v = operand(v, batch);
+  cx.mask = mask_view(options, batch, cx.tq, cx.tk);
+  cx.causal = options.causal != Causal::kNone;
+  cx.off = options.causal == Causal::kBottomRight ? cx.tk - cx.tq : 0;
+  cx.scale = scale;
+  cx.c2 = static_cast<float>(scale * kLog2e);
+  return cx;
+}
+
+// Fills the log2-unit bias of the tile rows i0..i0+bq, keys j0..j0+n: the mask (if any) and -inf above the causal
+// diagonal (if diag). Element (i, j) goes to bias[i*i_step + j*j_step]. Returns whether any pair is allowed.
+bool build_bias(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j0, int64_t n, bool diag, float* bias,
+                int64_t i_step, int64_t j_step) {
+  const bool has_mask = cx.mask.kind != MaskKind::kNone;
+  const float* mb = has_mask ? cx.mask.op.at(b) : nullptr;
+  bool any = false;
+  for (int64_t i = 0; i < bq; ++i) {
+    const int64_t last = diag ? std::min(n - 1, i0 + i + cx.off - j0) : n - 1;  // last allowed local key
+    const float* mrow = has_mask ? mb + (i0 + i) * cx.mask.op.rs + j0 * cx.mask.cs : nullptr;
+    float* brow = bias + i * i_step;
+    for (int64_t j = 0; j < n; ++j) {
+      const float x = j > last ? kNegInf : (has_mask ? cx.mask.bias(mrow[j * cx.mask.cs]) : 0.0f);
+      brow[j * j_step] = x;
+      any = any || x > kNegInf;
+    }
+  }
+  return any;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward
+
+struct FwdWork {
+  std::vector<float> qt, st, bias, o, m, l, alpha;
+  FwdWork(int64_t dk, int64_t dv)
+      : qt(static_cast<size_t>(dk * kFwdQ)),
+        st(static_cast<size_t>(kFwdK * kFwdQ)),
+        bias(static_cast<size_t>(kFwdK * kFwdQ)),
+        o(static_cast<size_t>(kFwdQ * dv)),
+        m(kFwdQ),
+        l(kFwdQ),
+        alpha(kFwdQ) {}
+};
+
+// Online softmax of query rows i0..i0+bq of batch b over keys [j_begin, j_end): leaves the running max m (log2
+// units), sum l and unnormalised output o (bq x Dv) in w.
+void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin, int64_t j_end, FwdWork& w) {
+  const Kernels& kr = *cx.kr;
+  const int64_t dk = cx.dk, dv = cx.dv;
+  const int64_t ld = round_up(bq, 8);
+  const bool small = bq <= kSmallQ;
+  const float* qb = cx.q.at(b) + i0 * cx.q.rs;
+  float* qt = w.qt.data();
+  if (small) {  // scaled rows, for the dot-product scores
+    for (int64_t i = 0; i < bq; ++i)
+      for (int64_t d = 0; d < dk; ++d) qt[i * dk + d] = qb[i * cx.q.rs + d] * cx.c2;
+  } else {  // scaled Qᵀ (dk x ld), zero-padded columns
+    for (int64_t i = 0; i < bq; ++i)
+      for (int64_t d = 0; d < dk; ++d) qt[d * ld + i] = qb[i * cx.q.rs + d] * cx.c2;
+    for (int64_t d = 0; d < dk; ++d)
+      for (int64_t i = bq; i < ld; ++i) qt[d * ld + i] = 0.0f;
+  }
+  std::fill(w.m.begin(), w.m.begin() + ld, kNegInf);
+  std::fill(w.l.begin(), w.l.begin() + ld, 0.0f);
+  std::fill(w.o.begin(), w.o.begin() + bq * dv, 0.0f);
+
+  const float* kb = cx.k.at(b);
+  const float* vb = cx.v.at(b);
+  const bool has_mask = cx.mask.kind != MaskKind::kNone;
+  float* st = w.st.data();
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kFwdK) {
+    const int64_t n = std::min(kFwdK, j_end - j0);
+    const bool diag = cx.diagonal(i0, j0, n);
+    const bool biased = has_mask || diag;
+    if (biased && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), 1, ld)) continue;  // all blocked
+    // Sᵀ (n keys x ld queries), log2 units.
+    if (small) {
+      kr.dot_scores(qt, bq, dk, kb + j0 * cx.k.rs, cx.k.rs, n, st, ld);
+    } else {
+      Gemm g;
+      g.rows = n, g.cols = ld, g.depth = dk;
+      g.a = kb + j0 * cx.k.rs, g.a_rs = cx.k.rs, g.a_ks = 1;
+      g.b = qt, g.b_ks = ld;
+      g.c = st, g.c_rs = ld;
+      kr.gemm(g);
+    }
+    if (biased) {
+      const float* bias = w.bias.data();
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t i = 0; i < bq; ++i) st[j * ld + i] += bias[j * ld + i];
+    }
+    kr.softmax_cols(st, ld, n, ld, w.m.data(), w.l.data(), w.alpha.data());
+    // O = alpha·O + Pᵀᵀ·V
+    Gemm g;
+    g.rows = bq, g.cols = dv, g.depth = n;
+    g.a = st, g.a_rs = 1, g.a_ks = ld;
+    g.b = vb + j0 * cx.v.rs, g.b_ks = cx.v.rs;
+    g.c = w.o.data(), g.c_rs = dv;
+    g.row_scale = w.alpha.data();
+    g.accumulate = true;
+    kr.gemm(g);
+  }
+}
+
+// out rows (bq x Dv, contiguous) = o / l; lse = ln(2)·(m + log2 l); a row that saw no key: out 0, lse -inf.
+void fwd_finish(const FwdWork& w, int64_t bq, int64_t dv, float* out, float* lse) {
+  for (int64_t i = 0; i < bq; ++i) {
+    const float l = w.l[static_cast<size_t>(i)];
+    float* orow = out + i * dv;
+    const float* src = w.o.data() + i * dv;
+    if (l > 0.0f) {
+      const float inv = 1.0f / l;
+      for (int64_t c = 0; c < dv; ++c) orow[c] = src[c] * inv;
+      lse[i] = static_cast<float>((static_cast<double>(w.m[static_cast<size_t>(i)]) + std::log2(double{l})) * kLn2);
+    } else {
+      std::fill(orow, orow + dv, 0.0f);
+      lse[i] = kNegInf;
+    }
+  }
+}
+
+// Key splits per query tile: 1 while there are enough tiles to keep every thread busy and balanced; otherwise
+// (decoding one query against a long cache, B·H below the thread count) the keys of each tile are split and the
+// partial (max, sum, output) merged afterwards in a fixed order.
+int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
+  if (units >= 4 * threads || units % threads == 0) return 1;
+  return std::clamp<int64_t>(ceil_div(4 * threads, units), 1, std::max<int64_t>(1, max_key_tiles));
+}
+
+}  // namespace
+
+const char* flash_isa_name(FlashIsa isa) { return pick(isa).name; }
+
+AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionOptions& options, const Shape& batch, float scale,
+                                        const FlashConfig& config) {
+  const Ctx cx = make_ctx(q, k, v, options, batch, scale, config);
+  const int64_t nb = shape_numel(batch), tq = cx.tq, dv = cx.dv;
+  Shape out_shape = batch, lse_shape = batch;
+  out_shape.push_back(tq);
+  out_shape.push_back(dv);
+  lse_shape.push_back(tq);
+  AttentionResult r;
+  r.out = Tensor::empty(out_shape);
+  r.lse = Tensor::empty(lse_shape);
+  if (nb == 0) return r;
+  float* out = r.out.data();
+  float* lse = r.lse.data();
+
+  const int threads = thread_count(config);
+  const int64_t nqt = ceil_div(tq, kFwdQ);
+  const int64_t units = nb * nqt;
+  const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, kFwdK));
+  const double work = static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(cx.tk) *
+                      static_cast<double>(cx.dk + dv);
+
+  if (splits == 1) {
+    // Causal: work item p runs query tiles p and nqt-1-p (a cheap and an expensive one), so items cost the same.
+    const bool paired = cx.causal && nqt > 1;
+    const int64_t per_b = paired ? ceil_div(nqt, 2) : nqt;
+    const int64_t items = nb * per_b;
+#pragma omp parallel num_threads(team_size(threads, work, items, config.min_work_per_thread))
+    {
+      FwdWork w(cx.dk, dv);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / per_b, p = it % per_b;
+        const int64_t tiles[2] = {p, nqt - 1 - p};
+        const int ntiles = (paired && tiles[1] != tiles[0]) ? 2 : 1;
+        for (int t = 0; t < ntiles; ++t) {
+          const int64_t i0 = tiles[t] * kFwdQ, bq = std::min(kFwdQ, tq - i0);
+          fwd_tile(cx, b, i0, bq, 0, cx.key_end(i0 + bq - 1), w);
+          fwd_finish(w, bq, dv, out + (b * tq + i0) * dv, lse + b * tq + i0);
+        }
+      }
+    }
+    return r;
+  }
+
+  // Split keys: partial (m, l, o) per (unit, split), then a fixed-order merge.
+  const int64_t part_floats = 2 * kFwdQ + kFwdQ * dv;
+  std::vector<float> parts(static_cast<size_t>(units * splits * part_floats));
+#pragma omp parallel num_threads(team_size(threads, work, units * splits, config.min_work_per_thread))
+  {
+    FwdWork w(cx.dk, dv);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < units * splits; ++it) {
+      const int64_t u = it / splits, s = it % splits;
+      const int64_t b = u / nqt, i0 = (u % nqt) * kFwdQ, bq = std::min(kFwdQ, tq - i0);
+      const int64_t kend = cx.key_end(i0 + bq - 1);
+      const int64_t per = ceil_div(ceil_div(kend, kFwdK), splits) * kFwdK;
+      const int64_t j_begin = std::min(kend, s * per), j_end = std::min(kend, (s + 1) * per);
+      fwd_tile(cx, b, i0, bq, j_begin, j_end, w);
+      float* part = parts.data() + it * part_floats;
+      std::copy(w.m.begin(), w.m.begin() + bq, part);
+      std::copy(w.l.begin(), w.l.begin() + bq, part + kFwdQ);
+      std::copy(w.o.begin(), w.o.begin() + bq * dv, part + 2 * kFwdQ);
+    }
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t b = u / nqt, i0 = (u % nqt) * kFwdQ, bq = std::min(kFwdQ, tq - i0);
+      const float* first = parts.data() + u * splits * part_floats;
+      for (int64_t i = 0; i < bq; ++i) {
+        float mx = kNegInf;
+        for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, first[s * part_floats + i]);
+        float* orow = out + (b * tq + i0 + i) * dv;
+        std::fill(orow, orow + dv, 0.0f);
+        float l = 0.0f;
+        if (mx > kNegInf) {
+          for (int64_t s = 0; s < splits; ++s) {
+            const float* part = first + s * part_floats;
+            const float wgt = std::exp2(part[i] - mx);  // 0 for a split that saw no key of this row
+            l += wgt * part[kFwdQ + i];
+            const float* src = part + 2 * kFwdQ + i * dv;
+            for (int64_t c = 0; c < dv; ++c) orow[c] += wgt * src[c];
+          }
+        }
+        if (l > 0.0f) {
+          const float inv = 1.0f / l;
+          for (int64_t c = 0; c < dv; ++c) orow[c] *= inv;
+          lse[b * tq + i0 + i] = static_cast<float>((double{mx} + std::log2(double{l})) * kLn2);
+        } else {
+          std::fill(orow, orow + dv, 0.0f);
+          lse[b * tq + i0 + i] = kNegInf;
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward
+
+namespace {
+
+struct BwdWork {
+  std::vector<float> kt, vt, s, dp, bias, dka, dva;
+  BwdWork(int64_t dk, int64_t dv)
+      : kt(static_cast<size_t>(dk * kBwdK)),
+        vt(static_cast<size_t>(dv * kBwdK)),
+        s(static_cast<size_t>(kBwdQ * kBwdK)),
+        dp(static_cast<size_t>(kBwdQ * kBwdK)),
+        bias(static_cast<size_t>(kBwdQ * kBwdK)),
+        dka(static_cast<size_t>(kBwdK * dk)),
+        dva(static_cast<size_t>(kBwdK * dv)) {}
+};
+
+struct BwdCtx {
+  Operand d_out;
+  const float* lse2 = nullptr;   // (nb, Tq): lse·log2(e); +inf on fully masked rows (so p = 0 there)
+  const float* delta = nullptr;  // (nb, Tq): rowsum(dO ∘ O)
+};
+
+// dK, dV of key tile kt of batch b (written to dk_full, dv_full) and its share of dQ, added into dq (Tq x Dk).
+void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float* dq, float* dk_full, float* dv_full,
+                  BwdWork& w) {
+  const Kernels& kr = *cx.kr;
+  const int64_t dk = cx.dk, dv = cx.dv, tq = cx.tq;
+  const int64_t j0 = kt * kBwdK, n = std::min(kBwdK, cx.tk - j0), ld = round_up(n, 8);
+  const float* kb = cx.k.at(b) + j0 * cx.k.rs;
+  const float* vb = cx.v.at(b) + j0 * cx.v.rs;
+  const float* qb = cx.q.at(b);
+  const float* gb = bx.d_out.at(b);
+  float* kt_p = w.kt.data();
+  float* vt_p = w.vt.data();
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = kb[j * cx.k.rs + d];
+    for (int64_t d = 0; d < dv; ++d) vt_p[d * ld + j] = vb[j * cx.v.rs + d];
+  }
+  for (int64_t j = n; j < ld; ++j) {
+    for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = 0.0f;
+    for (int64_t d = 0; d < dv; ++d) vt_p[d * ld + j] = 0.0f;
+  }
+  std::fill(w.dka.begin(), w.dka.begin() + n * dk, 0.0f);
+  std::fill(w.dva.begin(), w.dva.begin() + n * dv, 0.0f);
+
+  const bool has_mask = cx.mask.kind != MaskKind::kNone;
+  const int64_t i_first = cx.causal ? std::max<int64_t>(0, j0 - cx.off) : 0;  // first query that sees key j0
+  for (int64_t i0 = (i_first / kBwdQ) * kBwdQ; i0 < tq; i0 += kBwdQ) {
+    const int64_t bq = std::min(kBwdQ, tq - i0);
+    const bool diag = cx.diagonal(i0, j0, n);
+    const bool biased = has_mask || diag;
+    if (biased && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), ld, 1)) continue;
+    const float* qi = qb + i0 * cx.q.rs;
+    const float* gi = gb + i0 * bx.d_out.rs;
+    Gemm g;  // S = Q·Kᵀ (bq x ld)
+    g.rows = bq, g.cols = ld, g.depth = dk;
+    g.a = qi, g.a_rs = cx.q.rs, g.a_ks = 1;
+    g.b = kt_p, g.b_ks = ld;
+    g.c = w.s.data(), g.c_rs = ld;
+    kr.gemm(g);
+    g.depth = dv;  // dP = dO·Vᵀ
+    g.a = gi, g.a_rs = bx.d_out.rs;
+    g.b = vt_p;
+    g.c = w.dp.data();
+    kr.gemm(g);
+    // P and dS = scale·P∘(dP − delta), in place.
+    kr.bwd_probs(w.s.data(), biased ? w.bias.data() : nullptr, w.dp.data(), ld, bq, n, cx.c2,
+                 bx.lse2 + b * tq + i0, bx.delta + b * tq + i0, cx.scale);
+    Gemm gv;  // dV += Pᵀ·dO
+    gv.rows = n, gv.cols = dv, gv.depth = bq;
+    gv.a = w.s.data(), gv.a_rs = 1, gv.a_ks = ld;
+    gv.b = gi, gv.b_ks = bx.d_out.rs;
+    gv.c = w.dva.data(), gv.c_rs = dv;
+    gv.accumulate = true;
+    kr.gemm(gv);
+    Gemm gk = gv;  // dK += dSᵀ·Q
+    gk.cols = dk;
+    gk.a = w.dp.data();
+    gk.b = qi, gk.b_ks = cx.q.rs;
+    gk.c = w.dka.data(), gk.c_rs = dk;
+    kr.gemm(gk);
+    Gemm gq;  // dQ += dS·K
+    gq.rows = bq, gq.cols = dk, gq.depth = n;
+    gq.a = w.dp.data(), gq.a_rs = ld, gq.a_ks = 1;
+    gq.b = kb, gq.b_ks = cx.k.rs;
+    gq.c = dq + i0 * dk, gq.c_rs = dk;
+    gq.accumulate = true;
+    kr.gemm(gq);
+  }
+  std::copy(w.dka.begin(), w.dka.begin() + n * dk, dk_full + (b * cx.tk + j0) * dk);
+  std::copy(w.dva.begin(), w.dva.begin() + n * dv, dv_full + (b * cx.tk + j0) * dv);
+}
+
+// Sums `full` (contiguous, shape full_shape) into a tensor of `shape` that broadcasts to it; `full` itself when
+// the shapes agree. Serial, so the order of the sum is fixed.
+Tensor sum_to(const Tensor& full, const Shape& shape) {
+  if (full.shape() == shape) return full;
+  Tensor r = Tensor::zeros(shape);
+  const Tensor e = r.expand(full.shape());
+  float* dst = r.data();
+  const float* src = full.data();
+  for_each_offset(full.shape(), e.strides(), [&](int64_t i, int64_t off) { dst[off] += src[i]; });
+  return r;
+}
+
+}  // namespace
+
+AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                        const Tensor& lse, const Tensor& d_out, const AttentionOptions& options,
+                                        const Shape& batch, float scale, const FlashConfig& config) {
+  const char* op = "[attention_backward]";
+  const Ctx cx = make_ctx(q, k, v, options, batch, scale, config);
+  const int64_t nb = shape_numel(batch), tq = cx.tq, tk = cx.tk, dk = cx.dk, dv = cx.dv;
+  Shape out_shape = batch, lse_shape = batch;
+  out_shape.push_back(tq);
+  out_shape.push_back(dv);
+  lse_shape.push_back(tq);
+  QKV_CHECK_ARG(out.defined() && out.shape() == out_shape, op, " out ", out.defined() ? str(out.shape()) : "()",
+                " must have shape (batch..., Tq, Dv) = ", str(out_shape));
+  QKV_CHECK_ARG(d_out.defined() && d_out.shape() == out_shape, op, " d_out ",
+                d_out.defined() ? str(d_out.shape()) : "()", " must have shape (batch..., Tq, Dv) = ",
+                str(out_shape));
+  QKV_CHECK_ARG(lse.defined() && lse.shape() == lse_shape, op, " lse ", lse.defined() ? str(lse.shape()) : "()",
+                " must have shape (batch..., Tq) = ", str(lse_shape));
+
+  Shape qf = batch, kf = batch, vf = batch;
+  qf.insert(qf.end(), {tq, dk});
+  kf.insert(kf.end(), {tk, dk});
+  vf.insert(vf.end(), {tk, dv});
+  Tensor dq_full = Tensor::zeros(qf), dk_full = Tensor::zeros(kf), dv_full = Tensor::zeros(vf);
+  if (nb == 0) return {sum_to(dq_full, q.shape()), sum_to(dk_full, k.shape()), sum_to(dv_full, v.shape())};
+
+  const int threads = thread_count(config);
+  const double work = 2.5 * static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(tk) *
+                      static_cast<double>(dk + dv);
+  BwdCtx bx;
+  bx.d_out = operand(d_out, batch);
+  const Operand o = operand(out, batch);
+  const Tensor lse_c = lse.contiguous();
+  std::vector<float> lse2(static_cast<size_t>(nb * tq)), delta(static_cast<size_t>(nb * tq));
+  {
+    const float* ls = lse_c.data();
+#pragma omp parallel for schedule(static) num_threads(team_size(threads, double(nb * tq * dv) * 64.0, nb * tq, config.min_work_per_thread))
+    for (int64_t r = 0; r < nb * tq; ++r) {
+      const int64_t b = r / tq, i = r % tq;
+      lse2[static_cast<size_t>(r)] = ls[r] == kNegInf ? kPosInf : static_cast<float>(ls[r] * kLog2e);
+      const float* g = bx.d_out.at(b) + i * bx.d_out.rs;
+      const float* y = o.at(b) + i * o.rs;
+      float s = 0.0f;
+      for (int64_t c = 0; c < dv; ++c) s += g[c] * y[c];
+      delta[static_cast<size_t>(r)] = s;
+    }
+  }
+  bx.lse2 = lse2.data();
+  bx.delta = delta.data();
+
+  // Work item = (batch, chunk of key tiles). One chunk per batch when the batches keep the threads busy: dQ then
+  // accumulates straight into its rows. Otherwise key tiles are dealt to chunks in snake order (balances causal
+  // cost), each chunk adds into its own dQ partial, and the partials are summed in chunk order: no atomics, and
+  // the same bits on every run with the same thread count.
+  const int64_t nkt = ceil_div(tk, kBwdK);
+  const int64_t chunks =
+      (nb % threads == 0 || nb >= 4 * threads) ? 1 : std::clamp<int64_t>(ceil_div(4 * threads, nb), 1, nkt);
+  std::vector<float> partial(chunks > 1 ? static_cast<size_t>(nb * chunks * tq * dk) : 0);
+  float* dqp = dq_full.data();
+  float* dkp = dk_full.data();
+  float* dvp = dv_full.data();
+#pragma omp parallel num_threads(team_size(threads, work, nb * chunks, config.min_work_per_thread))
+  {
+    BwdWork w(dk, dv);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < nb * chunks; ++it) {
+      const int64_t b = it / chunks, ch = it % chunks;
+      float* dq = chunks == 1 ? dqp + b * tq * dk : partial.data() + it * tq * dk;
+      for (int64_t t = 0; t < nkt; ++t) {
+        const int64_t pos = t % (2 * chunks);
+        if ((pos < chunks ? pos : 2 * chunks - 1 - pos) == ch) bwd_key_tile(cx, bx, b, t, dq, dkp, dvp, w);
+      }
+    }
+    if (chunks > 1) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < nb * tq; ++r) {
+        const int64_t b = r / tq, i = r % tq;
+        float* dst = dqp + r * dk;
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+          const float* src = partial.data() + ((b * chunks + ch) * tq + i) * dk;
+          for (int64_t c = 0; c < dk; ++c) dst[c] += src[c];
+        }
+      }
+    }
+  }
+  return {sum_to(dq_full, q.shape()), sum_to(dk_full, k.shape()), sum_to(dv_full, v.shape())};
+}
+
+}  // namespace qkv::kernels

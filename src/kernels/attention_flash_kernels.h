@@ -1,0 +1,53 @@
+// Private interface between the fused-attention algorithm (attention_flash.cpp) and its microkernels: one table of
+// function pointers per instruction set (attention_flash_portable.cpp, attention_flash_avx2.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels::flash {
+
+// One small matrix product on strided operands (all strides in floats):
+//   A(r, k) = a[r*a_rs + k*a_ks]   B(k, c) = b[k*b_ks + c]   C(r, c) = c[r*c_rs + c]
+//   C = (accumulate ? row_scale[r] * C : 0) + sum_k A(r, k) * B(k, c)      for r < rows, c < cols, k < depth
+// row_scale may be nullptr (= 1). B's rows and C's rows are contiguous; A is read by broadcasts, so either of its
+// strides may be 1 (A or Aᵀ). Summation order over k is fixed: results never depend on threads.
+struct Gemm {
+  int64_t rows = 0, cols = 0, depth = 0;
+  const float* a = nullptr;
+  int64_t a_rs = 0, a_ks = 0;
+  const float* b = nullptr;
+  int64_t b_ks = 0;
+  float* c = nullptr;
+  int64_t c_rs = 0;
+  const float* row_scale = nullptr;
+  bool accumulate = false;
+};
+
+struct Kernels {
+  const char* name;
+
+  void (*gemm)(const Gemm& g);
+
+  // Forward online-softmax step on a transposed score tile st (rows = keys j < nk, row stride ld; columns =
+  // queries c < ncols, ncols a multiple of 8 and <= ld), in log2 units with masks applied (-inf = blocked).
+  // Per column: m_new = max(m, max_j st), alpha = 2^(m - m_new), st = 2^(st - m_new), l = alpha*l + sum_j st.
+  // A column still fully masked keeps m = -inf, gives alpha = 0 and st = 0 (never NaN).
+  void (*softmax_cols)(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha);
+
+  // Scores for a few queries (nq <= 8) by dot products, transposed: st[j*ld + i] = sum_d q[i*dk + d]*k[j*k_rs + d]
+  // for j < nk, i < nq. Columns nq..ld-1 are left alone.
+  void (*dot_scores)(const float* q, int64_t nq, int64_t dk, const float* k, int64_t k_rs, int64_t nk, float* st,
+                     int64_t ld);
+
+  // Backward, per row r < rows of a (query × key) tile with row stride ld, columns c < cols:
+  //   p = 2^(s*c2 + bias - lse2[r])   (bias nullptr = 0; lse2 = +inf on fully masked rows gives p = 0)
+  //   s  <- p
+  //   dp <- scale * p * (dp - delta[r])
+  void (*bwd_probs)(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, float c2,
+                    const float* lse2, const float* delta, float scale);
+};
+
+const Kernels& portable_kernels();
+const Kernels& avx2_kernels();  // only call when the CPU has AVX2 and FMA
+
+}  // namespace qkv::kernels::flash

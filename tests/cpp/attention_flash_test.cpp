@@ -1,0 +1,603 @@
+// Tests of the fused attention kernel (forward and backward) against a float64 oracle: a random sweep over sizes,
+// layouts, masks and causal alignments, the edge cases one by one, bit-identical reruns, and the error paths.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops_testing.h"
+#include "qkv/core/rng.h"
+#include "qkv/kernels/attention_flash.h"
+#include "qkv/ops/attention.h"
+
+namespace qkv {
+namespace {
+
+using kernels::FlashConfig;
+using kernels::FlashIsa;
+using testing::ThrowsArg;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Normwise relative errors: max |a - ref| <= rtol * max |ref| (+ a tiny floor for all-zero references).
+constexpr double kForwardRtol = 1e-5;
+constexpr double kBackwardRtol = 1e-4;
+constexpr double kZeroFloor = 1e-30;
+// Plus this fraction of the largest sum of |terms| behind one element: where a gradient cancels to ~0 (a row that
+// sees one key has dS = p·(dP - dP) = 0), float rounding of the terms is all that is left.
+constexpr double kCancellationRtol = 1e-6;
+
+// ---------------------------------------------------------------------------------------------------------------
+// float64 oracle on the broadcast batch, forward and backward, written the obvious way.
+
+struct Dense {  // row-major double copy of a tensor expanded to (batch..., R, C)
+  int64_t rows = 0, cols = 0;
+  std::vector<double> v;
+  double at(int64_t b, int64_t r, int64_t c) const { return v[static_cast<size_t>((b * rows + r) * cols + c)]; }
+};
+
+Dense dense(const Tensor& t, const Shape& batch, int64_t rows, int64_t cols) {
+  Shape full = batch;
+  full.push_back(rows);
+  full.push_back(cols);
+  const std::vector<float> x = t.expand(full).contiguous().to_vector();
+  return {rows, cols, std::vector<double>(x.begin(), x.end())};
+}
+
+// Sums a (batch..., R, C) double array into the shape it was broadcast from.
+std::vector<double> sum_to(const std::vector<double>& full, const Shape& full_shape, const Shape& shape) {
+  std::vector<double> r(static_cast<size_t>(shape_numel(shape)), 0.0);
+  const Tensor proto = Tensor::zeros(shape).expand(full_shape);
+  for_each_offset(full_shape, proto.strides(),
+                  [&](int64_t i, int64_t off) { r[static_cast<size_t>(off)] += full[static_cast<size_t>(i)]; });
+  return r;
+}
+
+struct Oracle {
+  std::vector<double> out, lse, dq, dk, dv;  // dq, dk, dv with the shapes of q, k, v
+  double dq_mag = 0.0, dk_mag = 0.0;          // largest sum of |terms| of one element of dq, dk
+};
+
+Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& d_out) {
+  const Shape batch = attention_check(q, k, v, o, "oracle");
+  const int64_t nb = shape_numel(batch), tq = q.size(-2), tk = k.size(-2), dk = q.size(-1), dv = v.size(-1);
+  const double scale = o.scale ? double{*o.scale} : 1.0 / std::sqrt(static_cast<double>(dk));
+  const Dense Q = dense(q, batch, tq, dk), K = dense(k, batch, tk, dk), V = dense(v, batch, tk, dv);
+  const bool has_mask = o.mask_kind != MaskKind::kNone;
+  const Dense M = has_mask ? dense(o.mask, batch, tq, tk) : Dense{};
+  const Dense G = d_out.defined() ? dense(d_out, batch, tq, dv) : Dense{};
+  Oracle r;
+  r.out.assign(static_cast<size_t>(nb * tq * dv), 0.0);
+  r.lse.assign(static_cast<size_t>(nb * tq), -kInf);
+  std::vector<double> dq(static_cast<size_t>(nb * tq * dk)), dkf(static_cast<size_t>(nb * tk * dk)),
+      dvf(static_cast<size_t>(nb * tk * dv));
+  std::vector<double> dq_abs(dq.size()), dk_abs(dkf.size());  // sums of |terms|
+  std::vector<double> s(static_cast<size_t>(tk)), w(static_cast<size_t>(tk)), dw(static_cast<size_t>(tk));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t i = 0; i < tq; ++i) {
+      double mx = -kInf;
+      for (int64_t j = 0; j < tk; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < dk; ++c) dot += Q.at(b, i, c) * K.at(b, j, c);
+        double x = scale * dot;
+        if (o.causal == Causal::kTopLeft && j > i) x = -kInf;
+        if (o.causal == Causal::kBottomRight && j > i + tk - tq) x = -kInf;
+        if (has_mask) {
+          const double m = M.at(b, i, j);
+          if (o.mask_kind == MaskKind::kKeep && m == 0.0) x = -kInf;
+          if (o.mask_kind == MaskKind::kBlock && m != 0.0) x = -kInf;
+          if (o.mask_kind == MaskKind::kAdditive) x += m;
+        }
+        s[j] = x;
+        mx = std::max(mx, x);
+      }
+      if (mx == -kInf) continue;  // fully masked row: out 0, lse -inf, no gradient
+      double sum = 0.0;
+      for (int64_t j = 0; j < tk; ++j) sum += std::exp(s[j] - mx);
+      const size_t row = static_cast<size_t>(b * tq + i);
+      r.lse[row] = mx + std::log(sum);
+      for (int64_t j = 0; j < tk; ++j) {
+        w[j] = std::exp(s[j] - mx) / sum;
+        for (int64_t c = 0; c < dv; ++c) r.out[row * dv + c] += w[j] * V.at(b, j, c);
+      }
+      if (!d_out.defined()) continue;
+      double wdw = 0.0, wdw_abs = 0.0;
+      for (int64_t j = 0; j < tk; ++j) {
+        double x = 0.0;
+        for (int64_t c = 0; c < dv; ++c) x += G.at(b, i, c) * V.at(b, j, c);
+        dw[j] = x;
+        wdw += w[j] * x;
+        wdw_abs += w[j] * std::fabs(x);
+      }
+      for (int64_t j = 0; j < tk; ++j) {
+        const double ds = w[j] * (dw[j] - wdw) * scale;
+        const double ds_abs = w[j] * (std::fabs(dw[j]) + wdw_abs) * std::fabs(scale);
+        for (int64_t c = 0; c < dk; ++c) {
+          dq[row * dk + c] += ds * K.at(b, j, c);
+          dkf[static_cast<size_t>((b * tk + j) * dk + c)] += ds * Q.at(b, i, c);
+          dq_abs[row * dk + c] += ds_abs * std::fabs(K.at(b, j, c));
+          dk_abs[static_cast<size_t>((b * tk + j) * dk + c)] += ds_abs * std::fabs(Q.at(b, i, c));
+        }
+        for (int64_t c = 0; c < dv; ++c) dvf[static_cast<size_t>((b * tk + j) * dv + c)] += w[j] * G.at(b, i, c);
+      }
+    }
+  if (d_out.defined()) {
+    Shape qf = batch, kf = batch, vf = batch;
+    qf.insert(qf.end(), {tq, dk});
+    kf.insert(kf.end(), {tk, dk});
+    vf.insert(vf.end(), {tk, dv});
+    for (double x : dq_abs) r.dq_mag = std::max(r.dq_mag, x);
+    for (double x : dk_abs) r.dk_mag = std::max(r.dk_mag, x);
+    r.dq = sum_to(dq, qf, q.shape());
+    r.dk = sum_to(dkf, kf, k.shape());
+    r.dv = sum_to(dvf, vf, v.shape());
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Comparisons
+
+::testing::AssertionResult NormClose(const Tensor& actual, const std::vector<double>& ref, double rtol,
+                                     const char* what, double mag = 0.0) {
+  const std::vector<float> a = actual.to_vector();
+  if (a.size() != ref.size()) return ::testing::AssertionFailure() << what << ": size " << a.size() << " vs " << ref.size();
+  double ref_max = 0.0, err_max = 0.0;
+  size_t worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return ::testing::AssertionFailure() << what << ": NaN at " << i;
+    ref_max = std::max(ref_max, std::fabs(ref[i]));
+    const double e = std::fabs(double{a[i]} - ref[i]);
+    if (e > err_max) err_max = e, worst = i;
+  }
+  if (err_max <= rtol * ref_max + kCancellationRtol * mag + kZeroFloor) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": relative error " << err_max / std::max(ref_max, kZeroFloor)
+                                       << " > " << rtol << " (worst at " << worst << ": " << a[worst] << " vs "
+                                       << ref[worst] << ")";
+}
+
+// The lse per row: -inf exactly where the oracle has -inf, else within rtol of max(1, |lse|).
+::testing::AssertionResult LseClose(const Tensor& actual, const std::vector<double>& ref) {
+  const std::vector<float> a = actual.to_vector();
+  if (a.size() != ref.size()) return ::testing::AssertionFailure() << "lse size " << a.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (ref[i] == -kInf) {
+      if (a[i] != -std::numeric_limits<float>::infinity())
+        return ::testing::AssertionFailure() << "lse row " << i << " should be -inf, got " << a[i];
+      continue;
+    }
+    if (!(std::fabs(double{a[i]} - ref[i]) <= kForwardRtol * std::max(1.0, std::fabs(ref[i]))))
+      return ::testing::AssertionFailure() << "lse row " << i << ": " << a[i] << " vs " << ref[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+struct Fused {
+  AttentionResult fwd;
+  AttentionGrads grads;
+};
+
+Fused run_fused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& d_out,
+                const FlashConfig& cfg) {
+  const Shape batch = attention_check(q, k, v, o, "attention");
+  const float scale = attention_scale(o, q.size(-1));
+  Fused f;
+  f.fwd = kernels::attention_flash_forward(q, k, v, o, batch, scale, cfg);
+  if (d_out.defined())
+    f.grads = kernels::attention_flash_backward(q, k, v, f.fwd.out, f.fwd.lse, d_out, o, batch, scale, cfg);
+  return f;
+}
+
+::testing::AssertionResult MatchesOracle(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                         const Tensor& d_out, const FlashConfig& cfg = {}) {
+  const Fused f = run_fused(q, k, v, o, d_out, cfg);
+  const Oracle r = oracle(q, k, v, o, d_out);
+  if (auto a = NormClose(f.fwd.out, r.out, kForwardRtol, "out"); !a) return a;
+  if (auto a = LseClose(f.fwd.lse, r.lse); !a) return a;
+  if (!d_out.defined()) return ::testing::AssertionSuccess();
+  if (f.grads.dq.shape() != q.shape() || f.grads.dk.shape() != k.shape() || f.grads.dv.shape() != v.shape())
+    return ::testing::AssertionFailure() << "gradient shapes " << str(f.grads.dq.shape()) << str(f.grads.dk.shape())
+                                         << str(f.grads.dv.shape());
+  if (auto a = NormClose(f.grads.dq, r.dq, kBackwardRtol, "dq", r.dq_mag); !a) return a;
+  if (auto a = NormClose(f.grads.dk, r.dk, kBackwardRtol, "dk", r.dk_mag); !a) return a;
+  if (auto a = NormClose(f.grads.dv, r.dv, kBackwardRtol, "dv"); !a) return a;
+  return ::testing::AssertionSuccess();
+}
+
+Tensor randn(const Shape& shape, uint64_t seed) { return testing::randn(shape, seed); }
+
+// (..., T, D) tensor laid out as a view: kind 0 contiguous; 1 a (B, T, H, D) buffer seen as (B, H, T, D) (needs
+// rank 4); 2 a slice of a wider last dim (row stride > D); 3 last dim not contiguous (the kernel copies it).
+Tensor make_input(Shape shape, int layout, uint64_t seed) {
+  const size_t r = shape.size();
+  if (layout == 1 && r == 4) return randn({shape[0], shape[2], shape[1], shape[3]}, seed).transpose(1, 2);
+  if (layout == 2) {
+    Shape wide = shape;
+    wide[r - 1] += 3;
+    return randn(wide, seed).slice(static_cast<int64_t>(r) - 1, 1, 1 + shape[r - 1]);
+  }
+  if (layout == 3) {
+    std::swap(shape[r - 1], shape[r - 2]);
+    return randn(shape, seed).transpose(-1, -2);
+  }
+  return randn(shape, seed);
+}
+
+struct Config {
+  AttentionOptions o;
+  Tensor q, k, v, d_out;
+  std::string desc;
+};
+
+// A random configuration: odd sizes, T = 1, Tq != Tk, D in {1, 3, 16, 64, 80, 128}, every mask kind and shape,
+// both causal alignments, broadcast and strided inputs, fully masked rows.
+Config random_config(uint64_t seed) {
+  Rng rng(seed);
+  const int64_t ts[] = {1, 2, 3, 5, 7, 8, 9, 16, 17, 33, 48, 95, 96, 97, 130, 193};
+  const int64_t ds[] = {1, 3, 16, 64, 80, 128};
+  auto pick_t = [&] { return ts[rng.below(std::size(ts))]; };
+  const int64_t tq = pick_t(), tk = rng.bernoulli(0.3f) ? tq : pick_t();
+  const int64_t dk = ds[rng.below(std::size(ds))], dv = rng.bernoulli(0.6f) ? dk : ds[rng.below(std::size(ds))];
+  const int64_t B = 1 + static_cast<int64_t>(rng.below(2)), H = 1 + static_cast<int64_t>(rng.below(3));
+  const int lead_kind = static_cast<int>(rng.below(4));  // 0: (T, D); 1: (B, T, D); 2: (B, H, T, D); 3: broadcast
+  Shape lq, lk, lv, batch;
+  switch (lead_kind) {
+    case 0: break;
+    case 1: lq = lk = lv = batch = {B}; break;
+    case 2: lq = lk = lv = batch = {B, H}; break;
+    default:
+      lq = {B, H}, lk = {1, H}, lv = {H};
+      batch = {B, H};
+      break;
+  }
+  auto with = [](Shape s, int64_t a, int64_t b) {
+    s.push_back(a);
+    s.push_back(b);
+    return s;
+  };
+  const int layout = static_cast<int>(rng.below(4));
+  Config c;
+  c.q = make_input(with(lq, tq, dk), layout, seed * 7 + 1);
+  c.k = make_input(with(lk, tk, dk), layout, seed * 7 + 2);
+  c.v = make_input(with(lv, tk, dv), layout, seed * 7 + 3);
+  c.d_out = randn(with(batch, tq, dv), seed * 7 + 4);
+  c.o.causal = static_cast<Causal>(rng.below(3));
+  if (rng.bernoulli(0.3f)) c.o.scale = rng.uniform(0.2f, 2.0f) / std::sqrt(static_cast<float>(dk));
+  const int mk = static_cast<int>(rng.below(4));
+  if (mk != 0) {
+    c.o.mask_kind = static_cast<MaskKind>(mk);
+    const int ms = static_cast<int>(rng.below(4));  // (Tq, Tk), (1, Tk), (Tq, 1), (batch..., Tq, Tk)
+    Shape mshape = ms == 0 ? Shape{tq, tk} : ms == 1 ? Shape{1, tk} : ms == 2 ? Shape{tq, 1} : with(batch, tq, tk);
+    Tensor m = c.o.mask_kind == MaskKind::kAdditive ? randn(mshape, seed * 7 + 5) : rng.bernoulli(mshape, 0.7f);
+    std::vector<float> mv = m.to_vector();
+    const int64_t cols = mshape.back(), rows = static_cast<int64_t>(mv.size()) / cols;
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool full_block = rng.bernoulli(0.15f);  // some rows fully masked
+      for (int64_t j = 0; j < cols; ++j) {
+        float& x = mv[static_cast<size_t>(r * cols + j)];
+        if (c.o.mask_kind == MaskKind::kAdditive && (full_block || rng.bernoulli(0.2f)))
+          x = -std::numeric_limits<float>::infinity();
+        if (c.o.mask_kind == MaskKind::kKeep && full_block) x = 0.0f;
+        if (c.o.mask_kind == MaskKind::kBlock && full_block) x = 1.0f;
+      }
+    }
+    c.o.mask = Tensor::from_vector(mshape, mv);
+  }
+  c.desc = "seed " + std::to_string(seed) + ": q " + str(c.q.shape()) + " k " + str(c.k.shape()) + " v " +
+           str(c.v.shape()) + " layout " + std::to_string(layout) + " causal " +
+           std::to_string(static_cast<int>(c.o.causal)) + " mask " + std::to_string(mk) +
+           (c.o.mask.defined() ? str(c.o.mask.shape()) : "") + (c.o.scale ? " custom scale" : "");
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The sweep
+
+void Sweep(int n, uint64_t first_seed, const FlashConfig& cfg) {
+  for (int i = 0; i < n; ++i) {
+    const Config c = random_config(first_seed + static_cast<uint64_t>(i));
+    EXPECT_TRUE(MatchesOracle(c.q, c.k, c.v, c.o, c.d_out, cfg)) << c.desc << " isa " << kernels::flash_isa_name(cfg.isa);
+  }
+}
+
+TEST(AttentionFlash, RandomConfigsMatchFloat64Oracle) { Sweep(220, 1000, {}); }
+
+TEST(AttentionFlash, PortableKernelsMatchFloat64Oracle) { Sweep(60, 5000, {FlashIsa::kPortable, 0}); }
+
+TEST(AttentionFlash, OddThreadCountsMatchFloat64Oracle) {
+  Sweep(30, 7000, {FlashIsa::kAuto, 3, 0});
+  Sweep(20, 8000, {FlashIsa::kAuto, 1, 0});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Edges, one by one (each shape large enough to span several tiles)
+
+Tensor ones_like_out(const Tensor& q, const Tensor& v) {
+  Shape s(q.shape().begin(), q.shape().end() - 1);
+  s.push_back(v.size(-1));
+  return randn(s, 99);
+}
+
+TEST(AttentionFlash, LongSequencesSpanManyTiles) {
+  const Tensor q = randn({1, 2, 300, 64}, 1), k = randn({1, 2, 410, 64}, 2), v = randn({1, 2, 410, 64}, 3);
+  EXPECT_TRUE(MatchesOracle(q, k, v, {}, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, CausalTopLeftSkipsBlocksAboveDiagonal) {
+  const Tensor q = randn({2, 300, 64}, 4), k = randn({2, 300, 64}, 5), v = randn({2, 300, 32}, 6);
+  AttentionOptions o;
+  o.causal = Causal::kTopLeft;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, CausalBottomRightWhenTqLessThanTk) {
+  const Tensor q = randn({2, 100, 16}, 7), k = randn({2, 333, 16}, 8), v = randn({2, 333, 16}, 9);
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, CausalBottomRightTqGreaterThanTkTopRowsAreZeroNotNaN) {
+  const Tensor q = randn({250, 16}, 10), k = randn({100, 16}, 11), v = randn({100, 8}, 12);
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  const Fused f = run_fused(q, k, v, o, ones_like_out(q, v), {});
+  for (int64_t i = 0; i < 150; ++i) {
+    EXPECT_EQ(f.fwd.lse.at({i}), -std::numeric_limits<float>::infinity()) << i;
+    for (int64_t c = 0; c < 8; ++c) ASSERT_EQ(f.fwd.out.at({i, c}), 0.0f) << i;
+    for (int64_t c = 0; c < 16; ++c) ASSERT_EQ(f.grads.dq.at({i, c}), 0.0f) << i;
+  }
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, FullyMaskedRowIsZeroNotNaN) {
+  const Tensor q = randn({2, 200, 16}, 13), k = randn({2, 150, 16}, 14), v = randn({2, 150, 16}, 15);
+  std::vector<float> keep(200 * 150, 1.0f);
+  for (int64_t j = 0; j < 150; ++j) keep[static_cast<size_t>(7 * 150 + j)] = 0.0f;  // row 7 sees nothing
+  AttentionOptions o;
+  o.mask = Tensor::from_vector({200, 150}, keep);
+  o.mask_kind = MaskKind::kKeep;
+  const Fused f = run_fused(q, k, v, o, ones_like_out(q, v), {});
+  for (int64_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(f.fwd.lse.at({b, 7}), -std::numeric_limits<float>::infinity());
+    for (int64_t c = 0; c < 16; ++c) {
+      EXPECT_EQ(f.fwd.out.at({b, 7, c}), 0.0f);
+      EXPECT_EQ(f.grads.dq.at({b, 7, c}), 0.0f);
+    }
+  }
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, EverythingMaskedGivesZerosEverywhere) {
+  const Tensor q = randn({3, 120, 8}, 16), k = randn({3, 130, 8}, 17), v = randn({3, 130, 8}, 18);
+  AttentionOptions o;
+  o.mask = Tensor::full({1, 130}, -std::numeric_limits<float>::infinity());
+  o.mask_kind = MaskKind::kAdditive;
+  const Fused f = run_fused(q, k, v, o, ones_like_out(q, v), {});
+  for (const Tensor* t : {&f.fwd.out, &f.grads.dq, &f.grads.dk, &f.grads.dv})
+    for (float x : t->to_vector()) ASSERT_EQ(x, 0.0f);
+  for (float x : f.fwd.lse.to_vector()) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
+}
+
+TEST(AttentionFlash, AdditiveMaskBroadcastOverBatchAndHeads) {
+  const Tensor q = randn({2, 3, 100, 32}, 19), k = randn({2, 3, 140, 32}, 20), v = randn({2, 3, 140, 24}, 21);
+  AttentionOptions o;
+  o.mask = randn({100, 140}, 22);
+  o.mask_kind = MaskKind::kAdditive;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+  o.mask = randn({2, 1, 1, 140}, 23);  // key padding per batch
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, CausalCombinesWithMask) {
+  const Tensor q = randn({2, 2, 150, 16}, 24), k = randn({2, 2, 150, 16}, 25), v = randn({2, 2, 150, 16}, 26);
+  Rng rng(27);
+  AttentionOptions o;
+  o.mask = rng.bernoulli({2, 1, 150, 150}, 0.6f);
+  o.mask_kind = MaskKind::kBlock;
+  o.causal = Causal::kTopLeft;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, BTHDViewNeedsNoCopy) {
+  // Projections laid out (B, T, H, D) and seen as (B, H, T, D).
+  const Tensor q = randn({2, 130, 4, 64}, 28).transpose(1, 2), k = randn({2, 150, 4, 64}, 29).transpose(1, 2);
+  const Tensor v = randn({2, 150, 4, 48}, 30).transpose(1, 2);
+  ASSERT_FALSE(q.is_contiguous());
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, DkDiffersFromDvAndCustomScale) {
+  const Tensor q = randn({3, 99, 80}, 31), k = randn({3, 101, 80}, 32), v = randn({3, 101, 3}, 33);
+  AttentionOptions o;
+  o.scale = 0.05f;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
+TEST(AttentionFlash, SeqLenOne) {
+  EXPECT_TRUE(MatchesOracle(randn({2, 1, 16}, 34), randn({2, 1, 16}, 35), randn({2, 1, 16}, 36), {},
+                            randn({2, 1, 16}, 37)));
+}
+
+TEST(AttentionFlash, DecodeOneQueryLongCacheSplitsKeys) {
+  // B·H = 1 < threads: the keys are split across threads and the partial softmaxes merged.
+  const Tensor q = randn({1, 1, 1, 128}, 38), k = randn({1, 1, 3000, 128}, 39), v = randn({1, 1, 3000, 128}, 40);
+  EXPECT_TRUE(MatchesOracle(q, k, v, {}, randn({1, 1, 1, 128}, 41), {FlashIsa::kAuto, 2}));
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({1, 1, 1, 128}, 41), {FlashIsa::kAuto, 4}));
+}
+
+TEST(AttentionFlash, FewQueriesManyHeads) {
+  const Tensor q = randn({1, 5, 3, 64}, 42), k = randn({1, 5, 700, 64}, 43), v = randn({1, 5, 700, 64}, 44);
+  EXPECT_TRUE(MatchesOracle(q, k, v, {}, randn({1, 5, 3, 64}, 45)));
+}
+
+TEST(AttentionFlash, EmptyBatchGivesEmptyResults) {
+  const Tensor q = randn({0, 4, 8}, 46), k = randn({0, 5, 8}, 47), v = randn({0, 5, 8}, 48);
+  const Fused f = run_fused(q, k, v, {}, randn({0, 4, 8}, 49), {});
+  EXPECT_EQ(f.fwd.out.shape(), (Shape{0, 4, 8}));
+  EXPECT_EQ(f.grads.dq.shape(), q.shape());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Determinism
+
+void ExpectBitIdenticalReruns(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                              const FlashConfig& cfg) {
+  const Tensor g = ones_like_out(q, v);
+  const Fused a = run_fused(q, k, v, o, g, cfg), b = run_fused(q, k, v, o, g, cfg);
+  EXPECT_TRUE(bit_equal(a.fwd.out, b.fwd.out));
+  EXPECT_TRUE(bit_equal(a.fwd.lse, b.fwd.lse));
+  EXPECT_TRUE(bit_equal(a.grads.dq, b.grads.dq));
+  EXPECT_TRUE(bit_equal(a.grads.dk, b.grads.dk));
+  EXPECT_TRUE(bit_equal(a.grads.dv, b.grads.dv));
+}
+
+TEST(AttentionFlash, BitIdenticalAcrossRunsWithSameThreadCount) {
+  AttentionOptions causal;
+  causal.causal = Causal::kTopLeft;
+  for (int threads : {2, 3}) {
+    const FlashConfig cfg{FlashIsa::kAuto, threads, 0};
+    // many heads, one head (keys split / dQ partials), decode
+    ExpectBitIdenticalReruns(randn({2, 3, 200, 64}, 50), randn({2, 3, 200, 64}, 51), randn({2, 3, 200, 64}, 52),
+                             causal, cfg);
+    ExpectBitIdenticalReruns(randn({1, 1, 400, 32}, 53), randn({1, 1, 500, 32}, 54), randn({1, 1, 500, 32}, 55),
+                             {}, cfg);
+    ExpectBitIdenticalReruns(randn({1, 1, 1, 64}, 56), randn({1, 1, 2000, 64}, 57), randn({1, 1, 2000, 64}, 58),
+                             {}, cfg);
+  }
+}
+
+// Every way the threads split the work (query tiles, paired causal tiles, split keys with a merge, dQ partials per
+// key chunk), on the portable kernels: under ThreadSanitizer their scalar stores are all instrumented (256-bit AVX
+// stores are not), so this is the test that makes a race in the work split visible.
+TEST(AttentionFlash, ThreadedWorkSplitsOnPortableKernels) {
+  AttentionOptions causal;
+  causal.causal = Causal::kTopLeft;
+  for (int threads : {2, 3}) {
+    const FlashConfig cfg{FlashIsa::kPortable, threads, /*min_work_per_thread=*/0};  // start every thread
+    EXPECT_TRUE(MatchesOracle(randn({1, 3, 200, 16}, 62), randn({1, 3, 210, 16}, 63), randn({1, 3, 210, 16}, 64),
+                              causal, randn({1, 3, 200, 16}, 65), cfg));
+    EXPECT_TRUE(MatchesOracle(randn({1, 1, 1, 32}, 66), randn({1, 1, 1500, 32}, 67), randn({1, 1, 1500, 32}, 68), {},
+                              randn({1, 1, 1, 32}, 69), cfg));
+  }
+}
+
+TEST(AttentionFlash, AvxAndPortableAgree) {
+  if (std::string(kernels::flash_isa_name(FlashIsa::kAuto)) != "avx2") GTEST_SKIP() << "no AVX2+FMA on this CPU";
+  const Tensor q = randn({2, 150, 64}, 59), k = randn({2, 170, 64}, 60), v = randn({2, 170, 64}, 61);
+  const Fused a = run_fused(q, k, v, {}, ones_like_out(q, v), {FlashIsa::kAvx2, 2});
+  const Fused p = run_fused(q, k, v, {}, ones_like_out(q, v), {FlashIsa::kPortable, 2});
+  EXPECT_TRUE(NormClose(a.fwd.out, testing::to_double(p.fwd.out), kForwardRtol, "out"));
+  EXPECT_TRUE(NormClose(a.grads.dk, testing::to_double(p.grads.dk), kBackwardRtol, "dk"));
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// The public entry points: attention() dispatch, attention_fused, attention_backward, and their error paths
+
+TEST(AttentionFused, AttentionDispatchesToFusedWithoutWeights) {
+  const Tensor q = randn({2, 2, 130, 32}, 70), k = randn({2, 2, 140, 32}, 71), v = randn({2, 2, 140, 32}, 72);
+  AttentionOptions o;
+  o.causal = Causal::kTopLeft;
+  EXPECT_TRUE(bit_equal(attention(q, k, v, o).out, attention_fused(q, k, v, o).out));
+  o.return_weights = true;  // the reference path: weights come back
+  EXPECT_TRUE(attention(q, k, v, o).weights.defined());
+}
+
+TEST(AttentionFused, LseOnlyWhenAsked) {
+  const Tensor q = randn({4, 8}, 73), k = randn({5, 8}, 74), v = randn({5, 8}, 75);
+  EXPECT_FALSE(attention_fused(q, k, v).lse.defined());
+  AttentionOptions o;
+  o.return_lse = true;
+  EXPECT_EQ(attention_fused(q, k, v, o).lse.shape(), (Shape{4}));
+}
+
+TEST(AttentionFused, BackwardMatchesOracleAndReference) {
+  const Tensor q = randn({2, 3, 70, 16}, 76), k = randn({2, 3, 90, 16}, 77), v = randn({2, 3, 90, 24}, 78);
+  const Tensor g = randn({2, 3, 70, 24}, 79);
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  o.return_lse = true;
+  const AttentionResult f = attention_fused(q, k, v, o);
+  const AttentionGrads a = attention_backward(q, k, v, f.out, f.lse, g, o);
+  const Oracle r = oracle(q, k, v, o, g);
+  EXPECT_TRUE(NormClose(a.dq, r.dq, kBackwardRtol, "dq", r.dq_mag));
+  EXPECT_TRUE(NormClose(a.dk, r.dk, kBackwardRtol, "dk", r.dk_mag));
+  EXPECT_TRUE(NormClose(a.dv, r.dv, kBackwardRtol, "dv"));
+  const AttentionGrads ref = attention_backward_reference(q, k, v, f.out, f.lse, g, o);
+  EXPECT_TRUE(NormClose(a.dv, testing::to_double(ref.dv), kBackwardRtol, "dv vs reference"));
+}
+
+TEST(AttentionFused, BackwardRecomputesForwardWhenOutOrLseUndefined) {
+  const Tensor q = randn({3, 50, 8}, 80), k = randn({3, 60, 8}, 81), v = randn({3, 60, 8}, 82);
+  const Tensor g = randn({3, 50, 8}, 83);
+  AttentionOptions o;
+  o.return_lse = true;
+  const AttentionResult f = attention_fused(q, k, v, o);
+  const AttentionGrads a = attention_backward(q, k, v, f.out, f.lse, g, o);
+  const AttentionGrads b = attention_backward(q, k, v, Tensor(), Tensor(), g, o);
+  EXPECT_TRUE(bit_equal(a.dq, b.dq));
+  EXPECT_TRUE(bit_equal(a.dk, b.dk));
+  EXPECT_TRUE(bit_equal(a.dv, b.dv));
+}
+
+TEST(AttentionFused, BroadcastInputsGetSummedGradients) {
+  // k, v shared by every head (broadcast): their gradients sum over heads.
+  const Tensor q = randn({2, 4, 40, 16}, 84), k = randn({2, 1, 50, 16}, 85), v = randn({50, 16}, 86);
+  EXPECT_TRUE(MatchesOracle(q, k, v, {}, randn({2, 4, 40, 16}, 87)));
+}
+
+TEST(AttentionFusedErrors, WeightsRequestedFromFusedPath) {
+  AttentionOptions o;
+  o.return_weights = true;
+  EXPECT_TRUE(ThrowsArg([&] { attention_fused(randn({3, 4}, 1), randn({3, 4}, 2), randn({3, 4}, 3), o); },
+                        "[attention]"));
+}
+
+TEST(AttentionFusedErrors, BadInputsNameTheOp) {
+  EXPECT_TRUE(ThrowsArg([&] { attention_fused(randn({4}, 1), randn({3, 4}, 2), randn({3, 4}, 3)); }, "[attention]"));
+  EXPECT_TRUE(ThrowsArg([&] { attention_fused(randn({3, 4}, 1), randn({3, 5}, 2), randn({3, 4}, 3)); }, "[attention]"));
+  AttentionOptions o;
+  o.mask = randn({3, 3}, 4);  // kind left at kNone
+  EXPECT_TRUE(ThrowsArg([&] { attention_fused(randn({3, 4}, 1), randn({3, 4}, 2), randn({3, 4}, 3), o); },
+                        "[attention]"));
+}
+
+TEST(AttentionFusedErrors, BackwardShapesNameTheOp) {
+  const Tensor q = randn({2, 5, 4}, 1), k = randn({2, 6, 4}, 2), v = randn({2, 6, 3}, 3);
+  const Tensor g = randn({2, 5, 3}, 4), lse = randn({2, 5}, 5), out = randn({2, 5, 3}, 6);
+  const std::string op = "[attention_backward]";
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(q, k, v, out, lse, randn({2, 5, 4}, 7)); }, op));  // d_out
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(q, k, v, out, lse, Tensor()); }, op));
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(q, k, v, out, randn({2, 6}, 8), g); }, op));       // lse
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(q, k, v, randn({5, 3}, 9), lse, g); }, op));       // out
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(randn({5}, 10), k, v, out, lse, g); }, op));       // rank
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(q, randn({2, 6, 5}, 11), v, out, lse, g); }, op));  // Dk
+}
+
+TEST(AttentionFusedErrors, KernelBackwardNeedsOutAndLse) {
+  const Tensor q = randn({5, 4}, 1), k = randn({6, 4}, 2), v = randn({6, 3}, 3), g = randn({5, 3}, 4);
+  EXPECT_TRUE(ThrowsArg(
+      [&] { kernels::attention_flash_backward(q, k, v, Tensor(), randn({5}, 5), g, {}, Shape{}, 0.5f); },
+      "[attention_backward]"));
+  EXPECT_TRUE(ThrowsArg(
+      [&] { kernels::attention_flash_backward(q, k, v, randn({5, 3}, 6), Tensor(), g, {}, Shape{}, 0.5f); },
+      "[attention_backward]"));
+}
+
+}  // namespace
+}  // namespace qkv
