@@ -1,0 +1,112 @@
+// Token-level transformer models: the encoder-decoder of "Attention Is All You Need" (embeddings, sinusoidal
+// positions, nn::Transformer, a "generator" projection) and a decoder-only causal language model (GPT-style).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "qkv/core/rng.h"
+#include "qkv/core/tensor.h"
+#include "qkv/nn/dropout.h"
+#include "qkv/nn/embedding.h"
+#include "qkv/nn/layer_norm.h"
+#include "qkv/nn/linear.h"
+#include "qkv/nn/module.h"
+#include "qkv/nn/transformer.h"
+#include "qkv/ops/embedding.h"
+
+namespace qkv::models {
+
+// ids (B, T) -> (B, T) float: 1 where ids == pad_id (a kBlock key_padding_mask), else 0.
+Tensor padding_mask(const Ids& ids, int64_t pad_id);
+
+struct Seq2SeqConfig {
+  int64_t src_vocab = 0;           // > 0
+  int64_t tgt_vocab = 0;           // > 0
+  nn::TransformerConfig transformer;
+  bool scale_embeddings = true;    // token embeddings * sqrt(d_model), as the paper and PyTorch's tutorial
+};
+
+// The masks of one forward; tgt.is_causal is on by default (teacher forcing must not see the future).
+struct Seq2SeqMasks {
+  nn::AttentionMasks src;          // encoder self-attention, e.g. key_padding_mask = padding_mask(src, pad)
+  nn::AttentionMasks tgt = causal_self_attention();
+  nn::AttentionMasks memory;       // decoder cross-attention, e.g. key_padding_mask = padding_mask(src, pad)
+
+  static nn::AttentionMasks causal_self_attention() {
+    nn::AttentionMasks m;
+    m.is_causal = true;
+    return m;
+  }
+};
+
+// Parameters: "src_tok_emb.weight" (Vs, E), "tgt_tok_emb.weight" (Vt, E), "transformer.*" (torch.nn.Transformer's
+// names), "generator.weight" (Vt, E), "generator.bias" (Vt). A PyTorch equivalent (batch_first=True):
+//   x = dropout(emb(ids) * sqrt(E) + PE[:T]);  logits = generator(transformer(xs, xt, masks...))
+// with PE the sinusoidal table of qkv::sinusoidal_table (PyTorch tutorial's PositionalEncoding).
+// Dropout children "pos_dropout" (no parameters) follow train()/eval().
+class Seq2SeqTransformer : public nn::Module {
+ public:
+  Seq2SeqTransformer(const Seq2SeqConfig& config, Rng& rng);
+
+  // src: ids (B, Ts)  tgt: ids (B, Tt)  ->  logits (B, Tt, Vt)
+  Tensor forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {});
+  // src: ids (B, Ts) -> memory (B, Ts, E)
+  Tensor encode(const Ids& src, const nn::AttentionMasks& src_masks = {});
+  // tgt: ids (B, Tt)  memory: (B, Ts, E)  ->  logits (B, Tt, Vt). Positions start at 0 (no cache; recompute).
+  Tensor decode(const Ids& tgt, const Tensor& memory, const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
+                const nn::AttentionMasks& memory_masks = {});
+
+  const Seq2SeqConfig& config() const { return config_; }
+
+  nn::Embedding src_tok_emb;
+  nn::Embedding tgt_tok_emb;
+  nn::Dropout pos_dropout;
+  nn::Transformer transformer;
+  nn::Linear generator;
+
+ private:
+  Tensor embed(const nn::Embedding& table, const Ids& ids, const char* name);
+  Seq2SeqConfig config_;
+};
+
+struct DecoderOnlyConfig {
+  int64_t vocab = 0;     // > 0
+  int64_t max_len = 0;   // > 0: positions 0 .. max_len-1 (learned)
+  int64_t num_layers = 2;
+  nn::TransformerLayerConfig layer = default_layer();  // pre-LN, GELU, as GPT-2
+
+  static nn::TransformerLayerConfig default_layer() {
+    nn::TransformerLayerConfig c;
+    c.activation = nn::Activation::kGelu;
+    c.norm_first = true;
+    return c;
+  }
+};
+
+// GPT-style causal language model built from encoder layers with is_causal:
+//   x = dropout(tok_emb(ids) + pos_emb(0..T-1));  x = layers(x, causal);  logits = lm_head(norm(x))
+// Parameters: "tok_emb.weight" (V, E), "pos_emb.weight" (max_len, E), "layers.N.*" (TransformerEncoderLayer),
+// "norm.weight", "norm.bias" (E), "lm_head.weight" (V, E) (no bias). Embeddings ~ N(0, 1) as nn.Embedding.
+class DecoderOnlyTransformer : public nn::Module {
+ public:
+  DecoderOnlyTransformer(const DecoderOnlyConfig& config, Rng& rng);
+
+  // ids: (B, T) with T <= max_len  ->  logits (B, T, V). key_padding_mask: optional (B, T), nonzero = padding.
+  Tensor forward(const Ids& ids, const Tensor& key_padding_mask = {});
+
+  const DecoderOnlyConfig& config() const { return config_; }
+
+  nn::Embedding tok_emb;
+  nn::Embedding pos_emb;
+  nn::Dropout emb_dropout;
+  std::vector<std::unique_ptr<nn::TransformerEncoderLayer>> layers;
+  nn::LayerNorm norm;
+  nn::Linear lm_head;
+
+ private:
+  DecoderOnlyConfig config_;
+};
+
+}  // namespace qkv::models

@@ -1,0 +1,36 @@
+// nn::Embedding: a (V, E) lookup table named "weight", as torch.nn.Embedding (init N(0, 1)).
+// An optional padding_idx zeroes that row at construction, like PyTorch (no gradient semantics here: forward only).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "qkv/core/rng.h"
+#include "qkv/core/tensor.h"
+#include "qkv/nn/module.h"
+#include "qkv/ops/embedding.h"
+
+namespace qkv::nn {
+
+class Embedding : public Module {
+ public:
+  // V > 0, E > 0; padding_idx in [-V, V) (negative counts from the end, as PyTorch).
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng,
+            std::optional<int64_t> padding_idx = std::nullopt);
+
+  // ids: shape S, values in [0, V)  ->  S + (E)
+  Tensor forward(const Ids& ids) const;
+
+  int64_t num_embeddings() const { return num_; }
+  int64_t embedding_dim() const { return dim_; }
+  std::optional<int64_t> padding_idx() const { return padding_idx_; }
+
+  Tensor weight;  // (V, E)
+
+ private:
+  int64_t num_;
+  int64_t dim_;
+  std::optional<int64_t> padding_idx_;
+};
+
+}  // namespace qkv::nn

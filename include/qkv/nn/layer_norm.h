@@ -1,0 +1,32 @@
+// nn::LayerNorm over the last dimension, as torch.nn.LayerNorm(E, eps, elementwise_affine, bias).
+// Parameters "weight" (E) = 1 and "bias" (E) = 0; absent when elementwise_affine is false (bias also when bias is false).
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/core/tensor.h"
+#include "qkv/nn/module.h"
+
+namespace qkv::nn {
+
+class LayerNorm : public Module {
+ public:
+  // E > 0, eps > 0 and finite.
+  explicit LayerNorm(int64_t normalized_shape, float eps = 1e-5f, bool elementwise_affine = true,
+                     bool bias = true);
+
+  // x: (..., E)  ->  (..., E)
+  Tensor forward(const Tensor& x) const;
+
+  int64_t normalized_shape() const { return size_; }
+  float eps() const { return eps_; }
+
+  Tensor weight;  // (E) or undefined
+  Tensor bias;    // (E) or undefined
+
+ private:
+  int64_t size_;
+  float eps_;
+};
+
+}  // namespace qkv::nn

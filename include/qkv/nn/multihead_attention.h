@@ -1,0 +1,86 @@
+// nn::MultiheadAttention: torch.nn.MultiheadAttention (batch_first=True) with the same parameter names and packing.
+// Heads are split as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) and handed to qkv::attention without a copy.
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/core/rng.h"
+#include "qkv/core/tensor.h"
+#include "qkv/nn/linear.h"
+#include "qkv/nn/module.h"
+#include "qkv/ops/attention.h"
+
+namespace qkv::nn {
+
+// Per-call options of MultiheadAttention::forward. Every mask states its kind explicitly; nothing is guessed from
+// values. Bool masks are float tensors whose nonzero entries mean "true".
+struct MhaForwardOptions {
+  // (B, Tk) [(Tk) for unbatched input]. Default kind kBlock: nonzero = that key is padding and is ignored
+  // (PyTorch's bool convention). kKeep (nonzero = attend) and kAdditive (added to the scores) are also accepted.
+  Tensor key_padding_mask;
+  MaskKind key_padding_mask_kind = MaskKind::kBlock;
+  // (Tq, Tk) shared by every batch and head, or (B*H, Tq, Tk) [(H, Tq, Tk) unbatched] with row b*H + h.
+  // Default kind kBlock: nonzero = the pair is NOT allowed (PyTorch MHA's bool convention); kAdditive for a float
+  // mask (-inf blocks); kKeep for SDPA's convention.
+  Tensor attn_mask;
+  MaskKind attn_mask_kind = MaskKind::kBlock;
+  // Extra additive score bias broadcastable to (B, H, Tq, Tk) (T5 relative bias, ALiBi); added after the
+  // 1/sqrt(D) scaling, like a float attn_mask. Not a PyTorch MHA argument.
+  Tensor attn_bias;
+  // Applies a top-left causal mask (query i sees keys j <= i), combined with the masks above. PyTorch treats
+  // is_causal only as a hint that attn_mask already is causal; applying it for real gives the same result then.
+  bool is_causal = false;
+  bool need_weights = true;           // PyTorch's default
+  bool average_attn_weights = true;   // weights (B, Tq, Tk) averaged over heads, else (B, H, Tq, Tk)
+};
+
+struct MhaOutput {
+  Tensor out;      // (B, Tq, E)  [(Tq, E) unbatched]
+  Tensor weights;  // (B, Tq, Tk) or (B, H, Tq, Tk); undefined when !need_weights. After dropout, as PyTorch.
+};
+
+// Parameters (exactly torch.nn.MultiheadAttention's):
+//   kdim == vdim == E:  "in_proj_weight" (3E, E), rows [Q; K; V]       "in_proj_bias" (3E)
+//   otherwise:          "q_proj_weight" (E, E), "k_proj_weight" (E, kdim), "v_proj_weight" (E, vdim),
+//                       "in_proj_bias" (3E)
+//   always:             "out_proj.weight" (E, E), "out_proj.bias" (E)
+//   bias = false drops in_proj_bias and out_proj.bias.
+// Init as PyTorch: xavier-uniform projection weights, zero biases, out_proj.weight as nn.Linear.
+// Not supported: add_bias_kv, add_zero_attn, batch_first=False (the layout is always batch-first).
+// Fully masked query rows give output 0 (only the out_proj bias remains) and weights 0; PyTorch gives NaN there.
+class MultiheadAttention : public Module {
+ public:
+  // embed_dim > 0, num_heads > 0 and divides embed_dim; dropout in [0, 1); kdim/vdim 0 mean embed_dim.
+  // Attention-weight dropout draws from an Rng seeded from `rng` at construction.
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng& rng, float dropout = 0.0f, bool bias = true,
+                     int64_t kdim = 0, int64_t vdim = 0);
+
+  // query: (B, Tq, E)  key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  out (B, Tq, E), weights (see MhaOutput).
+  // Unbatched (Tq, E), (Tk, kdim), (Tk, vdim) are accepted too, as PyTorch.
+  // When query, key and value are the same tensor and the weights are packed, one (3E, E) projection is used.
+  MhaOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                    const MhaForwardOptions& options = {});
+
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t kdim() const { return kdim_; }
+  int64_t vdim() const { return vdim_; }
+  float dropout() const { return dropout_; }
+  bool packed() const { return packed_; }  // true when kdim == vdim == embed_dim (in_proj_weight)
+
+  Tensor in_proj_weight;  // (3E, E) when packed, else undefined
+  Tensor q_proj_weight;   // (E, E) when !packed
+  Tensor k_proj_weight;   // (E, kdim) when !packed
+  Tensor v_proj_weight;   // (E, vdim) when !packed
+  Tensor in_proj_bias;    // (3E) or undefined (bias = false)
+  Linear out_proj;        // "out_proj.weight" (E, E), "out_proj.bias" (E)
+
+ private:
+  int64_t embed_dim_, num_heads_, head_dim_, kdim_, vdim_;
+  float dropout_;
+  bool packed_;
+  Rng dropout_rng_;
+};
+
+}  // namespace qkv::nn

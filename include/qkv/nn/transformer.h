@@ -1,0 +1,163 @@
+// Transformer layers and stacks with torch.nn's names: TransformerEncoderLayer / DecoderLayer ("self_attn",
+// "multihead_attn", "linear1", "linear2", "norm1..3"), TransformerEncoder / Decoder ("layers.N.*", "norm") and Transformer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "qkv/core/rng.h"
+#include "qkv/core/tensor.h"
+#include "qkv/nn/dropout.h"
+#include "qkv/nn/feed_forward.h"
+#include "qkv/nn/layer_norm.h"
+#include "qkv/nn/linear.h"
+#include "qkv/nn/module.h"
+#include "qkv/nn/multihead_attention.h"
+
+namespace qkv::nn {
+
+// Hyper-parameters shared by encoder and decoder layers, PyTorch's defaults. Always batch-first.
+struct TransformerLayerConfig {
+  int64_t d_model = 512;
+  int64_t nhead = 8;
+  int64_t dim_feedforward = 2048;
+  float dropout = 0.1f;
+  Activation activation = Activation::kRelu;
+  float layer_norm_eps = 1e-5f;
+  bool norm_first = false;  // false: post-LN x = norm(x + f(x)); true: pre-LN x = x + f(norm(x))
+  bool bias = true;         // biases of every Linear, MultiheadAttention and LayerNorm
+};
+
+// The masks of one attention block (self-attention or cross-attention); fields as in MhaForwardOptions.
+//   mask: (Tq, Tk) or (B*H, Tq, Tk)      key_padding_mask: (B, Tk)      attn_bias: broadcastable to (B, H, Tq, Tk)
+struct AttentionMasks {
+  Tensor mask;
+  MaskKind mask_kind = MaskKind::kBlock;  // nonzero = NOT allowed (PyTorch's bool convention); kAdditive for floats
+  Tensor key_padding_mask;
+  MaskKind key_padding_mask_kind = MaskKind::kBlock;  // nonzero = padding, ignored
+  Tensor attn_bias;
+  bool is_causal = false;  // applies a top-left causal mask (combined with `mask`)
+};
+
+// The MHA options for these masks (need_weights false, as the layers ask PyTorch's MHA).
+MhaForwardOptions to_mha_options(const AttentionMasks& masks);
+
+// PyTorch's nn.Transformer.generate_square_subsequent_mask: (T, T) float, 0 on and below the diagonal, -inf above.
+// Use with MaskKind::kAdditive. T >= 0.
+Tensor generate_square_subsequent_mask(int64_t T);
+
+// Parameters: self_attn.{in_proj_weight,in_proj_bias,out_proj.weight,out_proj.bias}, linear1.{weight,bias},
+// linear2.{weight,bias}, norm1.{weight,bias}, norm2.{weight,bias}. Dropout children: dropout (inside FF),
+// dropout1 (after attention), dropout2 (after FF); eval() turns all of them off.
+class TransformerEncoderLayer : public Module {
+ public:
+  TransformerEncoderLayer(const TransformerLayerConfig& config, Rng& rng);
+
+  // src: (B, T, E) -> (B, T, E).  post-LN: x = norm1(x + sa(x)); x = norm2(x + ff(x))
+  //                              pre-LN:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {});
+
+  const TransformerLayerConfig& config() const { return config_; }
+
+  MultiheadAttention self_attn;
+  FeedForward ff;  // its linear1 / dropout / linear2 are registered directly on this layer, as in PyTorch
+  LayerNorm norm1, norm2;
+  Dropout dropout1, dropout2;
+
+ private:
+  TransformerLayerConfig config_;
+};
+
+// Parameters: self_attn.*, multihead_attn.*, linear1.*, linear2.*, norm1.*, norm2.*, norm3.*.
+// Dropout: dropout1 (after self-attention), dropout2 (after cross-attention), dropout (inside FF), dropout3 (after FF).
+class TransformerDecoderLayer : public Module {
+ public:
+  TransformerDecoderLayer(const TransformerLayerConfig& config, Rng& rng);
+
+  // tgt: (B, Tt, E)  memory: (B, Ts, E)  ->  (B, Tt, E)
+  // tgt_masks apply to self-attention (Tq = Tk = Tt); memory_masks to cross-attention (Tq = Tt, Tk = Ts).
+  //   post-LN: x = norm1(x + sa(x)); x = norm2(x + mha(x, mem)); x = norm3(x + ff(x))
+  //   pre-LN:  x = x + sa(norm1(x)); x = x + mha(norm2(x), mem); x = x + ff(norm3(x))
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
+                 const AttentionMasks& memory_masks = {});
+
+  const TransformerLayerConfig& config() const { return config_; }
+
+  MultiheadAttention self_attn;
+  MultiheadAttention multihead_attn;
+  FeedForward ff;
+  LayerNorm norm1, norm2, norm3;
+  Dropout dropout1, dropout2, dropout3;
+
+ private:
+  TransformerLayerConfig config_;
+};
+
+// A stack of num_layers encoder layers ("layers.0.*" ...) and an optional final LayerNorm ("norm.*").
+// Unlike PyTorch's deep copies, each layer gets its own random init from `rng`.
+class TransformerEncoder : public Module {
+ public:
+  // num_layers >= 0.
+  TransformerEncoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
+
+  // src: (B, T, E) -> (B, T, E)
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {});
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
+
+  std::vector<std::unique_ptr<TransformerEncoderLayer>> layers;
+  std::unique_ptr<LayerNorm> norm;  // null without final_norm
+
+ private:
+  int64_t d_model_;
+};
+
+class TransformerDecoder : public Module {
+ public:
+  TransformerDecoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
+
+  // tgt: (B, Tt, E)  memory: (B, Ts, E)  ->  (B, Tt, E)
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
+                 const AttentionMasks& memory_masks = {});
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
+
+  std::vector<std::unique_ptr<TransformerDecoderLayer>> layers;
+  std::unique_ptr<LayerNorm> norm;  // null without final_norm
+
+ private:
+  int64_t d_model_;
+};
+
+struct TransformerConfig {
+  TransformerLayerConfig layer;  // d_model, nhead, dim_feedforward, dropout, activation, eps, norm_first, bias
+  int64_t num_encoder_layers = 6;
+  int64_t num_decoder_layers = 6;
+};
+
+// torch.nn.Transformer (batch_first=True): "encoder.layers.N.*", "encoder.norm.*", "decoder.layers.N.*",
+// "decoder.norm.*" (both final norms always present, as PyTorch). Every parameter with rank > 1 is re-drawn
+// xavier-uniform after construction, as nn.Transformer._reset_parameters does.
+class Transformer : public Module {
+ public:
+  Transformer(const TransformerConfig& config, Rng& rng);
+
+  // src: (B, Ts, E)  tgt: (B, Tt, E)  ->  (B, Tt, E)
+  // src_masks: encoder self-attention; tgt_masks: decoder self-attention; memory_masks: cross-attention.
+  Tensor forward(const Tensor& src, const Tensor& tgt, const AttentionMasks& src_masks = {},
+                 const AttentionMasks& tgt_masks = {}, const AttentionMasks& memory_masks = {});
+
+  const TransformerConfig& config() const { return config_; }
+
+  TransformerEncoder encoder;
+  TransformerDecoder decoder;
+
+ private:
+  TransformerConfig config_;
+};
+
+// Re-draws every registered parameter of rank > 1 from xavier-uniform(fan_in = size(1), fan_out = size(0)).
+void xavier_uniform_reset(Module& module, Rng& rng);
+
+}  // namespace qkv::nn

@@ -1,0 +1,129 @@
+// models::Seq2SeqTransformer (embeddings + sinusoidal positions + nn::Transformer + generator) and
+// models::DecoderOnlyTransformer (GPT-style causal LM). Forward only; the layers do the attention.
+#include "qkv/models/transformer.h"
+
+#include <cmath>
+#include <string>
+
+#include "qkv/core/error.h"
+#include "qkv/nn/positional/sinusoidal.h"
+#include "qkv/ops/elementwise.h"
+
+namespace qkv::models {
+namespace {
+
+uint64_t draw_seed(Rng& rng) { return (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32(); }
+
+void check_ids(const Ids& ids, const char* op, const char* name) {
+  QKV_CHECK_ARG(ids.shape.size() == 2, "[", op, "] ", name, " ids ", str(ids.shape), " must be (B, T)");
+  QKV_CHECK_ARG(static_cast<int64_t>(ids.data.size()) == shape_numel(ids.shape), "[", op, "] ", name, " ids ",
+                str(ids.shape), " hold ", ids.data.size(), " values");
+}
+
+const Seq2SeqConfig& checked(const Seq2SeqConfig& c) {
+  QKV_CHECK_ARG(c.src_vocab > 0 && c.tgt_vocab > 0, "[Seq2SeqTransformer] src_vocab ", c.src_vocab,
+                " and tgt_vocab ", c.tgt_vocab, " must be > 0");
+  QKV_CHECK_ARG(c.transformer.layer.d_model > 0, "[Seq2SeqTransformer] d_model must be > 0, got ",
+                c.transformer.layer.d_model);
+  return c;
+}
+
+const DecoderOnlyConfig& checked(const DecoderOnlyConfig& c) {
+  QKV_CHECK_ARG(c.vocab > 0 && c.max_len > 0 && c.num_layers >= 0, "[DecoderOnlyTransformer] vocab ", c.vocab,
+                " and max_len ", c.max_len, " must be > 0 and num_layers ", c.num_layers, " >= 0");
+  QKV_CHECK_ARG(c.layer.d_model > 0, "[DecoderOnlyTransformer] d_model must be > 0, got ", c.layer.d_model);
+  return c;
+}
+
+}  // namespace
+
+Tensor padding_mask(const Ids& ids, int64_t pad_id) {
+  check_ids(ids, "padding_mask", "the");
+  Tensor m = Tensor::zeros(ids.shape);
+  float* p = m.data();
+  for (size_t i = 0; i < ids.data.size(); ++i) p[i] = ids.data[i] == pad_id ? 1.0f : 0.0f;
+  return m;
+}
+
+// --- Seq2SeqTransformer --------------------------------------------------------------------------------------
+
+Seq2SeqTransformer::Seq2SeqTransformer(const Seq2SeqConfig& c, Rng& rng)
+    : src_tok_emb(checked(c).src_vocab, c.transformer.layer.d_model, rng),
+      tgt_tok_emb(c.tgt_vocab, c.transformer.layer.d_model, rng),
+      pos_dropout(c.transformer.layer.dropout, draw_seed(rng)),
+      transformer(c.transformer, rng),
+      generator(c.transformer.layer.d_model, c.tgt_vocab, true, rng),
+      config_(c) {
+  register_module("src_tok_emb", &src_tok_emb);
+  register_module("tgt_tok_emb", &tgt_tok_emb);
+  register_module("pos_dropout", &pos_dropout);
+  register_module("transformer", &transformer);
+  register_module("generator", &generator);
+}
+
+Tensor Seq2SeqTransformer::embed(const nn::Embedding& table, const Ids& ids, const char* name) {
+  check_ids(ids, "Seq2SeqTransformer", name);
+  Tensor x = table.forward(ids);  // (B, T, E)
+  if (config_.scale_embeddings)
+    x = scale(x, std::sqrt(static_cast<float>(config_.transformer.layer.d_model)));
+  return pos_dropout.forward(add_sinusoidal(x));
+}
+
+Tensor Seq2SeqTransformer::encode(const Ids& src, const nn::AttentionMasks& src_masks) {
+  return transformer.encoder.forward(embed(src_tok_emb, src, "src"), src_masks);
+}
+
+Tensor Seq2SeqTransformer::decode(const Ids& tgt, const Tensor& memory, const nn::AttentionMasks& tgt_masks,
+                                  const nn::AttentionMasks& memory_masks) {
+  const Tensor y = transformer.decoder.forward(embed(tgt_tok_emb, tgt, "tgt"), memory, tgt_masks, memory_masks);
+  return generator.forward(y);
+}
+
+Tensor Seq2SeqTransformer::forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks) {
+  check_ids(src, "Seq2SeqTransformer", "src");
+  check_ids(tgt, "Seq2SeqTransformer", "tgt");
+  QKV_CHECK_ARG(src.shape[0] == tgt.shape[0], "[Seq2SeqTransformer] src ids ", str(src.shape), " and tgt ids ",
+                str(tgt.shape), " must have the same batch size");
+  return decode(tgt, encode(src, masks.src), masks.tgt, masks.memory);
+}
+
+// --- DecoderOnlyTransformer ----------------------------------------------------------------------------------
+
+DecoderOnlyTransformer::DecoderOnlyTransformer(const DecoderOnlyConfig& c, Rng& rng)
+    : tok_emb(checked(c).vocab, c.layer.d_model, rng),
+      pos_emb(c.max_len, c.layer.d_model, rng),
+      emb_dropout(c.layer.dropout, draw_seed(rng)),
+      norm(c.layer.d_model, c.layer.layer_norm_eps, true, c.layer.bias),
+      lm_head(c.layer.d_model, c.vocab, false, rng),
+      config_(c) {
+  register_module("tok_emb", &tok_emb);
+  register_module("pos_emb", &pos_emb);
+  register_module("emb_dropout", &emb_dropout);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    layers.push_back(std::make_unique<nn::TransformerEncoderLayer>(c.layer, rng));
+    register_module("layers." + std::to_string(i), layers.back().get());
+  }
+  register_module("norm", &norm);
+  register_module("lm_head", &lm_head);
+}
+
+Tensor DecoderOnlyTransformer::forward(const Ids& ids, const Tensor& key_padding_mask) {
+  check_ids(ids, "DecoderOnlyTransformer", "input");
+  const int64_t B = ids.shape[0], T = ids.shape[1];
+  QKV_CHECK_ARG(T <= config_.max_len, "[DecoderOnlyTransformer] ids ", str(ids.shape), " are longer than max_len ",
+                config_.max_len);
+  Ids pos{std::vector<int64_t>(static_cast<size_t>(T)), {T}};
+  for (int64_t t = 0; t < T; ++t) pos.data[static_cast<size_t>(t)] = t;
+  Tensor x = emb_dropout.forward(add(tok_emb.forward(ids), pos_emb.forward(pos)));  // (B, T, E) + (T, E)
+  nn::AttentionMasks masks;
+  masks.is_causal = true;
+  if (key_padding_mask.defined()) {
+    QKV_CHECK_ARG(key_padding_mask.shape() == Shape({B, T}), "[DecoderOnlyTransformer] key_padding_mask ",
+                  str(key_padding_mask.shape()), " must be (B, T) = ", str(Shape{B, T}));
+    masks.key_padding_mask = key_padding_mask;
+  }
+  for (auto& layer : layers) x = layer->forward(x, masks);
+  return lm_head.forward(norm.forward(x));
+}
+
+}  // namespace qkv::models

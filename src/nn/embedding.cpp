@@ -1,0 +1,33 @@
+// nn::Embedding: "weight" (V, E) ~ N(0, 1) as torch.nn.Embedding, optional zeroed padding row.
+// The forward is qkv::embedding (which checks the ids' range).
+#include "qkv/nn/embedding.h"
+
+#include "qkv/core/error.h"
+
+namespace qkv::nn {
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng, std::optional<int64_t> padding_idx)
+    : num_(num_embeddings), dim_(embedding_dim) {
+  QKV_CHECK_ARG(num_embeddings > 0 && embedding_dim > 0, "[Embedding] num_embeddings ", num_embeddings,
+                " and embedding_dim ", embedding_dim, " must be > 0");
+  if (padding_idx) {
+    const int64_t p = *padding_idx;
+    QKV_CHECK_ARG(p >= -num_embeddings && p < num_embeddings, "[Embedding] padding_idx ", p,
+                  " must be in [-", num_embeddings, ", ", num_embeddings, ")");
+    padding_idx_ = p < 0 ? p + num_embeddings : p;
+  }
+  weight = rng.normal({num_embeddings, embedding_dim});
+  if (padding_idx_) weight.select(0, *padding_idx_).fill(0.0f);
+  register_parameter("weight", &weight);
+}
+
+Tensor Embedding::forward(const Ids& ids) const {
+  QKV_CHECK_ARG(static_cast<int64_t>(ids.data.size()) == shape_numel(ids.shape), "[Embedding] ids shape ",
+                str(ids.shape), " does not match its ", ids.data.size(), " values");
+  for (int64_t id : ids.data)
+    QKV_CHECK_ARG(id >= 0 && id < num_, "[Embedding] id ", id, " out of range [0, ", num_, ") for ids ",
+                  str(ids.shape));
+  return embedding(weight, ids);
+}
+
+}  // namespace qkv::nn

@@ -1,0 +1,86 @@
+// nn::TransformerDecoderLayer and nn::TransformerDecoder, step for step as torch.nn's (post-LN and pre-LN):
+// masked self-attention, cross-attention on the encoder memory, feed-forward; dropout1..3 after each block.
+#include <string>
+
+#include "qkv/core/error.h"
+#include "qkv/nn/transformer.h"
+#include "qkv/ops/elementwise.h"
+#include "transformer_common.h"
+
+namespace qkv::nn {
+
+TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerConfig& c, Rng& rng)
+    : self_attn(detail::checked_layer_config(c, "TransformerDecoderLayer"), c.nhead, rng, c.dropout, c.bias),
+      multihead_attn(c.d_model, c.nhead, rng, c.dropout, c.bias),
+      ff(c.d_model, c.dim_feedforward, rng, c.activation, c.dropout, c.bias),
+      norm1(c.d_model, c.layer_norm_eps, true, c.bias),
+      norm2(c.d_model, c.layer_norm_eps, true, c.bias),
+      norm3(c.d_model, c.layer_norm_eps, true, c.bias),
+      dropout1(c.dropout, detail::draw_seed(rng)),
+      dropout2(c.dropout, detail::draw_seed(rng)),
+      dropout3(c.dropout, detail::draw_seed(rng)),
+      config_(c) {
+  register_module("self_attn", &self_attn);
+  register_module("multihead_attn", &multihead_attn);
+  register_module("linear1", &ff.linear1);
+  register_module("dropout", &ff.dropout);
+  register_module("linear2", &ff.linear2);
+  register_module("norm1", &norm1);
+  register_module("norm2", &norm2);
+  register_module("norm3", &norm3);
+  register_module("dropout1", &dropout1);
+  register_module("dropout2", &dropout2);
+  register_module("dropout3", &dropout3);
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks,
+                                        const AttentionMasks& memory_masks) {
+  detail::check_sequence(tgt, config_.d_model, "TransformerDecoderLayer", "tgt");
+  detail::check_sequence(memory, config_.d_model, "TransformerDecoderLayer", "memory");
+  QKV_CHECK_ARG(tgt.size(0) == memory.size(0), "[TransformerDecoderLayer] tgt ", str(tgt.shape()), " and memory ",
+                str(memory.shape()), " must have the same batch size");
+  const MhaForwardOptions self_opts = to_mha_options(tgt_masks);
+  const MhaForwardOptions cross_opts = to_mha_options(memory_masks);
+  auto sa_block = [&](const Tensor& x) { return dropout1.forward(self_attn.forward(x, x, x, self_opts).out); };
+  auto mha_block = [&](const Tensor& x) {
+    return dropout2.forward(multihead_attn.forward(x, memory, memory, cross_opts).out);
+  };
+  auto ff_block = [&](const Tensor& x) { return dropout3.forward(ff.forward(x)); };
+  Tensor x = tgt;
+  if (config_.norm_first) {
+    x = add(x, sa_block(norm1.forward(x)));
+    x = add(x, mha_block(norm2.forward(x)));
+    x = add(x, ff_block(norm3.forward(x)));
+  } else {
+    x = norm1.forward(add(x, sa_block(x)));
+    x = norm2.forward(add(x, mha_block(x)));
+    x = norm3.forward(add(x, ff_block(x)));
+  }
+  return x;
+}
+
+TransformerDecoder::TransformerDecoder(const TransformerLayerConfig& c, int64_t num_layers, bool final_norm,
+                                       Rng& rng)
+    : d_model_(detail::checked_layer_config(c, "TransformerDecoder")) {
+  QKV_CHECK_ARG(num_layers >= 0, "[TransformerDecoder] num_layers must be >= 0, got ", num_layers);
+  for (int64_t i = 0; i < num_layers; ++i) {
+    layers.push_back(std::make_unique<TransformerDecoderLayer>(c, rng));
+    register_module("layers." + std::to_string(i), layers.back().get());
+  }
+  if (final_norm) {
+    norm = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps, true, c.bias);
+    register_module("norm", norm.get());
+  }
+}
+
+Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks,
+                                   const AttentionMasks& memory_masks) {
+  detail::check_sequence(tgt, d_model_, "TransformerDecoder", "tgt");
+  detail::check_sequence(memory, d_model_, "TransformerDecoder", "memory");
+  Tensor x = tgt;
+  for (auto& layer : layers) x = layer->forward(x, memory, tgt_masks, memory_masks);
+  if (norm) x = norm->forward(x);
+  return x;
+}
+
+}  // namespace qkv::nn

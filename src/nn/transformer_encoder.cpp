@@ -1,0 +1,67 @@
+// nn::TransformerEncoderLayer and nn::TransformerEncoder, step for step as torch.nn's (post-LN and pre-LN).
+// Each layer of the stack gets its own random init; the optional final LayerNorm is "norm".
+#include <string>
+
+#include "qkv/core/error.h"
+#include "qkv/nn/transformer.h"
+#include "qkv/ops/elementwise.h"
+#include "transformer_common.h"
+
+namespace qkv::nn {
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c, Rng& rng)
+    : self_attn(detail::checked_layer_config(c, "TransformerEncoderLayer"), c.nhead, rng, c.dropout, c.bias),
+      ff(c.d_model, c.dim_feedforward, rng, c.activation, c.dropout, c.bias),
+      norm1(c.d_model, c.layer_norm_eps, true, c.bias),
+      norm2(c.d_model, c.layer_norm_eps, true, c.bias),
+      dropout1(c.dropout, detail::draw_seed(rng)),
+      dropout2(c.dropout, detail::draw_seed(rng)),
+      config_(c) {
+  register_module("self_attn", &self_attn);
+  register_module("linear1", &ff.linear1);
+  register_module("dropout", &ff.dropout);
+  register_module("linear2", &ff.linear2);
+  register_module("norm1", &norm1);
+  register_module("norm2", &norm2);
+  register_module("dropout1", &dropout1);
+  register_module("dropout2", &dropout2);
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const AttentionMasks& masks) {
+  detail::check_sequence(src, config_.d_model, "TransformerEncoderLayer", "src");
+  const MhaForwardOptions mo = to_mha_options(masks);
+  auto sa_block = [&](const Tensor& x) { return dropout1.forward(self_attn.forward(x, x, x, mo).out); };
+  auto ff_block = [&](const Tensor& x) { return dropout2.forward(ff.forward(x)); };
+  Tensor x = src;
+  if (config_.norm_first) {
+    x = add(x, sa_block(norm1.forward(x)));
+    x = add(x, ff_block(norm2.forward(x)));
+  } else {
+    x = norm1.forward(add(x, sa_block(x)));
+    x = norm2.forward(add(x, ff_block(x)));
+  }
+  return x;
+}
+
+TransformerEncoder::TransformerEncoder(const TransformerLayerConfig& c, int64_t num_layers, bool final_norm,
+                                       Rng& rng)
+    : d_model_(detail::checked_layer_config(c, "TransformerEncoder")) {
+  QKV_CHECK_ARG(num_layers >= 0, "[TransformerEncoder] num_layers must be >= 0, got ", num_layers);
+  for (int64_t i = 0; i < num_layers; ++i) {
+    layers.push_back(std::make_unique<TransformerEncoderLayer>(c, rng));
+    register_module("layers." + std::to_string(i), layers.back().get());
+  }
+  if (final_norm) {
+    norm = std::make_unique<LayerNorm>(c.d_model, c.layer_norm_eps, true, c.bias);
+    register_module("norm", norm.get());
+  }
+}
+
+Tensor TransformerEncoder::forward(const Tensor& src, const AttentionMasks& masks) {
+  detail::check_sequence(src, d_model_, "TransformerEncoder", "src");
+  Tensor x = src;
+  for (auto& layer : layers) x = layer->forward(x, masks);
+  if (norm) x = norm->forward(x);
+  return x;
+}
+
+}  // namespace qkv::nn
