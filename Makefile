@@ -53,5 +53,10 @@ test-consumer: build
 	cmake --build $(BUILD)/consumer -j$(JOBS) > /dev/null
 	./$(BUILD)/consumer/consumer
 
+# Runs the safetensors libFuzzer target (clang-14) for FUZZ_SECONDS on the seed corpus; fails on any crash.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	bash fuzz/run.sh $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz out

@@ -1,0 +1,101 @@
+"""Writes the seed corpus of the safetensors fuzzer (fuzz/corpus): small valid files made by the reference
+`safetensors` package and broken files, one per validation rule. Run: .venv/bin/python scripts/make_fuzz_corpus.py
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+from safetensors.numpy import save as np_save
+from safetensors.torch import save as torch_save
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus")
+
+
+def raw(header, data=b""):
+    """8-byte little-endian size + header (bytes or a dict, dumped compactly) + data."""
+    hb = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(hb)) + hb + data
+
+
+def t(dtype, shape, begin, end):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def valid():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    yield "valid_empty", np_save({})
+    yield "valid_f32_metadata", np_save({"w": a, "b": np.float32([0.5, -1])}, metadata={"format": "pt"})
+    yield "valid_numpy_dtypes", np_save({
+        "f64": np.float64([1e-300, 2.5]), "f16": np.float16([1, -0.0, np.inf]), "i64": np.int64([-1, 2**62]),
+        "u64": np.uint64([2**64 - 1]), "i32": np.int32([-7]), "u32": np.uint32([7]), "i16": np.int16([-3]),
+        "u16": np.uint16([3]), "i8": np.int8([-128]), "u8": np.uint8([255]), "bool": np.array([True, False]),
+    })
+    yield "valid_scalar_and_empty", np_save({"s": np.array(3.0, dtype=np.float32), "z": np.zeros((0, 3), np.float32)})
+    yield "valid_torch_bf16_f8", torch_save({
+        "bf16": torch.tensor([1.0, -2.5], dtype=torch.bfloat16),
+        "e4m3": torch.tensor([1.0, 448.0], dtype=torch.float8_e4m3fn),
+        "e5m2": torch.tensor([1.0, float("inf")], dtype=torch.float8_e5m2),
+        "e4m3fnuz": torch.tensor([1.0], dtype=torch.float8_e4m3fnuz),
+        "e5m2fnuz": torch.tensor([1.0], dtype=torch.float8_e5m2fnuz),
+        "e8m0": torch.tensor([2.0], dtype=torch.float8_e8m0fnu),
+    })
+    yield "valid_c64_unconvertible", np_save({"c": np.complex64([1 + 2j])})
+    yield "valid_f4_unconvertible", raw({"f": t("F4", [4], 0, 2)}, b"\x12\x34")
+    yield "valid_misaligned_f32", raw({"u": t("U8", [1], 0, 1), "m": t("F32", [1], 1, 5)}, b"\x01" + struct.pack("<f", 2))
+    yield "valid_escapes", raw(b'{"__metadata__":{"k\\n":"\\ud83d\\ude00"},"a\\"b":'
+                               b'{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}    ', b"\0\0\x80\x3f")
+
+
+def broken():
+    f = {"a": t("F32", [1], 0, 4)}
+    four = b"\0" * 4
+    yield "bad_short", b"\x08\0\0"
+    yield "bad_header_too_large", struct.pack("<Q", 100_000_001) + b"{}"
+    yield "bad_header_past_eof", struct.pack("<Q", 64) + b"{}"
+    yield "bad_not_utf8", raw(b'{"\xff":1}')
+    yield "bad_not_json", raw(b'{"a":{"dtype":"F32",')
+    yield "bad_not_object", raw(b"[1,2]")
+    yield "bad_leading_space", raw(b"  {}")
+    yield "bad_newline_padding", raw(b"{}\n")
+    yield "bad_unknown_dtype", raw({"a": t("F128", [1], 0, 16)}, b"\0" * 16)
+    yield "bad_metadata_int", raw({"__metadata__": {"k": 1}})
+    yield "bad_metadata_null", raw({"__metadata__": None})
+    yield "bad_duplicate_name", raw(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                                    b'"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', b"\0" * 8)
+    yield "bad_duplicate_metadata_key", raw(b'{"__metadata__":{"k":"1","k":"2"}}')
+    yield "bad_offsets_triple", raw({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 4]}}, four)
+    yield "bad_offsets_reversed", raw({"a": t("F32", [0], 4, 0)}, four)
+    yield "bad_offsets_negative", raw({"a": t("F32", [1], -4, 0)}, four)
+    yield "bad_offsets_huge", raw({"a": t("F32", [1], 2**64 - 4, 2**64)}, four)
+    yield "bad_overlap", raw({"a": t("F32", [2], 0, 8), "b": t("F32", [2], 4, 12)}, b"\0" * 12)
+    yield "bad_hole", raw({"a": t("F32", [1], 0, 4), "b": t("F32", [1], 8, 12)}, b"\0" * 12)
+    yield "bad_wraps_to_zero", raw({"a": t("F32", [2**32, 2**32], 0, 0)})
+    yield "bad_bytes_overflow", raw({"a": t("F64", [2**59], 0, 0)})
+    yield "bad_size_mismatch", raw({"a": t("F32", [2, 3], 0, 20)}, b"\0" * 20)
+    yield "bad_f4_odd", raw({"a": t("F4", [3], 0, 2)}, b"\0\0")
+    yield "bad_trailing_bytes", raw(json.dumps(f).encode(), b"\0" * 5)
+    yield "bad_truncated_data", raw({"a": t("F32", [2], 0, 8)}, four)
+    yield "bad_unknown_field", raw({"a": {**t("F32", [1], 0, 4), "x": 1}}, four)
+    yield "bad_bool_byte", raw({"b": t("BOOL", [2], 0, 2)}, b"\x01\x02")
+    yield "bad_lone_surrogate", raw(b'{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', four)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for old in os.listdir(OUT):
+        if old.endswith(".safetensors"):
+            os.remove(os.path.join(OUT, old))
+    count = 0
+    for name, data in list(valid()) + list(broken()):
+        assert len(data) <= 4096, name  # fuzz/run.sh uses -max_len=4096
+        with open(os.path.join(OUT, name + ".safetensors"), "wb") as fh:
+            fh.write(data)
+        count += 1
+    sys.stdout.write(f"make_fuzz_corpus: wrote {count} files to {os.path.normpath(OUT)}\n")
+
+
+if __name__ == "__main__":
+    main()
