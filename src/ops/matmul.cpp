@@ -119,7 +119,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const float* pb = B.data();
   float* pc = out.data();
   // Many small products: spread the batch over threads (OpenBLAS runs one thread inside the region).
-  const bool par = nb >= 2 && m * n * k <= (int64_t{1} << 21);
+  // Below ~64k multiply-adds in total, starting threads costs more than the work.
+  const bool par = nb >= 2 && m * n * k <= (int64_t{1} << 21) && nb * m * n * k >= (int64_t{1} << 16);
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < nb; ++i) gemm(pa + oa[i], la, pb + ob[i], lb, pc + i * m * n, m, n, k, false);
   return out;
