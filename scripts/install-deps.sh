@@ -12,7 +12,7 @@ PYTHON="${PYTHON:-python3}"
 # libgtest-dev           : GoogleTest (C++ tests)
 # libbenchmark-dev       : Google Benchmark (bench/)
 # libcli11-dev           : CLI11, header-only argument parser for the `qkv` command
-# clang-14, libclang-rt-14-dev, libfuzzer-14-dev : libFuzzer target and sanitizer runtimes
+# clang-14, libclang-rt-14-dev, libfuzzer-14-dev, libomp-14-dev : libFuzzer target, ThreadSanitizer build
 APT_PACKAGES=(
   build-essential pkg-config
   libopenblas-openmp-dev
@@ -21,7 +21,7 @@ APT_PACKAGES=(
   libcli11-dev
   zlib1g-dev
   ccache
-  clang-14 libclang-rt-14-dev libfuzzer-14-dev
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev libomp-14-dev
 )
 command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
 
