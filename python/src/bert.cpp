@@ -1,0 +1,80 @@
+// Bindings of the BERT models: qkv.WordPieceTokenizer(vocab_path) and qkv.SentenceEncoder(model_dir).
+// Thin: argument conversion only; the work happens in qkv::models with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "qkv/models/bert.h"
+#include "qkv/models/wordpiece.h"
+
+namespace qkv::python {
+
+namespace {
+
+py::array_t<int64_t> to_numpy_ids(const Ids& ids) {
+  std::vector<py::ssize_t> shape(ids.shape.begin(), ids.shape.end());
+  py::array_t<int64_t> out(shape);
+  std::copy(ids.data.begin(), ids.data.end(), out.mutable_data());
+  return out;
+}
+
+}  // namespace
+
+void bind_bert(py::module_& m) {
+  using models::SentenceEncoder;
+  using models::WordPieceTokenizer;
+
+  py::class_<WordPieceTokenizer>(m, "WordPieceTokenizer",
+                                 "BERT's uncased WordPiece tokenizer; the same ids as HF's BertTokenizer.")
+      .def(py::init([](const std::string& vocab_path) { return WordPieceTokenizer::from_file(vocab_path); }),
+           py::arg("vocab_path"), "Loads BERT's vocab.txt (one token per line).")
+      .def(
+          "encode",
+          [](const WordPieceTokenizer& t, const std::vector<std::string>& texts, int64_t max_length) {
+            models::TokenBatch b;
+            {
+              py::gil_scoped_release nogil;
+              b = t.encode_batch(texts, max_length);
+            }
+            return py::make_tuple(to_numpy_ids(b.ids), to_numpy_ids(b.attention_mask));
+          },
+          py::arg("texts"), py::arg("max_length") = 512,
+          "texts: list of N str -> (ids, attention_mask), both int64 (N, T), right-padded to the longest row.")
+      .def("tokenize", &WordPieceTokenizer::tokenize, py::arg("text"), "The word pieces of text, without [CLS]/[SEP].")
+      .def("normalize", &WordPieceTokenizer::normalize, py::arg("text"), "BERT's normalizer alone.")
+      .def("token_to_id", &WordPieceTokenizer::token_to_id, py::arg("token"), "-1 when absent.")
+      .def("id_to_token", &WordPieceTokenizer::id_to_token, py::arg("id"))
+      .def_property_readonly("vocab_size", &WordPieceTokenizer::vocab_size);
+
+  py::class_<SentenceEncoder>(m, "SentenceEncoder",
+                              "A sentence-transformers BERT model folder (all-MiniLM-L6-v2) run by qkv.")
+      .def(py::init<const std::string&>(), py::arg("path"),
+           "Loads config.json, vocab.txt, model.safetensors (+ sentence_bert_config.json, 1_Pooling/config.json).")
+      .def(
+          "encode",
+          [](const SentenceEncoder& e, const std::vector<std::string>& texts, int64_t batch_size) {
+            Tensor out;
+            {
+              py::gil_scoped_release nogil;
+              out = e.encode(texts, batch_size);
+            }
+            return to_numpy(out);
+          },
+          py::arg("texts"), py::arg("batch_size") = 32,
+          "texts: list of N str -> float32 (N, E) embeddings, mean-pooled and L2-normalised.")
+      .def(
+          "tokenize",
+          [](const SentenceEncoder& e, const std::vector<std::string>& texts) {
+            const models::TokenBatch b = e.tokenizer().encode_batch(texts, e.max_seq_length());
+            return py::make_tuple(to_numpy_ids(b.ids), to_numpy_ids(b.attention_mask));
+          },
+          py::arg("texts"), "The ids encode() feeds the model: (ids, attention_mask) int64 (N, T).")
+      .def_property_readonly("max_seq_length", &SentenceEncoder::max_seq_length)
+      .def_property_readonly("embedding_dim", &SentenceEncoder::embedding_dim)
+      .def_property_readonly("normalizes", &SentenceEncoder::normalizes);
+}
+
+}  // namespace qkv::python
