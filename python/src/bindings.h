@@ -1,26 +1,76 @@
-// Shared helpers of the Python bindings: NumPy <-> Tensor conversion and error translation.
+// Shared helpers of the Python bindings: NumPy <-> Tensor conversion, PyTorch-style masks, state dicts, the module
+// seed and error translation. Each area binds itself from its own file and is registered in module.cpp.
 #pragma once
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
 #include <string>
+#include <utility>
 
+#include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/nn/module.h"
+#include "qkv/ops/attention.h"
 
 namespace qkv::python {
 
 namespace py = pybind11;
 
-// Borrows a float32 C-contiguous array without copying (the Tensor keeps the array alive).
-// Other real dtypes and layouts are converted to a float32 C-contiguous copy; anything else raises TypeError.
+// Borrows a float32 C-contiguous aligned array without copying (the Tensor keeps the array alive).
+// Other real dtypes (bool, ints, float16/64, ...) and layouts are converted to a float32 C-contiguous copy;
+// anything that is not a numpy.ndarray of a real dtype raises TypeError naming `fn` and `arg`.
 Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg);
 // Same, but None gives an undefined Tensor.
 Tensor to_tensor_or_none(const py::handle& obj, const char* fn, const char* arg);
 // Copies a Tensor into a new float32 ndarray.
 py::array_t<float> to_numpy(const Tensor& t);
 
-void register_errors(py::module_& m);  // std::invalid_argument -> ValueError
+// A PyTorch mask argument: a bool array is read with `bool_kind` (kKeep for SDPA, kBlock for nn.MultiheadAttention),
+// a floating array is additive (-inf blocks). Integer dtypes raise TypeError, as PyTorch's masks accept only bool
+// and floating types. None gives {undefined, kNone}.
+struct MaskArg {
+  Tensor t;
+  MaskKind kind = MaskKind::kNone;
+};
+MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind bool_kind);
+
+// {name: ndarray} -> StateDict (keys must be str, values ndarrays of a real dtype; TypeError otherwise).
+nn::StateDict to_state_dict(const py::handle& obj, const char* fn);
+// The module's parameters as {name: float32 ndarray} in registration order (PyTorch's state_dict order).
+py::dict state_dict_to_python(nn::Module& module);
+
+// Seed of a new module's Rng: `seed` when it is an int, else the next draw of the process-wide generator
+// (reseeded by qkv.manual_seed), so two modules built in a row get different weights, as in PyTorch.
+uint64_t module_seed(const py::object& seed);
+
+// Throws ValueError "[fn] ..." unless every size is >= min_size and their product is <= 2^40 elements: stops absurd
+// size arguments (MultiheadAttention(2**40, 1), sinusoidal_table(2**31, 2**31)) before any allocation.
+void check_sizes(const char* fn, std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                 int64_t min_size = 1);
+
+// Runs f() with the GIL released and `mu` held. Take the lock only this way (never while holding the GIL), so a
+// thread waiting for the lock never blocks one that needs the GIL.
+template <class F>
+auto locked_nogil(std::mutex& mu, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(mu);
+  return f();
+}
+
+void register_errors(py::module_& m);  // std::invalid_argument -> ValueError; qkv.manual_seed
 void bind_attention(py::module_& m);
+void bind_sdpa(py::module_& m);        // scaled_dot_product_attention[_backward] (python/src/sdpa.cpp)
+void bind_mha(py::module_& m);         // MultiheadAttention (python/src/mha.cpp)
+void bind_transformer(py::module_& m);  // TransformerEncoderLayer / DecoderLayer (python/src/transformer.cpp)
+void bind_rnn(py::module_& m);         // GRU, LSTM (python/src/rnn.cpp)
+void bind_positional(py::module_& m);  // submodule _qkv.positional (python/src/positional.cpp)
+void bind_bert(py::module_& m);         // WordPieceTokenizer, SentenceEncoder (python/src/bert.cpp)
+void bind_safetensors(py::module_& m);  // load_safetensors / save_safetensors (python/src/safetensors.cpp)
+void bind_train(py::module_& m);  // submodule _qkv.autograd: gradient probes (python/src/train.cpp)
+void bind_metrics(py::module_& m);      // corpus_bleu / corpus_chrf (python/src/metrics.cpp)
 
 }  // namespace qkv::python

@@ -1,31 +1,51 @@
-// NumPy <-> Tensor conversion with zero-copy for float32 C-contiguous input, and C++ -> Python error mapping.
+// NumPy <-> Tensor conversion with zero-copy for float32 C-contiguous input, PyTorch-style mask arguments, state
+// dicts, module seeds and the C++ -> Python error mapping.
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "bindings.h"
 
 namespace qkv::python {
 
-Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg) {
+namespace {
+
+std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+py::array as_real_array(const py::handle& obj, const char* fn, const char* arg) {
   if (!py::isinstance<py::array>(obj)) {
-    throw py::type_error(std::string(fn) + ": " + arg + " must be a numpy.ndarray, got " +
-                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+    throw py::type_error(std::string(fn) + ": " + arg + " must be a numpy.ndarray, got " + type_name(obj));
   }
   py::array a = py::reinterpret_borrow<py::array>(obj);
   const char kind = a.dtype().kind();
   if (kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b') {
-    throw py::type_error(std::string(fn) + ": " + arg + " has dtype " +
-                         std::string(py::str(a.dtype())) + "; expected a real numeric dtype");
+    throw py::type_error(std::string(fn) + ": " + arg + " has dtype " + std::string(py::str(a.dtype())) +
+                         "; expected a real numeric dtype (float32 is used without a copy)");
   }
-  py::array_t<float, py::array::c_style> f;
-  if (py::isinstance<py::array_t<float, py::array::c_style>>(a) &&
-      (a.flags() & py::array::c_style)) {
-    f = py::reinterpret_borrow<py::array_t<float, py::array::c_style>>(a);
+  return a;
+}
+
+Rng& process_rng() {
+  static Rng rng(0);  // guarded by the GIL
+  return rng;
+}
+
+}  // namespace
+
+Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg) {
+  py::array a = as_real_array(obj, fn, arg);
+  using F32 = py::array_t<float, py::array::c_style>;
+  const bool aligned = reinterpret_cast<uintptr_t>(a.data()) % alignof(float) == 0;
+  F32 f;
+  if (py::isinstance<F32>(a) && (a.flags() & py::array::c_style) && aligned) {
+    f = py::reinterpret_borrow<F32>(a);  // zero-copy
   } else {
-    f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
-    if (!f) throw py::type_error(std::string(fn) + ": cannot convert " + arg + " to float32");
+    // numpy does the conversion, so its errors (MemoryError for a huge broadcast view, ...) reach the caller.
+    // np.require(a, float32, "CA"): C-contiguous and aligned. Leaked on purpose: no decref after finalisation.
+    static auto* require = new py::object(py::module_::import("numpy").attr("require"));
+    f = py::reinterpret_borrow<F32>((*require)(a, py::dtype::of<float>(), "CA"));
   }
   Shape shape(f.shape(), f.shape() + f.ndim());
   auto* keep = new py::object(f);
@@ -51,8 +71,73 @@ py::array_t<float> to_numpy(const Tensor& t) {
   return out;
 }
 
+MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind bool_kind) {
+  if (obj.is_none()) return {};
+  py::array a = as_real_array(obj, fn, arg);
+  const char kind = a.dtype().kind();
+  if (kind != 'b' && kind != 'f') {
+    throw py::type_error(std::string(fn) + ": " + arg + " has dtype " + std::string(py::str(a.dtype())) +
+                         "; only bool and floating masks are supported (as in PyTorch)");
+  }
+  return {to_tensor(a, fn, arg), kind == 'b' ? bool_kind : MaskKind::kAdditive};
+}
+
+nn::StateDict to_state_dict(const py::handle& obj, const char* fn) {
+  if (!py::isinstance<py::dict>(obj)) {
+    throw py::type_error(std::string(fn) + ": state_dict must be a dict of numpy arrays, got " + type_name(obj));
+  }
+  nn::StateDict out;
+  for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
+    if (!py::isinstance<py::str>(item.first)) {
+      throw py::type_error(std::string(fn) + ": state_dict keys must be str, got " + type_name(item.first));
+    }
+    const std::string name = py::str(item.first);
+    out[name] = to_tensor(item.second, fn, ("state_dict['" + name + "']").c_str());
+  }
+  return out;
+}
+
+py::dict state_dict_to_python(nn::Module& module) {
+  py::dict d;
+  for (auto& [name, p] : module.named_parameters()) d[py::str(name)] = to_numpy(*p);
+  return d;
+}
+
+uint64_t module_seed(const py::object& seed) {
+  if (seed.is_none()) {
+    Rng& r = process_rng();
+    return (static_cast<uint64_t>(r.next_u32()) << 32) | r.next_u32();
+  }
+  if (!py::isinstance<py::int_>(seed) || py::isinstance<py::bool_>(seed)) {
+    throw py::type_error("seed must be an int or None, got " + type_name(seed));
+  }
+  // Any Python int, reduced modulo 2^64, so negative and huge seeds work too.
+  const unsigned long long bits = PyLong_AsUnsignedLongLongMask(seed.ptr());
+  if (PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<uint64_t>(bits);
+}
+
+void check_sizes(const char* fn, std::initializer_list<std::pair<const char*, int64_t>> sizes, int64_t min_size) {
+  constexpr double kMaxElements = 1099511627776.0;  // 2^40
+  double product = 1.0;
+  std::string listing;
+  for (const auto& [name, n] : sizes) {
+    if (!listing.empty()) listing += ", ";
+    listing += name;
+    listing += ' ';
+    listing += std::to_string(n);
+    if (n < min_size) {
+      throw py::value_error("[" + std::string(fn) + "] " + name + " must be >= " + std::to_string(min_size) +
+                            ", got " + std::to_string(n));
+    }
+    product *= static_cast<double>(n);
+  }
+  if (product > kMaxElements) {
+    throw py::value_error("[" + std::string(fn) + "] sizes too large (" + listing + "): more than 2^40 elements");
+  }
+}
+
 void register_errors(py::module_& m) {
-  (void)m;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -60,6 +145,14 @@ void register_errors(py::module_& m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
+  m.def(
+      "manual_seed",
+      [](const py::object& seed) {
+        if (seed.is_none()) throw py::type_error("manual_seed: seed must be an int, got None");
+        process_rng() = Rng(module_seed(seed));
+      },
+      py::arg("seed"),
+      "Reseeds the generator that initialises modules built without an explicit seed (like torch.manual_seed).");
 }
 
 }  // namespace qkv::python

@@ -12,6 +12,8 @@ namespace qkv {
 namespace {
 
 std::shared_ptr<float> allocate(int64_t n) {
+  QKV_CHECK_ARG(n <= static_cast<int64_t>(SIZE_MAX / sizeof(float) - 64), "[tensor] cannot allocate ", n,
+                " floats: the byte count overflows");
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);

@@ -1,0 +1,163 @@
+// `qkv run-layer`: runs one PyTorch-trained transformer layer saved as safetensors (scripts/export_torch.py) on an
+// input saved as safetensors, and writes the output. Config comes from the weights' shapes, their metadata and flags.
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "commands.h"
+#include "qkv/core/rng.h"
+#include "qkv/core/safetensors.h"
+#include "qkv/nn/feed_forward.h"
+#include "qkv/nn/transformer.h"
+
+namespace qkv::cli {
+namespace {
+
+struct RunLayerArgs {
+  std::string weights, input, output;
+  std::string layer;       // "encoder" | "decoder"; default from metadata "layer", else encoder
+  int64_t nhead = 0;       // 0: metadata "nhead"
+  std::string activation;  // "": metadata "activation", else relu
+  std::optional<bool> norm_first;
+  std::optional<float> eps;
+  bool causal = false;
+};
+
+// A safetensors file with the on-disk dtype of each tensor (bool masks mean "blocked", float masks are added).
+struct LoadedFile {
+  SafeTensorsFile file;
+  std::map<std::string, SafeTensorsDtype> dtypes;
+};
+
+LoadedFile load_with_dtypes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("[run-layer] cannot open " + path);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  LoadedFile out;
+  for (const SafeTensorsEntry& e : parse_safetensors_header(bytes.data(), bytes.size()).entries) {
+    out.dtypes[e.name] = e.dtype;
+  }
+  out.file = load_safetensors_from_memory(bytes.data(), bytes.size());
+  return out;
+}
+
+std::string meta(const SafeTensorsFile& f, const std::string& key, const std::string& fallback) {
+  auto it = f.metadata.find(key);
+  return it == f.metadata.end() ? fallback : it->second;
+}
+
+bool parse_bool(const std::string& s, const std::string& what) {
+  if (s == "true" || s == "True" || s == "1") return true;
+  if (s == "false" || s == "False" || s == "0") return false;
+  throw std::invalid_argument("[run-layer] " + what + " must be true or false, got '" + s + "'");
+}
+
+const Tensor& require(const SafeTensorsFile& f, const std::string& name, const std::string& path) {
+  auto it = f.tensors.find(name);
+  if (it == f.tensors.end()) throw std::invalid_argument("[run-layer] " + path + " has no tensor '" + name + "'");
+  return it->second;
+}
+
+// The masks of one attention block from tensors "<prefix>_mask" and "<prefix>_key_padding_mask", if present.
+nn::AttentionMasks masks_from(const LoadedFile& in, const std::string& mask_name, const std::string& kpm_name,
+                              bool causal, bool unbatched) {
+  nn::AttentionMasks m;
+  auto kind_of = [&](const std::string& name) {
+    return in.dtypes.at(name) == SafeTensorsDtype::BOOL ? MaskKind::kBlock : MaskKind::kAdditive;
+  };
+  if (auto it = in.file.tensors.find(mask_name); it != in.file.tensors.end()) {
+    m.mask = it->second;
+    m.mask_kind = kind_of(mask_name);
+  }
+  if (auto it = in.file.tensors.find(kpm_name); it != in.file.tensors.end()) {
+    m.key_padding_mask = unbatched && it->second.dim() == 1 ? it->second.unsqueeze(0) : it->second;
+    m.key_padding_mask_kind = kind_of(kpm_name);
+  }
+  m.is_causal = causal;
+  return m;
+}
+
+int run_layer(const RunLayerArgs& a) {
+  const SafeTensorsFile weights = load_safetensors(a.weights);
+  const LoadedFile in = load_with_dtypes(a.input);
+
+  std::string layer = a.layer.empty() ? meta(weights, "layer", "encoder") : a.layer;
+  if (layer == "TransformerEncoderLayer") layer = "encoder";
+  if (layer == "TransformerDecoderLayer") layer = "decoder";
+  if (layer != "encoder" && layer != "decoder") {
+    throw std::invalid_argument("[run-layer] --layer must be encoder or decoder, got '" + layer + "'");
+  }
+  const bool decoder = layer == "decoder";
+
+  nn::TransformerLayerConfig c;
+  c.d_model = require(weights, "norm1.weight", a.weights).size(0);
+  c.dim_feedforward = require(weights, "linear1.weight", a.weights).size(0);
+  c.nhead = a.nhead > 0 ? a.nhead : std::stoll(meta(weights, "nhead", "0"));
+  if (c.nhead <= 0) {
+    throw std::invalid_argument("[run-layer] the number of heads is unknown: pass --nhead (or export with "
+                                "scripts/export_torch.py, which records it as metadata)");
+  }
+  c.activation = nn::activation_from_string(
+      a.activation.empty() ? meta(weights, "activation", "relu") : a.activation, "run-layer");
+  c.norm_first = a.norm_first ? *a.norm_first : parse_bool(meta(weights, "norm_first", "false"), "norm_first");
+  c.layer_norm_eps = a.eps ? *a.eps : std::stof(meta(weights, "layer_norm_eps", "1e-5"));
+  c.bias = weights.tensors.count("linear1.bias") > 0;
+  c.dropout = 0.0f;
+
+  Rng rng(0);  // every parameter is overwritten by the weights file
+  Tensor y;
+  if (!decoder) {
+    nn::TransformerEncoderLayer m(c, rng);
+    m.load_state_dict(weights.tensors);
+    m.eval();
+    const Tensor& src = require(in.file, "src", a.input);
+    const bool unbatched = src.dim() == 2;
+    const nn::AttentionMasks sm = masks_from(in, "src_mask", "src_key_padding_mask", a.causal, unbatched);
+    y = m.forward(unbatched ? src.unsqueeze(0) : src, sm);
+    if (unbatched) y = y.squeeze(0);
+  } else {
+    nn::TransformerDecoderLayer m(c, rng);
+    m.load_state_dict(weights.tensors);
+    m.eval();
+    const Tensor& tgt = require(in.file, "tgt", a.input);
+    const Tensor& memory = require(in.file, "memory", a.input);
+    const bool unbatched = tgt.dim() == 2;
+    const nn::AttentionMasks tm = masks_from(in, "tgt_mask", "tgt_key_padding_mask", a.causal, unbatched);
+    const nn::AttentionMasks mm = masks_from(in, "memory_mask", "memory_key_padding_mask", false, unbatched);
+    y = m.forward(unbatched ? tgt.unsqueeze(0) : tgt, unbatched ? memory.unsqueeze(0) : memory, tm, mm);
+    if (unbatched) y = y.squeeze(0);
+  }
+  save_safetensors(a.output, {{"output", y}}, {{"layer", layer}});
+  return 0;
+}
+
+}  // namespace
+
+void add_run_layer(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "run-layer",
+      "Run a PyTorch TransformerEncoderLayer / DecoderLayer saved as safetensors (eval mode).\n"
+      "Input tensors: encoder 'src' (B, T, E) [+ 'src_mask', 'src_key_padding_mask']; decoder 'tgt', 'memory'\n"
+      "[+ 'tgt_mask', 'memory_mask', 'tgt_key_padding_mask', 'memory_key_padding_mask']. BOOL masks: true = not\n"
+      "allowed / padding (PyTorch's convention); float masks are added. Output: tensor 'output'.");
+  auto a = std::make_shared<RunLayerArgs>();
+  cmd->add_option("--weights", a->weights, "state_dict as safetensors (scripts/export_torch.py)")->required();
+  cmd->add_option("--input", a->input, "input tensors as safetensors")->required();
+  cmd->add_option("--output", a->output, "where to write the 'output' tensor")->required();
+  cmd->add_option("--layer", a->layer, "encoder | decoder (default: the weights' metadata, else encoder)");
+  cmd->add_option("--nhead", a->nhead, "number of heads (default: the weights' metadata)");
+  cmd->add_option("--activation", a->activation, "relu | gelu | gelu_tanh (default: metadata, else relu)");
+  cmd->add_option("--norm-first", a->norm_first, "true for pre-LN (default: metadata, else false)");
+  cmd->add_option("--layer-norm-eps", a->eps, "LayerNorm epsilon (default: metadata, else 1e-5)");
+  cmd->add_flag("--causal", a->causal, "apply a top-left causal mask to (decoder: self-)attention");
+  cmd->callback([a]() {
+    const int rc = run_layer(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,109 @@
+// qkv.MultiheadAttention: torch.nn.MultiheadAttention (batch-first) over NumPy arrays, with PyTorch's parameter
+// names and mask conventions (bool attn_mask / key_padding_mask: True = not allowed / ignored; float: added).
+#include <pybind11/stl.h>
+
+#include <algorithm>
+
+#include "bindings.h"
+#include "module_binding.h"
+#include "qkv/nn/multihead_attention.h"
+
+namespace qkv::python {
+
+namespace {
+
+constexpr const char* kName = "MultiheadAttention";
+using PyMha = Bound<nn::MultiheadAttention>;
+
+int64_t optional_int(const py::object& obj, int64_t fallback, const char* fn, const char* arg) {
+  if (obj.is_none()) return fallback;
+  if (!py::isinstance<py::int_>(obj) || py::isinstance<py::bool_>(obj)) {
+    throw py::type_error(std::string(fn) + ": " + arg + " must be an int or None");
+  }
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+  if (overflow != 0) throw py::value_error(std::string("[") + fn + "] " + arg + " is too large");
+  return static_cast<int64_t>(n);
+}
+
+std::unique_ptr<PyMha> make_mha(int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
+                                bool add_zero_attn, const py::object& kdim_obj, const py::object& vdim_obj,
+                                bool batch_first, const py::object& seed) {
+  require_batch_first(batch_first, kName);
+  if (add_bias_kv || add_zero_attn) {
+    throw py::value_error("[MultiheadAttention] add_bias_kv and add_zero_attn are not supported");
+  }
+  const int64_t kdim = optional_int(kdim_obj, embed_dim, kName, "kdim");
+  const int64_t vdim = optional_int(vdim_obj, embed_dim, kName, "vdim");
+  check_sizes(kName, {{"embed_dim", embed_dim}, {"num_heads", num_heads}, {"kdim", kdim}, {"vdim", vdim}});
+  check_sizes(kName, {{"3 * embed_dim", 3 * embed_dim}, {"max(embed_dim, kdim, vdim)", std::max({embed_dim, kdim, vdim})}});
+  Rng rng(module_seed(seed));
+  auto w = std::make_unique<PyMha>();
+  w->m = std::make_unique<nn::MultiheadAttention>(embed_dim, num_heads, rng, static_cast<float>(dropout), bias,
+                                                   kdim, vdim);
+  return w;
+}
+
+py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, const py::object& value,
+                   const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+                   bool average_attn_weights, bool is_causal) {
+  // The same array passed twice becomes the same Tensor, so the module takes its fused-projection paths.
+  const Tensor q = to_tensor(query, kName, "query");
+  const Tensor k = key.is(query) ? q : to_tensor(key, kName, "key");
+  const Tensor v = value.is(key) ? k : value.is(query) ? q : to_tensor(value, kName, "value");
+  nn::MhaForwardOptions o;
+  const MaskArg kpm = to_mask(key_padding_mask, kName, "key_padding_mask", MaskKind::kBlock);
+  const MaskArg am = to_mask(attn_mask, kName, "attn_mask", MaskKind::kBlock);
+  o.key_padding_mask = kpm.t;
+  o.key_padding_mask_kind = kpm.kind == MaskKind::kNone ? MaskKind::kBlock : kpm.kind;
+  o.attn_mask = am.t;
+  o.attn_mask_kind = am.kind == MaskKind::kNone ? MaskKind::kBlock : am.kind;
+  o.is_causal = is_causal;
+  o.need_weights = need_weights;
+  o.average_attn_weights = average_attn_weights;
+  nn::MhaOutput r = locked_nogil(self.mu, [&] { return self.m->forward(q, k, v, o); });
+  return py::make_tuple(to_numpy(r.out), r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
+}
+
+}  // namespace
+
+void bind_mha(py::module_& m) {
+  py::class_<PyMha> cls(m, kName, R"doc(torch.nn.MultiheadAttention, batch-first, over NumPy arrays.
+
+Parameters (PyTorch's names and packing): in_proj_weight (3E, E) when kdim == vdim == E, else q_proj_weight (E, E),
+k_proj_weight (E, kdim), v_proj_weight (E, vdim); in_proj_bias (3E); out_proj.weight (E, E); out_proj.bias (E).
+bias=False drops the biases. Initialised as PyTorch (xavier-uniform, zero biases) from `seed`, or from the
+generator qkv.manual_seed reseeds. Supported: dropout (training mode only), bias, kdim, vdim. Not supported
+(ValueError): add_bias_kv, add_zero_attn, batch_first=False.)doc");
+  cls.def(py::init(&make_mha), py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0,
+          py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
+          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = true, py::kw_only(),
+          py::arg("seed") = py::none());
+  cls.def("__call__", &mha_call, py::arg("query"), py::arg("key"), py::arg("value"),
+          py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true, py::arg("attn_mask") = py::none(),
+          py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
+          R"doc(Attention of query over key/value -> (out, weights or None).
+
+query (B, Tq, E), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, E); unbatched (T, dim) inputs work too.
+key_padding_mask (B, Tk): bool True = that key is padding and ignored; float = added.
+attn_mask (Tq, Tk) or (B*H, Tq, Tk) (row b*H + h): bool True = the pair is NOT allowed; float = added.
+need_weights: also return the attention weights, (B, Tq, Tk) averaged over heads when average_attn_weights,
+else (B, H, Tq, Tk). is_causal applies a top-left causal mask (query i sees keys j <= i), combined with attn_mask;
+PyTorch requires attn_mask with it and treats it as a hint that attn_mask is causal, so the results agree then.
+A query row whose every key is masked gives 0 (out = out_proj.bias there) and weights 0, where PyTorch gives NaN.)doc");
+  cls.attr("forward") = cls.attr("__call__");
+  def_module_methods(cls, kName);
+  cls.def_property_readonly("embed_dim", [](PyMha& s) { return s.m->embed_dim(); });
+  cls.def_property_readonly("num_heads", [](PyMha& s) { return s.m->num_heads(); });
+  cls.def_property_readonly("head_dim", [](PyMha& s) { return s.m->head_dim(); });
+  cls.def_property_readonly("kdim", [](PyMha& s) { return s.m->kdim(); });
+  cls.def_property_readonly("vdim", [](PyMha& s) { return s.m->vdim(); });
+  cls.def_property_readonly("dropout", [](PyMha& s) { return s.m->dropout(); });
+  cls.def("__repr__", [](PyMha& s) {
+    return "MultiheadAttention(embed_dim=" + std::to_string(s.m->embed_dim()) +
+           ", num_heads=" + std::to_string(s.m->num_heads()) + ", kdim=" + std::to_string(s.m->kdim()) +
+           ", vdim=" + std::to_string(s.m->vdim()) + ", batch_first=True)";
+  });
+}
+
+}  // namespace qkv::python
