@@ -9,6 +9,9 @@ int run(int argc, char** argv) {
   CLI::App app{"qkv: attention from Seq2Seq to self-attention"};
   app.require_subcommand(1);
   add_demo(app);
+  add_run_layer(app);
+  add_embed(app);
+  add_search(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

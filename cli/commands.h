@@ -9,5 +9,8 @@ int run(int argc, char** argv);
 
 // Each registers one subcommand on `app`; the callback runs the command and may throw.
 void add_demo(CLI::App& app);
+void add_run_layer(CLI::App& app);  // cli/run_layer.cpp
+void add_embed(CLI::App& app);   // cli/embed.cpp
+void add_search(CLI::App& app);  // cli/search.cpp
 
 }  // namespace qkv::cli

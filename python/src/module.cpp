@@ -8,4 +8,11 @@ PYBIND11_MODULE(_qkv, m) {
   m.attr("__version__") = "0.1.0";
   qkv::python::register_errors(m);
   qkv::python::bind_attention(m);
+  qkv::python::bind_sdpa(m);
+  qkv::python::bind_mha(m);
+  qkv::python::bind_transformer(m);
+  qkv::python::bind_rnn(m);
+  qkv::python::bind_positional(m);
+  qkv::python::bind_bert(m);
+  qkv::python::bind_safetensors(m);
 }
