@@ -25,9 +25,13 @@ constexpr double kLn2 = 0.6931471805599453;
 
 // Tile sizes. Forward: a query tile (columns of the transposed score tile, packed Qᵀ) against key tiles read in
 // place. Backward: a key tile (packed Kᵀ, Vᵀ, dK and dV accumulators) against query tiles read in place.
-constexpr int64_t kFwdQ = 48;
+// Defaults (FlashConfig can override them; tests use small tiles to cross many tile edges on small shapes).
+// A wide forward query tile reads each K/V tile once for 480 queries: at long T the K/V of a head outgrow L2, and
+// 96-query tiles lost 10-15 % there. Causal diagonal tiles skip the columns that see no key, so width costs nothing.
+constexpr int64_t kFwdQ = 480;
 constexpr int64_t kFwdK = 96;
-constexpr int64_t kSmallQ = 8;  // query tiles this small score by dot products (decode) instead of the packed GEMM
+constexpr int64_t kSmallQ = 8;     // query tiles this small score by dot products (decode) instead of the packed GEMM
+constexpr int64_t kSmallQK = 512;  // ... and take keys in tiles this long (the buffers hold fk x fq floats)
 constexpr int64_t kBwdQ = 48;
 constexpr int64_t kBwdK = 96;
 
@@ -130,6 +134,7 @@ struct Ctx {
   int64_t tq = 0, tk = 0, dk = 0, dv = 0;
   float scale = 1.0f;
   float c2 = 1.0f;  // scale · log2(e): scores in log2 units
+  int64_t fq = kFwdQ, fk = kFwdK, bq = kBwdQ, bk = kBwdK;  // tile sizes
   // Keys [0, key_end) are visible to query rows up to i_last.
   int64_t key_end(int64_t i_last) const { return causal ? std::clamp<int64_t>(i_last + off + 1, 0, tk) : tk; }
   // The tile (rows i0.., keys j0..j0+n) has a causally masked pair.
@@ -152,6 +157,14 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   cx.off = options.causal == Causal::kBottomRight ? cx.tk - cx.tq : 0;
   cx.scale = scale;
   cx.c2 = static_cast<float>(scale * kLog2e);
+  const int64_t tiles[4] = {config.fwd_q_tile, config.fwd_k_tile, config.bwd_q_tile, config.bwd_k_tile};
+  for (int64_t t : tiles)
+    QKV_CHECK_ARG(t == 0 || (t > 0 && t % 8 == 0), "[attention] tile size ", t,
+                  " must be 0 (default) or a positive multiple of 8");
+  if (config.fwd_q_tile) cx.fq = config.fwd_q_tile;
+  if (config.fwd_k_tile) cx.fk = config.fwd_k_tile;
+  if (config.bwd_q_tile) cx.bq = config.bwd_q_tile;
+  if (config.bwd_k_tile) cx.bk = config.bwd_k_tile;
   return cx;
 }
 
@@ -180,14 +193,14 @@ bool build_bias(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j0, in
 
 struct FwdWork {
   std::vector<float> qt, st, bias, o, m, l, alpha;
-  FwdWork(int64_t dk, int64_t dv)
-      : qt(static_cast<size_t>(dk * kFwdQ)),
-        st(static_cast<size_t>(kFwdK * kFwdQ)),
-        bias(static_cast<size_t>(kFwdK * kFwdQ)),
-        o(static_cast<size_t>(kFwdQ * dv)),
-        m(kFwdQ),
-        l(kFwdQ),
-        alpha(kFwdQ) {}
+  explicit FwdWork(const Ctx& cx)
+      : qt(static_cast<size_t>(cx.dk * cx.fq)),
+        st(static_cast<size_t>(cx.fk * cx.fq)),
+        bias(cx.mask.kind != MaskKind::kNone ? static_cast<size_t>(cx.fk * cx.fq) : 0),
+        o(static_cast<size_t>(cx.fq * cx.dv)),
+        m(static_cast<size_t>(cx.fq)),
+        l(static_cast<size_t>(cx.fq)),
+        alpha(static_cast<size_t>(cx.fq)) {}
 };
 
 // Online softmax of query rows i0..i0+bq of batch b over keys [j_begin, j_end): leaves the running max m (log2
@@ -216,35 +229,44 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
   const float* vb = cx.v.at(b);
   const bool has_mask = cx.mask.kind != MaskKind::kNone;
   float* st = w.st.data();
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kFwdK) {
-    const int64_t n = std::min(kFwdK, j_end - j0);
+  // A few queries (decoding) stream K and V from memory: longer key tiles switch less often between the two.
+  const int64_t fk = small ? std::max(cx.fk, std::min<int64_t>(kSmallQK, cx.fk * cx.fq / 8)) : cx.fk;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += fk) {
+    const int64_t n = std::min(fk, j_end - j0);
     const bool diag = cx.diagonal(i0, j0, n);
-    const bool biased = has_mask || diag;
-    if (biased && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), 1, ld)) continue;  // all blocked
-    // Sᵀ (n keys x ld queries), log2 units.
+    if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), 1, ld)) continue;  // all blocked
+    // On the causal diagonal the queries before c0 see none of these keys: they are left out (a skipped column
+    // is exactly an all -inf one: m, l and O stay as they are), so a wide query tile wastes no work above it.
+    const int64_t c0 = (diag && !small) ? std::clamp<int64_t>(j0 - cx.off - i0, 0, bq) / 8 * 8 : 0;
+    const int64_t nc = ld - c0;
+    float* sc = st + c0;
+    // Sᵀ (n keys x nc queries), log2 units.
     if (small) {
       kr.dot_scores(qt, bq, dk, kb + j0 * cx.k.rs, cx.k.rs, n, st, ld);
     } else {
       Gemm g;
-      g.rows = n, g.cols = ld, g.depth = dk;
+      g.rows = n, g.cols = nc, g.depth = dk;
       g.a = kb + j0 * cx.k.rs, g.a_rs = cx.k.rs, g.a_ks = 1;
-      g.b = qt, g.b_ks = ld;
-      g.c = st, g.c_rs = ld;
+      g.b = qt + c0, g.b_ks = ld;
+      g.c = sc, g.c_rs = ld;
       kr.gemm(g);
     }
-    if (biased) {
+    if (has_mask) {  // mask and causal together
       const float* bias = w.bias.data();
       for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < bq; ++i) st[j * ld + i] += bias[j * ld + i];
+        for (int64_t i = c0; i < bq; ++i) st[j * ld + i] += bias[j * ld + i];
+    } else if (diag) {  // causal only: key j is hidden from the queries i < j0 + j - off (a prefix of row j)
+      for (int64_t j = 0; j < n; ++j)
+        std::fill(sc + j * ld, st + j * ld + std::clamp<int64_t>(j0 + j - cx.off - i0, c0, bq), kNegInf);
     }
-    kr.softmax_cols(st, ld, n, ld, w.m.data(), w.l.data(), w.alpha.data());
-    // O = alpha·O + Pᵀᵀ·V
+    kr.softmax_cols(sc, ld, n, nc, w.m.data() + c0, w.l.data() + c0, w.alpha.data() + c0);
+    // O = alpha·O + P·V, P read from its transpose Sᵀ
     Gemm g;
-    g.rows = bq, g.cols = dv, g.depth = n;
-    g.a = st, g.a_rs = 1, g.a_ks = ld;
+    g.rows = bq - c0, g.cols = dv, g.depth = n;
+    g.a = sc, g.a_rs = 1, g.a_ks = ld;
     g.b = vb + j0 * cx.v.rs, g.b_ks = cx.v.rs;
-    g.c = w.o.data(), g.c_rs = dv;
-    g.row_scale = w.alpha.data();
+    g.c = w.o.data() + c0 * dv, g.c_rs = dv;
+    g.row_scale = w.alpha.data() + c0;
     g.accumulate = true;
     kr.gemm(g);
   }
@@ -296,9 +318,10 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
   float* lse = r.lse.data();
 
   const int threads = thread_count(config);
-  const int64_t nqt = ceil_div(tq, kFwdQ);
+  const int64_t fq = cx.fq, fk = cx.fk;
+  const int64_t nqt = ceil_div(tq, fq);
   const int64_t units = nb * nqt;
-  const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, kFwdK));
+  const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, fk));
   const double work = static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(cx.tk) *
                       static_cast<double>(cx.dk + dv);
 
@@ -309,14 +332,14 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
     const int64_t items = nb * per_b;
 #pragma omp parallel num_threads(team_size(threads, work, items, config.min_work_per_thread))
     {
-      FwdWork w(cx.dk, dv);
+      FwdWork w(cx);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < items; ++it) {
-        const int64_t b = it / per_b, p = it % per_b;
+        const int64_t p = it / nb, b = it % nb;  // tile-major: the short last tiles come last (balance)
         const int64_t tiles[2] = {p, nqt - 1 - p};
         const int ntiles = (paired && tiles[1] != tiles[0]) ? 2 : 1;
         for (int t = 0; t < ntiles; ++t) {
-          const int64_t i0 = tiles[t] * kFwdQ, bq = std::min(kFwdQ, tq - i0);
+          const int64_t i0 = tiles[t] * fq, bq = std::min(fq, tq - i0);
           fwd_tile(cx, b, i0, bq, 0, cx.key_end(i0 + bq - 1), w);
           fwd_finish(w, bq, dv, out + (b * tq + i0) * dv, lse + b * tq + i0);
         }
@@ -326,27 +349,27 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
   }
 
   // Split keys: partial (m, l, o) per (unit, split), then a fixed-order merge.
-  const int64_t part_floats = 2 * kFwdQ + kFwdQ * dv;
+  const int64_t part_floats = 2 * fq + fq * dv;
   std::vector<float> parts(static_cast<size_t>(units * splits * part_floats));
 #pragma omp parallel num_threads(team_size(threads, work, units * splits, config.min_work_per_thread))
   {
-    FwdWork w(cx.dk, dv);
+    FwdWork w(cx);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < units * splits; ++it) {
       const int64_t u = it / splits, s = it % splits;
-      const int64_t b = u / nqt, i0 = (u % nqt) * kFwdQ, bq = std::min(kFwdQ, tq - i0);
+      const int64_t b = u / nqt, i0 = (u % nqt) * fq, bq = std::min(fq, tq - i0);
       const int64_t kend = cx.key_end(i0 + bq - 1);
-      const int64_t per = ceil_div(ceil_div(kend, kFwdK), splits) * kFwdK;
+      const int64_t per = ceil_div(ceil_div(kend, fk), splits) * fk;
       const int64_t j_begin = std::min(kend, s * per), j_end = std::min(kend, (s + 1) * per);
       fwd_tile(cx, b, i0, bq, j_begin, j_end, w);
       float* part = parts.data() + it * part_floats;
       std::copy(w.m.begin(), w.m.begin() + bq, part);
-      std::copy(w.l.begin(), w.l.begin() + bq, part + kFwdQ);
-      std::copy(w.o.begin(), w.o.begin() + bq * dv, part + 2 * kFwdQ);
+      std::copy(w.l.begin(), w.l.begin() + bq, part + fq);
+      std::copy(w.o.begin(), w.o.begin() + bq * dv, part + 2 * fq);
     }
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; ++u) {
-      const int64_t b = u / nqt, i0 = (u % nqt) * kFwdQ, bq = std::min(kFwdQ, tq - i0);
+      const int64_t b = u / nqt, i0 = (u % nqt) * fq, bq = std::min(fq, tq - i0);
       const float* first = parts.data() + u * splits * part_floats;
       for (int64_t i = 0; i < bq; ++i) {
         float mx = kNegInf;
@@ -358,8 +381,8 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
           for (int64_t s = 0; s < splits; ++s) {
             const float* part = first + s * part_floats;
             const float wgt = std::exp2(part[i] - mx);  // 0 for a split that saw no key of this row
-            l += wgt * part[kFwdQ + i];
-            const float* src = part + 2 * kFwdQ + i * dv;
+            l += wgt * part[fq + i];
+            const float* src = part + 2 * fq + i * dv;
             for (int64_t c = 0; c < dv; ++c) orow[c] += wgt * src[c];
           }
         }
@@ -384,14 +407,14 @@ namespace {
 
 struct BwdWork {
   std::vector<float> kt, vt, s, dp, bias, dka, dva;
-  BwdWork(int64_t dk, int64_t dv)
-      : kt(static_cast<size_t>(dk * kBwdK)),
-        vt(static_cast<size_t>(dv * kBwdK)),
-        s(static_cast<size_t>(kBwdQ * kBwdK)),
-        dp(static_cast<size_t>(kBwdQ * kBwdK)),
-        bias(static_cast<size_t>(kBwdQ * kBwdK)),
-        dka(static_cast<size_t>(kBwdK * dk)),
-        dva(static_cast<size_t>(kBwdK * dv)) {}
+  explicit BwdWork(const Ctx& cx)
+      : kt(static_cast<size_t>(cx.dk * cx.bk)),
+        vt(static_cast<size_t>(cx.dv * cx.bk)),
+        s(static_cast<size_t>(cx.bq * cx.bk)),
+        dp(static_cast<size_t>(cx.bq * cx.bk)),
+        bias(cx.mask.kind != MaskKind::kNone ? static_cast<size_t>(cx.bq * cx.bk) : 0),
+        dka(static_cast<size_t>(cx.bk * cx.dk)),
+        dva(static_cast<size_t>(cx.bk * cx.dv)) {}
 };
 
 struct BwdCtx {
@@ -405,15 +428,15 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
                   BwdWork& w) {
   const Kernels& kr = *cx.kr;
   const int64_t dk = cx.dk, dv = cx.dv, tq = cx.tq;
-  const int64_t j0 = kt * kBwdK, n = std::min(kBwdK, cx.tk - j0), ld = round_up(n, 8);
+  const int64_t j0 = kt * cx.bk, n = std::min(cx.bk, cx.tk - j0), ld = round_up(n, 8);
   const float* kb = cx.k.at(b) + j0 * cx.k.rs;
   const float* vb = cx.v.at(b) + j0 * cx.v.rs;
   const float* qb = cx.q.at(b);
   const float* gb = bx.d_out.at(b);
   float* kt_p = w.kt.data();
   float* vt_p = w.vt.data();
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = kb[j * cx.k.rs + d];
+  for (int64_t j = 0; j < n; ++j) {  // Kᵀ scaled to log2 units (so S = Q·Kᵀ needs no rescaling), Vᵀ as is
+    for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = kb[j * cx.k.rs + d] * cx.c2;
     for (int64_t d = 0; d < dv; ++d) vt_p[d * ld + j] = vb[j * cx.v.rs + d];
   }
   for (int64_t j = n; j < ld; ++j) {
@@ -425,11 +448,10 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
 
   const bool has_mask = cx.mask.kind != MaskKind::kNone;
   const int64_t i_first = cx.causal ? std::max<int64_t>(0, j0 - cx.off) : 0;  // first query that sees key j0
-  for (int64_t i0 = (i_first / kBwdQ) * kBwdQ; i0 < tq; i0 += kBwdQ) {
-    const int64_t bq = std::min(kBwdQ, tq - i0);
+  for (int64_t i0 = (i_first / cx.bq) * cx.bq; i0 < tq; i0 += cx.bq) {
+    const int64_t bq = std::min(cx.bq, tq - i0);
     const bool diag = cx.diagonal(i0, j0, n);
-    const bool biased = has_mask || diag;
-    if (biased && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), ld, 1)) continue;
+    if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), ld, 1)) continue;
     const float* qi = qb + i0 * cx.q.rs;
     const float* gi = gb + i0 * bx.d_out.rs;
     Gemm g;  // S = Q·Kᵀ (bq x ld)
@@ -443,9 +465,14 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
     g.b = vt_p;
     g.c = w.dp.data();
     kr.gemm(g);
+    if (diag && !has_mask) {  // causal only: query i sees the local keys j <= i0 + i + off - j0
+      float* s = w.s.data();
+      for (int64_t i = 0; i < bq; ++i)
+        std::fill(s + i * ld + std::clamp<int64_t>(i0 + i + cx.off - j0 + 1, 0, n), s + i * ld + n, kNegInf);
+    }
     // P and dS = scale·P∘(dP − delta), in place.
-    kr.bwd_probs(w.s.data(), biased ? w.bias.data() : nullptr, w.dp.data(), ld, bq, n, cx.c2,
-                 bx.lse2 + b * tq + i0, bx.delta + b * tq + i0, cx.scale);
+    kr.bwd_probs(w.s.data(), has_mask ? w.bias.data() : nullptr, w.dp.data(), ld, bq, n, bx.lse2 + b * tq + i0,
+                 bx.delta + b * tq + i0, cx.scale);
     Gemm gv;  // dV += Pᵀ·dO
     gv.rows = n, gv.cols = dv, gv.depth = bq;
     gv.a = w.s.data(), gv.a_rs = 1, gv.a_ks = ld;
@@ -538,7 +565,7 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
   // accumulates straight into its rows. Otherwise key tiles are dealt to chunks in snake order (balances causal
   // cost), each chunk adds into its own dQ partial, and the partials are summed in chunk order: no atomics, and
   // the same bits on every run with the same thread count.
-  const int64_t nkt = ceil_div(tk, kBwdK);
+  const int64_t nkt = ceil_div(tk, cx.bk);
   const int64_t chunks =
       (nb % threads == 0 || nb >= 4 * threads) ? 1 : std::clamp<int64_t>(ceil_div(4 * threads, nb), 1, nkt);
   std::vector<float> partial(chunks > 1 ? static_cast<size_t>(nb * chunks * tq * dk) : 0);
@@ -547,7 +574,7 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
   float* dvp = dv_full.data();
 #pragma omp parallel num_threads(team_size(threads, work, nb * chunks, config.min_work_per_thread))
   {
-    BwdWork w(dk, dv);
+    BwdWork w(cx);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < nb * chunks; ++it) {
       const int64_t b = it / chunks, ch = it % chunks;

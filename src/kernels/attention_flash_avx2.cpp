@@ -16,7 +16,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline __m256 exp2_ps(__m256 x) {
   const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GE_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-125.0f)), _mm256_set1_ps(127.0f));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // Round to nearest by adding 1.5·2^23: the low mantissa bits of t then hold n in two's complement.
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  const __m256 t = _mm256_add_ps(x, magic);
+  const __m256 n = _mm256_sub_ps(t, magic);
   const __m256 f = _mm256_sub_ps(x, n);
   __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
@@ -25,7 +28,7 @@ inline __m256 exp2_ps(__m256 x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);  // n << 23; t's exponent bits shift out
   const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
   return _mm256_and_ps(r, keep);
 }
@@ -84,10 +87,18 @@ inline void row_block(const Gemm& g, int64_t r0) {
   }
   int64_t j = 0;
   const __m256i none = _mm256_setzero_si256();
-  // Few rows: wider column blocks, so that 8-12 independent accumulators hide the FMA latency.
-  constexpr int kWide = R >= 4 ? 2 : R == 3 ? 4 : R == 2 ? 6 : 8;
-  if constexpr (kWide > 2)
-    for (; j + 8 * kWide <= g.cols; j += 8 * kWide) micro<R, kWide, false>(*gp, a, g.b + j, c + j, none);
+  // Few rows (decoding): wider column blocks, so that enough independent accumulators hide the FMA latency and
+  // each row of B streams through once.
+  if constexpr (R == 1) {
+    for (; j + 128 <= g.cols; j += 128) micro<1, 16, false>(*gp, a, g.b + j, c + j, none);
+    if (j + 64 <= g.cols) micro<1, 8, false>(*gp, a, g.b + j, c + j, none), j += 64;
+    if (j + 32 <= g.cols) micro<1, 4, false>(*gp, a, g.b + j, c + j, none), j += 32;
+  } else if constexpr (R == 2) {
+    for (; j + 48 <= g.cols; j += 48) micro<2, 6, false>(*gp, a, g.b + j, c + j, none);
+    if (j + 32 <= g.cols) micro<2, 4, false>(*gp, a, g.b + j, c + j, none), j += 32;
+  } else if constexpr (R == 3) {
+    for (; j + 32 <= g.cols; j += 32) micro<3, 4, false>(*gp, a, g.b + j, c + j, none);
+  }
   for (; j + 16 <= g.cols; j += 16) micro<R, 2, false>(*gp, a, g.b + j, c + j, none);
   if (j + 8 <= g.cols) {
     micro<R, 1, false>(*gp, a, g.b + j, c + j, none);
@@ -201,9 +212,9 @@ void dot_scores(const float* q, int64_t nq, int64_t dk, const float* k, int64_t 
   }
 }
 
-void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, float c2,
-               const float* lse2, const float* delta, float scale) {
-  const __m256 vc = _mm256_set1_ps(c2), vscale = _mm256_set1_ps(scale);
+void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
+               const float* delta, float scale) {
+  const __m256 vscale = _mm256_set1_ps(scale);
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = s + r * ld;
     float* dr = dp + r * ld;
@@ -212,7 +223,7 @@ void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows,
     const __m256 dl = _mm256_set1_ps(delta[r]);
     int64_t j = 0;
     for (; j + 8 <= cols; j += 8) {
-      __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(sr + j), vc, nl);
+      __m256 x = _mm256_add_ps(_mm256_loadu_ps(sr + j), nl);
       if (br) x = _mm256_add_ps(x, _mm256_loadu_ps(br + j));
       const __m256 p = exp2_ps(x);
       _mm256_storeu_ps(sr + j, p);
@@ -221,7 +232,7 @@ void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows,
     }
     if (j < cols) {
       const __m256i mk = tail_mask(cols - j);
-      __m256 x = _mm256_fmadd_ps(_mm256_maskload_ps(sr + j, mk), vc, nl);
+      __m256 x = _mm256_add_ps(_mm256_maskload_ps(sr + j, mk), nl);
       if (br) x = _mm256_add_ps(x, _mm256_maskload_ps(br + j, mk));
       const __m256 p = exp2_ps(x);
       _mm256_maskstore_ps(sr + j, mk, p);

@@ -39,11 +39,11 @@ struct Kernels {
   void (*dot_scores)(const float* q, int64_t nq, int64_t dk, const float* k, int64_t k_rs, int64_t nk, float* st,
                      int64_t ld);
 
-  // Backward, per row r < rows of a (query × key) tile with row stride ld, columns c < cols:
-  //   p = 2^(s*c2 + bias - lse2[r])   (bias nullptr = 0; lse2 = +inf on fully masked rows gives p = 0)
+  // Backward, per row r < rows of a (query × key) tile with row stride ld (scores s in log2 units), c < cols:
+  //   p = 2^(s + bias - lse2[r])   (bias nullptr = 0; -inf = blocked; lse2 = +inf on fully masked rows: p = 0)
   //   s  <- p
   //   dp <- scale * p * (dp - delta[r])
-  void (*bwd_probs)(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, float c2,
+  void (*bwd_probs)(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols,
                     const float* lse2, const float* delta, float scale);
 };
 

@@ -52,12 +52,12 @@ void dot_scores(const float* q, int64_t nq, int64_t dk, const float* k, int64_t 
     }
 }
 
-void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, float c2,
-               const float* lse2, const float* delta, float scale) {
+void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
+               const float* delta, float scale) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t x = r * ld + j;
-      const float p = std::exp2(s[x] * c2 + (bias ? bias[x] : 0.0f) - lse2[r]);
+      const float p = std::exp2(s[x] + (bias ? bias[x] : 0.0f) - lse2[r]);
       s[x] = p;
       dp[x] = scale * p * (dp[x] - delta[r]);
     }

@@ -198,10 +198,10 @@ Fused run_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Attenti
   return f;
 }
 
-::testing::AssertionResult MatchesOracle(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                                         const Tensor& d_out, const FlashConfig& cfg = {}) {
+::testing::AssertionResult MatchesOracleWith(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& o, const Tensor& d_out, const FlashConfig& cfg,
+                                             const Oracle& r) {
   const Fused f = run_fused(q, k, v, o, d_out, cfg);
-  const Oracle r = oracle(q, k, v, o, d_out);
   if (auto a = NormClose(f.fwd.out, r.out, kForwardRtol, "out"); !a) return a;
   if (auto a = LseClose(f.fwd.lse, r.lse); !a) return a;
   if (!d_out.defined()) return ::testing::AssertionSuccess();
@@ -211,6 +211,19 @@ Fused run_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Attenti
   if (auto a = NormClose(f.grads.dq, r.dq, kBackwardRtol, "dq", r.dq_mag); !a) return a;
   if (auto a = NormClose(f.grads.dk, r.dk, kBackwardRtol, "dk", r.dk_mag); !a) return a;
   if (auto a = NormClose(f.grads.dv, r.dv, kBackwardRtol, "dv"); !a) return a;
+  return ::testing::AssertionSuccess();
+}
+
+// The fused kernel with `cfg` and, unless cfg sets tiles itself, again with small tiles (16 x 24 forward,
+// 16 x 24 backward), so that the edge tests below cross tile boundaries at modest sizes.
+::testing::AssertionResult MatchesOracle(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                         const Tensor& d_out, const FlashConfig& cfg = {}) {
+  const Oracle r = oracle(q, k, v, o, d_out);
+  if (auto a = MatchesOracleWith(q, k, v, o, d_out, cfg, r); !a) return a << " (default tiles)";
+  if (cfg.fwd_q_tile || cfg.fwd_k_tile || cfg.bwd_q_tile || cfg.bwd_k_tile) return ::testing::AssertionSuccess();
+  FlashConfig small = cfg;
+  small.fwd_q_tile = 16, small.fwd_k_tile = 24, small.bwd_q_tile = 16, small.bwd_k_tile = 24;
+  if (auto a = MatchesOracleWith(q, k, v, o, d_out, small, r); !a) return a << " (small tiles)";
   return ::testing::AssertionSuccess();
 }
 
@@ -303,10 +316,19 @@ Config random_config(uint64_t seed) {
 // ---------------------------------------------------------------------------------------------------------------
 // The sweep
 
-void Sweep(int n, uint64_t first_seed, const FlashConfig& cfg) {
+// Tile sizes (fwd queries, fwd keys, bwd queries, bwd keys): the defaults, and small ones so that small shapes
+// cross many tile edges (partial tiles, causal diagonals at every offset, split keys, dQ chunks).
+constexpr int64_t kTileChoices[][4] = {{0, 0, 0, 0}, {16, 24, 16, 24}, {8, 8, 8, 8}, {24, 16, 32, 8}, {48, 40, 24, 40}};
+
+void Sweep(int n, uint64_t first_seed, const FlashConfig& base) {
   for (int i = 0; i < n; ++i) {
     const Config c = random_config(first_seed + static_cast<uint64_t>(i));
-    EXPECT_TRUE(MatchesOracle(c.q, c.k, c.v, c.o, c.d_out, cfg)) << c.desc << " isa " << kernels::flash_isa_name(cfg.isa);
+    FlashConfig cfg = base;
+    const auto& t = kTileChoices[static_cast<size_t>(i) % std::size(kTileChoices)];
+    cfg.fwd_q_tile = t[0], cfg.fwd_k_tile = t[1], cfg.bwd_q_tile = t[2], cfg.bwd_k_tile = t[3];
+    EXPECT_TRUE(MatchesOracle(c.q, c.k, c.v, c.o, c.d_out, cfg))
+        << c.desc << " isa " << kernels::flash_isa_name(cfg.isa) << " tiles " << t[0] << "," << t[1] << ","
+        << t[2] << "," << t[3];
   }
 }
 
@@ -426,6 +448,18 @@ TEST(AttentionFlash, DkDiffersFromDvAndCustomScale) {
   EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
 }
 
+TEST(AttentionFlash, NegativeScaleKeepsCausalBlocksBlocked) {
+  // Blocked scores must stay blocked whatever the sign of the scale (a -inf times a negative scale is +inf).
+  const Tensor q = randn({2, 130, 16}, 88), k = randn({2, 130, 16}, 89), v = randn({2, 130, 16}, 90);
+  AttentionOptions o;
+  o.scale = -0.3f;
+  o.causal = Causal::kTopLeft;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+  o.mask = Tensor::full({130, 130}, 1.0f);
+  o.mask_kind = MaskKind::kKeep;
+  EXPECT_TRUE(MatchesOracle(q, k, v, o, ones_like_out(q, v)));
+}
+
 TEST(AttentionFlash, SeqLenOne) {
   EXPECT_TRUE(MatchesOracle(randn({2, 1, 16}, 34), randn({2, 1, 16}, 35), randn({2, 1, 16}, 36), {},
                             randn({2, 1, 16}, 37)));
@@ -494,6 +528,22 @@ TEST(AttentionFlash, ThreadedWorkSplitsOnPortableKernels) {
     EXPECT_TRUE(MatchesOracle(randn({1, 1, 1, 32}, 66), randn({1, 1, 1500, 32}, 67), randn({1, 1, 1500, 32}, 68), {},
                               randn({1, 1, 1, 32}, 69), cfg));
   }
+}
+
+TEST(AttentionFlash, BitIdenticalAcrossRunsWithSmallTiles) {
+  AttentionOptions causal;
+  causal.causal = Causal::kBottomRight;
+  FlashConfig cfg{FlashIsa::kAuto, 2, 0};
+  cfg.fwd_q_tile = 16, cfg.fwd_k_tile = 24, cfg.bwd_q_tile = 16, cfg.bwd_k_tile = 24;
+  ExpectBitIdenticalReruns(randn({1, 1, 150, 32}, 91), randn({1, 1, 170, 32}, 92), randn({1, 1, 170, 32}, 93), causal,
+                           cfg);
+}
+
+TEST(AttentionFlashErrors, TileSizesMustBeMultiplesOfEight) {
+  FlashConfig cfg;
+  cfg.fwd_q_tile = 12;
+  const Tensor q = randn({4, 8}, 94);
+  EXPECT_TRUE(ThrowsArg([&] { kernels::attention_flash_forward(q, q, q, {}, Shape{}, 0.5f, cfg); }, "[attention]"));
 }
 
 TEST(AttentionFlash, AvxAndPortableAgree) {

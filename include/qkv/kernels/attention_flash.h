@@ -17,6 +17,8 @@ struct FlashConfig {
   // Multiply-adds per started thread: smaller problems start fewer threads (never changes the results).
   // 0 starts every thread whatever the size (tests, sanitizers).
   double min_work_per_thread = 1 << 21;
+  // Tile sizes (queries x keys) of the forward and the backward; 0 = the tuned default. Positive multiples of 8.
+  int64_t fwd_q_tile = 0, fwd_k_tile = 0, bwd_q_tile = 0, bwd_k_tile = 0;
 };
 
 // Name of the microkernel set `isa` resolves to on this CPU: "avx2" or "portable".

@@ -1,0 +1,41 @@
+// The fused attention entry points: attention_fused (what attention() runs when weights are not requested) and
+// attention_backward. Validation is attention_check's; the math is kernels/attention_flash.cpp.
+#include "qkv/core/error.h"
+#include "qkv/kernels/attention_flash.h"
+#include "qkv/ops/attention.h"
+
+namespace qkv {
+
+AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  const Shape batch = attention_check(q, k, v, options, "attention");
+  QKV_CHECK_ARG(!options.return_weights, "[attention] the fused path never forms the weights; q ", str(q.shape()),
+                " k ", str(k.shape()), ": call attention() or attention_reference() for return_weights");
+  AttentionResult r =
+      kernels::attention_flash_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
+  if (!options.return_lse) r.lse = Tensor();
+  return r;
+}
+
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& d_out, const AttentionOptions& options) {
+  const char* op = "attention_backward";
+  const Shape batch = attention_check(q, k, v, options, op);
+  Shape out_shape = batch, lse_shape = batch;
+  out_shape.push_back(q.size(-2));
+  out_shape.push_back(v.size(-1));
+  lse_shape.push_back(q.size(-2));
+  QKV_CHECK_ARG(d_out.defined() && d_out.shape() == out_shape, "[", op, "] d_out ",
+                d_out.defined() ? str(d_out.shape()) : "(undefined)", " must have the shape of out ",
+                str(out_shape), " (q ", str(q.shape()), ", v ", str(v.shape()), ")");
+  QKV_CHECK_ARG(!out.defined() || out.shape() == out_shape, "[", op, "] out ", str(out.shape()),
+                " must have shape (batch..., Tq, Dv) = ", str(out_shape));
+  QKV_CHECK_ARG(!lse.defined() || lse.shape() == lse_shape, "[", op, "] lse ", str(lse.shape()),
+                " must have shape (batch..., Tq) = ", str(lse_shape));
+  const float scale = attention_scale(options, q.size(-1));
+  if (out.defined() && lse.defined())
+    return kernels::attention_flash_backward(q, k, v, out, lse, d_out, options, batch, scale);
+  const AttentionResult f = kernels::attention_flash_forward(q, k, v, options, batch, scale);
+  return kernels::attention_flash_backward(q, k, v, f.out, f.lse, d_out, options, batch, scale);
+}
+
+}  // namespace qkv
