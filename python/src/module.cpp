@@ -14,5 +14,6 @@ PYBIND11_MODULE(_qkv, m) {
   qkv::python::bind_rnn(m);
   qkv::python::bind_positional(m);
   qkv::python::bind_bert(m);
+  qkv::python::bind_train(m);
   qkv::python::bind_safetensors(m);
 }

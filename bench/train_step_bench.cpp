@@ -1,0 +1,92 @@
+// Training-step benchmark: one AdamW step (forward, cross-entropy, backward, optimizer) of the model, a
+// 2-layer pre-LN causal decoder-only Transformer (d 128, 4 heads, FFN 512, vocab 64, batch 32 x 128), and of a GRU
+// Seq2Seq with Bahdanau attention. Prints one JSON line per model with the median step time in milliseconds.
+//   train_step_bench [--steps N] [--warmup N] [--model decoder|seq2seq|all]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "qkv/core/rng.h"
+#include "train_step_common.h"
+#include "qkv/train/loss.h"
+#include "qkv/train/optim.h"
+#include "qkv/train/transformer_models.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using qkv::bench::cpu_ms;
+
+// Random token batch (B, T) and next-token targets, from a fixed seed (the same numbers as train_step_torch.py is
+// not required: timing does not depend on the values).
+void make_batch(int64_t B, int64_t T, int64_t V, qkv::Ids& ids, std::vector<int64_t>& targets) {
+  qkv::Rng rng(123);
+  ids = {std::vector<int64_t>(static_cast<size_t>(B * T)), {B, T}};
+  for (auto& x : ids.data) x = static_cast<int64_t>(rng.below(static_cast<uint64_t>(V)));
+  targets.assign(ids.data.size(), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      targets[static_cast<size_t>(b * T + t)] = t + 1 < T ? ids.data[static_cast<size_t>(b * T + t + 1)] : -100;
+}
+
+double bench_decoder(int steps, int warmup) {
+  using namespace qkv;
+  models::DecoderOnlyConfig c;
+  c.vocab = 64;
+  c.max_len = 128;
+  c.num_layers = 2;
+  c.layer.d_model = 128;
+  c.layer.nhead = 4;
+  c.layer.dim_feedforward = 512;
+  c.layer.dropout = 0.0f;
+  c.layer.norm_first = true;
+  c.layer.activation = nn::Activation::kGelu;
+  Rng rng(1);
+  models::DecoderOnlyTransformer model(c, rng);
+  Ids ids;
+  std::vector<int64_t> targets;
+  make_batch(32, 128, c.vocab, ids, targets);
+  train::ParameterSet params(model);
+  train::AdamW opt(params);
+  train::Tape tape;
+  std::vector<double> ms, cpu;
+  float loss = 0.0f;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    const double c0 = cpu_ms();
+    params.zero_grad();
+    tape.clear();
+    train::Graph g(tape, params);
+    const train::Var l = train::cross_entropy(train::decoder_only_logits(g, model, ids), targets);
+    tape.backward(l);
+    opt.step();
+    const auto t1 = Clock::now();
+    const double c1 = cpu_ms();
+    loss = l.value.item();
+    if (i >= warmup) {
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      cpu.push_back(c1 - c0);
+    }
+  }
+  return bench::report("decoder", ms, cpu, loss);
+}
+
+}  // namespace
+
+double bench_seq2seq(int steps, int warmup);  // train_step_bench_seq2seq.cpp
+
+int main(int argc, char** argv) {
+  int steps = 10, warmup = 3;
+  std::string model = "all";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
+  }
+  if (model == "all" || model == "decoder") bench_decoder(steps, warmup);
+  if (model == "all" || model == "seq2seq") bench_seq2seq(steps, warmup);
+  return 0;
+}

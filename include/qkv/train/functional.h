@@ -1,0 +1,128 @@
+// Differentiable twins of qkv's ops on a Tape: each records one node whose backward calls the op's backward half.
+// Fused ops (attention, layer_norm, GRU/LSTM cell step, cross-entropy) are single nodes; views stay views.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "qkv/core/rng.h"
+#include "qkv/nn/feed_forward.h"
+#include "qkv/nn/positional/rope.h"
+#include "qkv/ops/attention.h"
+#include "qkv/ops/elementwise.h"
+#include "qkv/ops/embedding.h"
+#include "qkv/train/autograd.h"
+
+namespace qkv::train {
+
+// Every function takes Vars (a Tensor converts to a constant Var) and returns a Var on the tape of its inputs;
+// when no input needs a gradient nothing is recorded and the result is a constant. Shapes and errors are those
+// of the underlying qkv op ("[matmul] ...").
+
+// --- products ------------------------------------------------------------------------------------------------
+// a: (..., M, K)  b: (..., K, N)  ->  (..., M, N); leading dims broadcast.
+Var matmul(const Var& a, const Var& b);
+// x: (..., in)  weight: (out, in)  bias: (out) or undefined  ->  (..., out). One sgemm forward; backward is one
+// sgemm for dx and one accumulating straight into weight's gradient (beta = 1), plus column sums for the bias.
+Var linear(const Var& x, const Var& weight, const Var& bias = {});
+
+// --- elementwise (numpy broadcasting; gradients summed back to each operand's shape) --------------------------
+Var add(const Var& a, const Var& b);
+Var sub(const Var& a, const Var& b);
+Var mul(const Var& a, const Var& b);
+Var scale(const Var& x, float s);  // x * s
+Var relu(const Var& x);
+Var gelu(const Var& x, GeluApprox approx = GeluApprox::kNone);
+Var tanh(const Var& x);
+Var sigmoid(const Var& x);
+// The feed-forward activation of nn::FeedForward.
+Var activation(const Var& x, nn::Activation a);
+
+// --- reductions -----------------------------------------------------------------------------------------------
+Var sum(const Var& x);   // -> scalar shape ()
+Var mean(const Var& x);  // -> scalar shape (); numel must be > 0
+
+// --- softmax and normalisation --------------------------------------------------------------------------------
+Var softmax(const Var& x, int64_t axis = -1);
+Var log_softmax(const Var& x, int64_t axis = -1);
+// x: (..., E)  weight, bias: (E) or undefined  ->  (..., E). One node (saves mean and rstd).
+Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
+
+// --- lookup and dropout ---------------------------------------------------------------------------------------
+// weight: (V, E)  ids: shape S  ->  S + (E). Repeated ids add up in the gradient. Positions whose id equals
+// padding_idx (in [-V, V), negative counts from the end) add nothing to the gradient, as torch.nn.Embedding.
+Var embedding(const Var& weight, const Ids& ids, std::optional<int64_t> padding_idx = std::nullopt);
+// Inverted dropout drawing from `rng`; identity (no node) when !training or p == 0. p in [0, 1).
+Var dropout(const Var& x, float p, bool training, Rng& rng);
+
+// --- attention ------------------------------------------------------------------------------------------------
+// Extra differentiable inputs of attention() beyond AttentionOptions (whose mask, of any kind, and causal are
+// constants that take no gradient).
+struct AttentionExtras {
+  Var bias;                   // additive score bias broadcastable to (batch..., Tq, Tk), added after the scaling
+                              // (T5 relative bias); receives a gradient when it is not a constant
+  float dropout = 0.0f;       // dropout on the attention weights (as nn.MultiheadAttention), in [0, 1)
+  Rng* dropout_rng = nullptr; // required when dropout > 0
+};
+// q: (..., Tq, Dk)  k: (..., Tk, Dk)  v: (..., Tk, Dv)  ->  (batch..., Tq, Dv), as qkv::attention.
+// Without dropout and without a differentiable bias it is one node over the fused kernel: the forward keeps
+// the log-sum-exp and the backward is qkv::attention_backward (O(T) memory, never forms Tq x Tk).
+// Otherwise it is composed on the tape: scores = q·kᵀ·scale (+ bias) (+ mask) -> softmax -> dropout -> ·v.
+// A fully masked row gives 0 and zero gradient. options.return_weights / return_lse are ignored.
+Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options = {},
+              const AttentionExtras& extras = {});
+
+// Shaw et al. relative attention, as qkv::relative_attention (include/qkv/nn/positional/relative.h), with
+// gradients for q, k, v and both tables. q: (..., Tq, D)  k: (..., Tk, D)  v: (..., Tk, Dv)
+// rel_k: (2·clip+1, D)  rel_v: (2·clip+1, Dv) or undefined  ->  (..., Tq, Dv). Composed on the tape.
+Var relative_attention(const Var& q, const Var& k, const Var& v, const Var& rel_k, const Var& rel_v, int64_t clip,
+                       const AttentionOptions& options = {}, int64_t query_offset = 0);
+
+// --- positional encodings -------------------------------------------------------------------------------------
+// x: (..., T, E)  table: (max_len, E)  ->  x + table[offset : offset + T]   (learned absolute positions)
+Var add_learned_positions(const Var& x, const Var& table, int64_t offset = 0);
+// x: (..., T, E)  ->  x + PE[offset : offset + T] (sinusoidal, no parameters).
+Var add_sinusoidal(const Var& x, int64_t offset = 0, float base = 10000.0f);
+// x: (..., T, D)  ->  rope_apply(x, ...). Backward is the inverse rotation (same angles).
+Var rope(const Var& x, int64_t offset = 0, float base = 10000.0f, RopeVariant variant = RopeVariant::kHalfSplit);
+// table: (num_buckets, H)  ->  (1, H, Tq, Tk) as qkv::t5_relative_bias; the gradient scatter-adds into table.
+Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_t max_distance = 128,
+            int64_t query_offset = 0);
+
+// --- shapes (views; the backward is the inverse view, a slice's backward adds into a slice of the gradient) ---
+Var reshape(const Var& x, const Shape& shape);  // view when possible, else a copy (torch.reshape)
+Var transpose(const Var& x, int64_t a, int64_t b);
+Var permute(const Var& x, const Shape& dims);
+Var select(const Var& x, int64_t axis, int64_t index);
+Var slice(const Var& x, int64_t axis, int64_t start, int64_t end, int64_t step = 1);
+Var unsqueeze(const Var& x, int64_t axis);
+Var squeeze(const Var& x, int64_t axis);
+Var expand(const Var& x, const Shape& shape);
+Var contiguous(const Var& x);
+Var concat(const std::vector<Var>& xs, int64_t axis);
+Var stack(const std::vector<Var>& xs, int64_t axis);
+std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int64_t axis);
+// The same value as a constant: no gradient flows back through it.
+inline Var detach(const Var& x) { return Var(x.value); }
+
+// --- recurrent cells (fused single nodes) ---------------------------------------------------------------------
+// `active`: empty, or one flag per batch row; a row whose flag is 0 keeps its old state (h' = h, c' = c) and
+// passes the gradient straight through (a padded step of a shorter sequence).
+//
+// GRU step, torch.nn.GRU's formulas and gate order (r, z, n), as nn::gru_cell_step:
+// gi: (B, 3H) input projection x·W_ihᵀ + b_ih (may be a strided view)  h: (B, H)  w_hh: (3H, H)
+// b_hh: (3H) or undefined  ->  h' (B, H)
+Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh,
+             const std::vector<uint8_t>& active = {});
+
+// LSTM step, gates (i, f, g, o), as nn::lstm_cell_step: gi: (B, 4H)  h, c: (B, H)  w_hh: (4H, H)
+// b_hh: (4H) or undefined  ->  (h', c')
+struct LstmVars {
+  Var h;
+  Var c;
+};
+LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
+                   const std::vector<uint8_t>& active = {});
+
+}  // namespace qkv::train

@@ -1,0 +1,23 @@
+// AVX2+FMA build of the GELU loops in act_kernels_impl.h (compiled with -mavx2 -mfma; called only when the CPU
+// has both, see act_kernels.cpp).
+#include "act_kernels.h"
+
+#define QKV_ACT_LANES 8
+#include "act_kernels_impl.h"
+
+namespace qkv::train::detail::avx2 {
+
+void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx) {
+  if (tanh_approx) gelu_tanh_fwd(x, y, n);
+  else gelu_erf_fwd(x, y, n);
+}
+
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool tanh_approx) {
+  if (tanh_approx) gelu_tanh_bwd(x, dy, dx, n);
+  else gelu_erf_bwd(x, dy, dx, n);
+}
+
+void tanh_forward(const float* x, float* y, int64_t n) { tanh_fwd(x, y, n); }
+void sigmoid_forward(const float* x, float* y, int64_t n) { sigmoid_fwd(x, y, n); }
+
+}  // namespace qkv::train::detail::avx2

@@ -1,0 +1,41 @@
+// Private helper of the differentiable ops (not installed): finds the tape of an op's inputs and records its node,
+// or returns a constant when no input needs a gradient.
+#pragma once
+
+#include <initializer_list>
+#include <utility>
+
+#include "qkv/core/error.h"
+#include "qkv/ops/embedding.h"
+#include "qkv/train/autograd.h"
+
+namespace qkv::train::detail {
+
+inline Tape* tape_of(std::initializer_list<const Var*> inputs) {
+  for (const Var* v : inputs)
+    if (v && v->slot >= 0) return v->tape;
+  return nullptr;
+}
+
+// Records `fn` (a callable (Tape&, std::span<const Tensor>)) as the backward of `value` when any input needs
+// a gradient; otherwise returns `value` as a constant without building the closure's std::function.
+template <class F>
+Var record(const Tensor& value, std::initializer_list<const Var*> inputs, F&& fn) {
+  Tape* t = tape_of(inputs);
+  if (!t) return Var(value);
+  return t->record(value, inputs, Tape::Backward(std::forward<F>(fn)));
+}
+
+// Token ids of a batch: a non-empty (B, T) whose data holds B·T values.
+inline void check_ids(const Ids& ids, const char* op, const char* name) {
+  QKV_CHECK_ARG(ids.shape.size() == 2 && ids.shape[0] > 0 && ids.shape[1] > 0, "[", op, "] ", name, " ids ",
+                str(ids.shape), " must be a non-empty (B, T)");
+  QKV_CHECK_ARG(static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1], "[", op, "] ", name,
+                " ids hold ", ids.data.size(), " values for shape ", str(ids.shape));
+}
+
+inline void check_defined(const Var& v, const char* op, const char* name) {
+  QKV_CHECK_ARG(v.defined(), "[", op, "] ", name, " is undefined");
+}
+
+}  // namespace qkv::train::detail

@@ -1,0 +1,752 @@
+// Tests of the autograd tape and of every differentiable op: float32 gradients against central differences of a
+// float64 twin (nonlinear ops) or of the op itself (ops affine in each input), plus tape mechanics and errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention_oracle.h"
+#include "grad_testing.h"
+#include "qkv/nn/positional/relative.h"
+#include "qkv/nn/positional/sinusoidal.h"
+#include "qkv/nn/positional/t5_bias.h"
+#include "qkv/ops/attention.h"
+#include "qkv/ops/softmax.h"
+#include "qkv/train/functional.h"
+#include "qkv/train/loss.h"
+
+namespace qkv {
+namespace {
+
+using testing::AllClose;
+using testing::GradsMatchAffine;
+using testing::GradsMatchTwin;
+using testing::randn;
+using testing::ThrowsArg;
+using train::Tape;
+using train::Var;
+using Vars = std::vector<Var>;
+using DVec = std::vector<double>;
+using DIn = std::vector<DVec>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// --- tape mechanics ---------------------------------------------------------------------------------------------
+
+TEST(Tape, GradientAccumulatesWhenAVarIsUsedTwice) {
+  Tape tape;
+  const Tensor xv = Tensor::from_vector({3}, {1.0f, -2.0f, 0.5f});
+  const Var x = tape.leaf(xv);
+  const Var y = train::add(train::mul(x, x), x);  // x² + x -> 2x + 1
+  tape.backward(y, Tensor::ones({3}));
+  EXPECT_TRUE(AllClose(x.grad(), DVec{3.0, -3.0, 2.0}, testing::kExact));
+}
+
+TEST(Tape, ConstantsRecordNothing) {
+  Tape tape;
+  const Var a = Tensor::ones({2, 2});
+  const Var b = train::matmul(a, train::relu(a));
+  EXPECT_FALSE(b.requires_grad());
+  EXPECT_EQ(tape.num_nodes(), 0u);
+  EXPECT_TRUE(AllClose(b.value, DVec{2, 2, 2, 2}, testing::kExact));
+}
+
+TEST(Tape, UpstreamGradientIsNeverWrittenInPlace) {
+  // add() hands dy to both operands without a copy; x then receives it twice and must copy before adding.
+  Tape tape;
+  const Var x = tape.leaf(Tensor::from_vector({2}, {1.0f, 2.0f}));
+  const Var y = train::add(x, x);
+  const Tensor dout = Tensor::from_vector({2}, {1.0f, 10.0f});
+  tape.backward(y, dout);
+  EXPECT_TRUE(AllClose(x.grad(), DVec{2.0, 20.0}, testing::kExact));
+  EXPECT_TRUE(AllClose(dout, DVec{1.0, 10.0}, testing::kExact));
+}
+
+TEST(Tape, ParameterGradientOverwritesAfterZeroGradAndAccumulatesWithin) {
+  Tensor w = Tensor::from_vector({2}, {1.0f, 2.0f});
+  train::ParameterSet params;
+  params.add("w", &w);
+  for (int step = 0; step < 2; ++step) {
+    params.zero_grad();
+    EXPECT_FALSE(params[0].has_grad);
+    Tape tape;
+    const Var p = tape.param(params[0]);
+    const Var y = train::sum(train::add(train::scale(p, 3.0f), p));  // d/dw = 4 each
+    tape.backward(y);
+    EXPECT_TRUE(params[0].has_grad);
+    EXPECT_TRUE(AllClose(params[0].grad, DVec{4.0, 4.0}, testing::kExact)) << "step " << step;
+  }
+}
+
+TEST(Tape, ClearAllowsReuseAndBackwardTwiceThrows) {
+  Tape tape;
+  Var x = tape.leaf(Tensor::ones({2}));
+  Var y = train::sum(train::scale(x, 2.0f));
+  tape.backward(y);
+  EXPECT_TRUE(ThrowsArg([&] { tape.backward(y); }, "[Tape.backward]"));
+  tape.clear();
+  x = tape.leaf(Tensor::ones({2}));
+  y = train::sum(train::scale(x, 5.0f));
+  tape.backward(y);
+  EXPECT_TRUE(AllClose(x.grad(), DVec{5.0, 5.0}, testing::kExact));
+}
+
+TEST(Tape, BadBackwardCallsThrow) {
+  Tape tape, other;
+  const Var x = tape.leaf(Tensor::ones({2}));
+  const Var y = train::scale(x, 2.0f);
+  EXPECT_TRUE(ThrowsArg([&] { tape.backward(y); }, "[Tape.backward]"));  // not a scalar
+  EXPECT_TRUE(ThrowsArg([&] { tape.backward(y, Tensor::ones({3})); }, "[Tape.backward]"));
+  EXPECT_TRUE(ThrowsArg([&] { tape.backward(Var(Tensor::ones({1}))); }, "[Tape.backward]"));
+  const Var z = other.leaf(Tensor::ones({2}));
+  EXPECT_TRUE(ThrowsArg([&] { train::add(x, z); }, "[Tape]"));
+}
+
+TEST(ParameterSet, RejectsDuplicatesAndUndefined) {
+  Tensor a = Tensor::ones({2}), b;
+  train::ParameterSet ps;
+  ps.add("a", &a);
+  EXPECT_TRUE(ThrowsArg([&] { ps.add("a", &a); }, "[ParameterSet]"));
+  EXPECT_TRUE(ThrowsArg([&] { ps.add("b", &b); }, "[ParameterSet]"));
+  EXPECT_EQ(ps.find("a"), &ps[0]);
+  EXPECT_EQ(ps.find("zz"), nullptr);
+  EXPECT_EQ(ps.numel(), 2);
+}
+
+// --- products and elementwise -------------------------------------------------------------------------------------
+
+TEST(Grad, MatmulBroadcastBatch) {
+  const Tensor a = randn({2, 3, 4, 5}, 1), b = randn({3, 5, 2}, 2);  // b broadcast over the first dim
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::matmul(v[0], v[1]); }, {a, b}, 3));
+}
+
+TEST(Grad, LinearWithBiasOnStridedInput) {
+  const Tensor x = randn({5, 3, 4}, 4).transpose(0, 1);  // (3, 5, 4), not contiguous
+  const Tensor w = randn({6, 4}, 5), b = randn({6}, 6);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::linear(v[0], v[1], v[2]); }, {x, w, b}, 7));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::linear(v[0], v[1]); }, {x, w}, 8));
+}
+
+TEST(Grad, LinearAccumulatesIntoAParameterUsedTwice) {
+  const Tensor x = randn({3, 4}, 9), w = randn({2, 4}, 10);
+  EXPECT_TRUE(GradsMatchAffine(
+      [](const Vars& v) { return train::add(train::linear(v[0], v[1]), train::linear(train::scale(v[0], 2.0f), v[1])); },
+      {x, w}, 11));
+}
+
+TEST(Grad, AddSubMulBroadcast) {
+  const Tensor a = randn({2, 3, 4}, 12), b = randn({3, 1}, 13);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add(v[0], v[1]); }, {a, b}, 14));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::sub(v[0], v[1]); }, {a, b}, 15));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::mul(v[0], v[1]); }, {a, b}, 16));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::mul(v[1], v[0]); }, {a, b}, 17));
+  // Broadcast along leading dims only (the sgemv reduction), with and without leading 1s.
+  for (const Shape& s : {Shape{3, 4}, Shape{1, 3, 4}}) {
+    const Tensor c = randn(s, 171);
+    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add(v[0], v[1]); }, {a, c}, 172));
+    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::sub(v[1], v[0]); }, {a, c}, 173));
+    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::expand(v[0], {2, 3, 4}); }, {c}, 174));
+  }
+}
+
+TEST(Tape, OwnedContributionJoinsASharedGradientWithoutTouchingIt) {
+  // add() shares dy with x first; scale()'s fresh 3·dy then takes the shared one into its own buffer.
+  Tape tape;
+  const Var x = tape.leaf(Tensor::from_vector({2}, {1.0f, 2.0f}));
+  const Tensor dout = Tensor::from_vector({2}, {1.0f, -2.0f});
+  tape.backward(train::add(x, train::scale(x, 3.0f)), dout);
+  EXPECT_TRUE(AllClose(x.grad(), DVec{4.0, -8.0}, testing::kExact));
+  EXPECT_TRUE(AllClose(dout, DVec{1.0, -2.0}, testing::kExact));
+}
+
+TEST(Grad, ScaleSumMean) {
+  const Tensor a = randn({3, 4}, 18);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::scale(v[0], -1.5f); }, {a}, 19));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::sum(v[0]); }, {a}, 20));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::mean(v[0]); }, {a}, 21));
+}
+
+// Unary twins.
+DVec unary_twin(const DVec& x, double (*f)(double)) {
+  DVec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f(x[i]);
+  return y;
+}
+
+TEST(Grad, Activations) {
+  // Inputs away from relu's kink (|x| >= 0.05) so the step never crosses it.
+  Tensor x = randn({4, 5}, 22);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (std::fabs(x.data()[i]) < 0.05f) x.data()[i] = 0.3f;
+  auto relu = [](double v) { return v > 0 ? v : 0.0; };
+  auto gelu = [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); };
+  auto gelu_tanh = [](double v) {
+    return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+  };
+  auto sigm = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  auto tnh = [](double v) { return std::tanh(v); };
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::relu(v[0]); },
+                             [&](const DIn& in) { return unary_twin(in[0], +relu); }, {x}, 23));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::gelu(v[0]); },
+                             [&](const DIn& in) { return unary_twin(in[0], +gelu); }, {x}, 24));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::gelu(v[0], GeluApprox::kTanh); },
+                             [&](const DIn& in) { return unary_twin(in[0], +gelu_tanh); }, {x}, 25));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::sigmoid(v[0]); },
+                             [&](const DIn& in) { return unary_twin(in[0], +sigm); }, {x}, 26));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::tanh(v[0]); },
+                             [&](const DIn& in) { return unary_twin(in[0], +tnh); }, {x}, 27));
+}
+
+// --- softmax, layer norm -------------------------------------------------------------------------------------------
+
+// Softmax / log-softmax of a row-major (rows, n) array along its last axis.
+DVec softmax_twin(const DVec& x, int64_t n, bool log) {
+  DVec y(x.size());
+  for (size_t r = 0; r < x.size() / n; ++r) {
+    double m = -kInf;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, x[r * n + j]);
+    double s = 0.0;
+    for (int64_t j = 0; j < n; ++j) s += std::exp(x[r * n + j] - m);
+    for (int64_t j = 0; j < n; ++j)
+      y[r * n + j] = log ? x[r * n + j] - m - std::log(s) : std::exp(x[r * n + j] - m) / s;
+  }
+  return y;
+}
+
+TEST(Grad, SoftmaxAndLogSoftmaxLastAxis) {
+  const Tensor x = randn({3, 5}, 28);
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::softmax(v[0]); },
+                             [](const DIn& in) { return softmax_twin(in[0], 5, false); }, {x}, 29));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::log_softmax(v[0]); },
+                             [](const DIn& in) { return softmax_twin(in[0], 5, true); }, {x}, 30));
+}
+
+TEST(Grad, SoftmaxAlongAxisZero) {
+  const Tensor x = randn({4, 3}, 31);
+  EXPECT_TRUE(GradsMatchTwin(
+      [](const Vars& v) { return train::transpose(train::softmax(v[0], 0), 0, 1); },
+      [](const DIn& in) {
+        DVec t(12);
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 3; ++j) t[j * 4 + i] = in[0][i * 3 + j];
+        return softmax_twin(t, 4, false);
+      },
+      {x}, 32));
+}
+
+TEST(Grad, SoftmaxFullyMaskedRowGivesZeroGradientNotNaN) {
+  Tape tape;
+  Tensor xv = randn({2, 3}, 33);
+  for (int j = 0; j < 3; ++j) xv.data()[j] = -std::numeric_limits<float>::infinity();
+  const Var x = tape.leaf(xv);
+  tape.backward(train::softmax(x), randn({2, 3}, 34));
+  const std::vector<float> g = x.grad().to_vector();
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(g[j], 0.0f);
+  for (float v : g) EXPECT_FALSE(std::isnan(v));
+}
+
+DVec layer_norm_twin(const DVec& x, const DVec* w, const DVec* b, int64_t e, double eps) {
+  DVec y(x.size());
+  for (size_t r = 0; r < x.size() / e; ++r) {
+    double mean = 0.0, var = 0.0;
+    for (int64_t j = 0; j < e; ++j) mean += x[r * e + j];
+    mean /= e;
+    for (int64_t j = 0; j < e; ++j) var += (x[r * e + j] - mean) * (x[r * e + j] - mean);
+    var /= e;
+    for (int64_t j = 0; j < e; ++j) {
+      double v = (x[r * e + j] - mean) / std::sqrt(var + eps);
+      if (w) v *= (*w)[j];
+      if (b) v += (*b)[j];
+      y[r * e + j] = v;
+    }
+  }
+  return y;
+}
+
+TEST(Grad, LayerNormWithAndWithoutAffine) {
+  const Tensor x = randn({2, 3, 6}, 35), w = randn({6}, 36), b = randn({6}, 37);
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::layer_norm(v[0], v[1], v[2], 1e-5f); },
+                             [](const DIn& in) { return layer_norm_twin(in[0], &in[1], &in[2], 6, 1e-5); },
+                             {x, w, b}, 38));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::layer_norm(v[0], Var(), Var(), 1e-5f); },
+                             [](const DIn& in) { return layer_norm_twin(in[0], nullptr, nullptr, 6, 1e-5); }, {x},
+                             39));
+}
+
+// --- lookup, dropout ---------------------------------------------------------------------------------------------
+
+TEST(Grad, EmbeddingRepeatedIdsAddUp) {
+  const Tensor w = randn({5, 3}, 40);
+  const Ids ids{{1, 3, 1, 0, 1, 4}, {2, 3}};
+  EXPECT_TRUE(GradsMatchAffine([&](const Vars& v) { return train::embedding(v[0], ids); }, {w}, 41));
+}
+
+TEST(Grad, EmbeddingPaddingIdxRowGetsNoGradient) {
+  Tape tape;
+  const Var w = tape.leaf(randn({4, 2}, 42));
+  const Ids ids{{2, 0, 2, 3}, {4}};
+  tape.backward(train::embedding(w, ids, -2), Tensor::ones({4, 2}));  // -2 == row 2
+  EXPECT_TRUE(AllClose(w.grad(), DVec{1, 1, 0, 0, 0, 0, 1, 1}, testing::kExact));
+  EXPECT_TRUE(ThrowsArg([&] { train::embedding(w, ids, 4); }, "[embedding]"));
+}
+
+TEST(Grad, DropoutScalesKeptAndZeroesDropped) {
+  const Tensor x = randn({4, 8}, 43);
+  const float p = 0.25f;
+  // Each evaluation re-seeds, so the mask is fixed and the function is linear in x.
+  EXPECT_TRUE(GradsMatchAffine(
+      [p](const Vars& v) {
+        Rng rng(7);
+        return train::dropout(v[0], p, true, rng);
+      },
+      {x}, 44));
+  Rng rng(1);
+  const Var same = train::dropout(Var(x), p, false, rng);
+  EXPECT_TRUE(same.value.shares_storage(x));  // eval: identity, no copy
+}
+
+// --- shapes ------------------------------------------------------------------------------------------------------
+
+TEST(Grad, ViewsAndTheirInverses) {
+  const Tensor x = randn({2, 3, 4}, 45);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::reshape(v[0], {6, 4}); }, {x}, 46));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::transpose(v[0], 0, 2); }, {x}, 47));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::permute(v[0], {1, 2, 0}); }, {x}, 48));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::select(v[0], 1, 2); }, {x}, 49));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::slice(v[0], 2, 0, 4, 2); }, {x}, 50));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::unsqueeze(v[0], -1); }, {x}, 51));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::squeeze(train::unsqueeze(v[0], 1), 1); }, {x}, 52));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::contiguous(train::transpose(v[0], 0, 1)); }, {x},
+                               53));
+  const Tensor y = randn({3, 1}, 54);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::expand(v[0], {2, 3, 5}); }, {y}, 55));
+}
+
+TEST(Grad, ConcatStackAndSplitWithAnUnusedPiece) {
+  const Tensor a = randn({2, 3}, 56), b = randn({2, 2}, 57);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::concat({v[0], v[1], v[0]}, 1); }, {a, b}, 58));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::stack({v[0], v[0]}, 0); }, {a}, 59));
+  const Tensor x = randn({2, 7}, 60);
+  EXPECT_TRUE(GradsMatchAffine(
+      [](const Vars& v) {
+        std::vector<Var> p = train::split(v[0], {2, 3, 2}, 1);
+        return train::concat({p[2], p[0]}, 1);  // the middle piece takes no gradient
+      },
+      {x}, 61));
+  EXPECT_TRUE(GradsMatchAffine(
+      [](const Vars& v) {
+        std::vector<Var> p = train::split(v[0], {2, 3, 2}, 1);
+        return train::concat({p[2], p[1], p[0]}, 1);
+      },
+      {x}, 62));
+}
+
+// --- attention ---------------------------------------------------------------------------------------------------
+
+// Twin of attention() through the float64 oracle; q, k, v shapes are fixed by the test.
+testing::TwinFn attention_twin(const Shape& qs, const Shape& ks, const Shape& vs, const AttentionOptions& o) {
+  return [=](const DIn& in) {
+    const testing::DTensor mask = o.mask.defined() ? testing::to_dtensor(o.mask) : testing::DTensor{};
+    const double sc = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(qs.back()));
+    return testing::attention_oracle({qs, in[0]}, {ks, in[1]}, {vs, in[2]}, o.mask.defined() ? &mask : nullptr,
+                                     o.mask_kind, o.causal, sc)
+        .out;
+  };
+}
+
+::testing::AssertionResult AttentionGradsMatch(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const AttentionOptions& o, uint64_t seed) {
+  return GradsMatchTwin([o](const Vars& x) { return train::attention(x[0], x[1], x[2], o); },
+                        attention_twin(q.shape(), k.shape(), v.shape(), o), {q, k, v}, seed);
+}
+
+TEST(GradAttention, NoMask) {
+  EXPECT_TRUE(AttentionGradsMatch(randn({2, 2, 4, 3}, 63), randn({2, 2, 5, 3}, 64), randn({2, 2, 5, 2}, 65), {}, 66));
+}
+
+TEST(GradAttention, EveryMaskKind) {
+  const Tensor q = randn({2, 3, 4}, 67), k = randn({2, 5, 4}, 68), v = randn({2, 5, 3}, 69);
+  Tensor bool_mask = Tensor::zeros({2, 1, 5});
+  for (int j : {0, 2, 3}) bool_mask.data()[j] = 1.0f;
+  for (int j : {1, 4}) bool_mask.data()[5 + j] = 1.0f;
+  for (MaskKind kind : {MaskKind::kKeep, MaskKind::kBlock}) {
+    AttentionOptions o;
+    o.mask = bool_mask;
+    o.mask_kind = kind;
+    EXPECT_TRUE(AttentionGradsMatch(q, k, v, o, 70)) << static_cast<int>(kind);
+  }
+  AttentionOptions add;
+  add.mask = randn({3, 5}, 71);
+  add.mask_kind = MaskKind::kAdditive;
+  add.scale = 0.7f;
+  EXPECT_TRUE(AttentionGradsMatch(q, k, v, add, 72));
+}
+
+TEST(GradAttention, CausalTopLeftAndBottomRightWhenTqLessThanTk) {
+  const Tensor q = randn({2, 3, 4}, 73), k = randn({2, 6, 4}, 74), v = randn({2, 6, 3}, 75);
+  for (Causal c : {Causal::kTopLeft, Causal::kBottomRight}) {
+    AttentionOptions o;
+    o.causal = c;
+    EXPECT_TRUE(AttentionGradsMatch(q, k, v, o, 76)) << static_cast<int>(c);
+  }
+}
+
+TEST(GradAttention, BroadcastKeyValueAcrossHeads) {
+  const Tensor q = randn({2, 3, 4, 4}, 77), k = randn({2, 1, 5, 4}, 78), v = randn({1, 5, 2}, 79);
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  EXPECT_TRUE(AttentionGradsMatch(q, k, v, o, 80));
+}
+
+TEST(GradAttention, FullyMaskedRowGivesZeroGradientNotNaN) {
+  const Tensor q = randn({1, 3, 4}, 81), k = randn({1, 4, 4}, 82), v = randn({1, 4, 2}, 83);
+  AttentionOptions o;
+  o.mask = Tensor::ones({3, 4});
+  for (int j = 0; j < 4; ++j) o.mask.data()[4 + j] = 0.0f;  // row 1 keeps nothing
+  o.mask_kind = MaskKind::kKeep;
+  EXPECT_TRUE(AttentionGradsMatch(q, k, v, o, 84));
+  Tape tape;
+  const Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
+  tape.backward(train::attention(qv, kv, vv, o), randn({1, 3, 2}, 85));
+  const std::vector<float> dq = qv.grad().to_vector();
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(dq[4 + c], 0.0f);
+  for (const Var* x : {&qv, &kv, &vv})
+    for (float g : x->grad().to_vector()) EXPECT_FALSE(std::isnan(g));
+}
+
+TEST(GradAttention, ComposedPathMatchesFusedPath) {
+  // A zero bias that requires a gradient forces the composed path; both must agree on values and gradients.
+  const Tensor q = randn({2, 2, 5, 4}, 86), k = randn({2, 2, 5, 4}, 87), v = randn({2, 2, 5, 3}, 88);
+  AttentionOptions o;
+  o.causal = Causal::kTopLeft;
+  o.mask = Tensor::zeros({2, 1, 1, 5});
+  o.mask.data()[4] = 1.0f;
+  o.mask_kind = MaskKind::kBlock;
+  const Tensor dout = randn({2, 2, 5, 3}, 89);
+  std::vector<Tensor> grads[2];
+  Tensor outs[2];
+  for (int path = 0; path < 2; ++path) {
+    Tape tape;
+    const Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
+    train::AttentionExtras ex;
+    if (path == 1) ex.bias = tape.leaf(Tensor::zeros({1, 2, 5, 5}));
+    const Var out = train::attention(qv, kv, vv, o, ex);
+    tape.backward(out, dout);
+    outs[path] = out.value;
+    grads[path] = {qv.grad(), kv.grad(), vv.grad()};
+  }
+  EXPECT_TRUE(AllClose(outs[1], outs[0], testing::kFloatVsDouble));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(AllClose(grads[1][i], grads[0][i], {1e-5, 1e-4})) << i;
+}
+
+TEST(GradAttention, DifferentiableBiasGetsTheScoreGradient) {
+  const Tensor q = randn({1, 2, 3, 4}, 90), k = randn({1, 2, 4, 4}, 91), v = randn({1, 2, 4, 2}, 92);
+  const Tensor bias = randn({1, 2, 3, 4}, 93);
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  EXPECT_TRUE(GradsMatchTwin(
+      [o](const Vars& x) {
+        train::AttentionExtras ex;
+        ex.bias = x[3];
+        return train::attention(x[0], x[1], x[2], o, ex);
+      },
+      [&](const DIn& in) {
+        // The bias enters the float64 oracle as a double additive mask (scale 1/sqrt(4)).
+        testing::DTensor m{bias.shape(), in[3]};
+        return testing::attention_oracle({q.shape(), in[0]}, {k.shape(), in[1]}, {v.shape(), in[2]}, &m,
+                                         MaskKind::kAdditive, o.causal, 0.5)
+            .out;
+      },
+      {q, k, v, bias}, 94));
+}
+
+TEST(GradAttention, WeightDropoutMatchesManualComposition) {
+  // With the same seed, attention's weight dropout equals softmax -> dropout -> matmul written out by hand.
+  const Tensor q = randn({1, 2, 3, 4}, 95), k = randn({1, 2, 5, 4}, 96), v = randn({1, 2, 5, 3}, 97);
+  const Tensor dout = randn({1, 2, 3, 3}, 98);
+  std::vector<Tensor> grads[2];
+  for (int path = 0; path < 2; ++path) {
+    Tape tape;
+    const Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
+    Rng rng(5);
+    Var out;
+    if (path == 0) {
+      train::AttentionExtras ex;
+      ex.dropout = 0.3f;
+      ex.dropout_rng = &rng;
+      out = train::attention(qv, kv, vv, {}, ex);
+    } else {
+      const Var s = train::scale(train::matmul(qv, train::transpose(kv, -1, -2)), 0.5f);
+      out = train::matmul(train::dropout(train::softmax(s), 0.3f, true, rng), vv);
+    }
+    tape.backward(out, dout);
+    grads[path] = {qv.grad(), kv.grad(), vv.grad()};
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(AllClose(grads[0][i], grads[1][i], testing::kExact)) << i;
+}
+
+// Shaw relative attention twin (float64 loops).
+DVec relative_twin(const DIn& in, int64_t nb, int64_t tq, int64_t tk, int64_t d, int64_t dv, int64_t clip,
+                   Causal causal, bool with_rel_v) {
+  const DVec &q = in[0], &k = in[1], &v = in[2], &rk = in[3];
+  DVec out(static_cast<size_t>(nb * tq * dv), 0.0);
+  const double sc = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t i = 0; i < tq; ++i) {
+      DVec s(static_cast<size_t>(tk));
+      double m = -kInf;
+      for (int64_t j = 0; j < tk; ++j) {
+        const int64_t r = std::clamp<int64_t>(j - i, -clip, clip) + clip;
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += q[(b * tq + i) * d + c] * (k[(b * tk + j) * d + c] + rk[r * d + c]);
+        s[j] = testing::oracle_causal_allows(causal, i, j, tq, tk) ? sc * dot : -kInf;
+        m = std::max(m, s[j]);
+      }
+      double z = 0.0;
+      for (int64_t j = 0; j < tk; ++j) z += std::exp(s[j] - m);
+      for (int64_t j = 0; j < tk; ++j) {
+        const double a = std::exp(s[j] - m) / z;
+        const int64_t r = std::clamp<int64_t>(j - i, -clip, clip) + clip;
+        for (int64_t c = 0; c < dv; ++c)
+          out[(b * tq + i) * dv + c] += a * (v[(b * tk + j) * dv + c] + (with_rel_v ? in[4][r * dv + c] : 0.0));
+      }
+    }
+  return out;
+}
+
+TEST(GradAttention, ShawRelativeWithBothTablesAndCausal) {
+  const int64_t clip = 2;
+  const Tensor q = randn({2, 4, 3}, 99), k = randn({2, 4, 3}, 100), v = randn({2, 4, 2}, 101);
+  const Tensor rk = randn({5, 3}, 102), rv = randn({5, 2}, 103);
+  AttentionOptions o;
+  o.causal = Causal::kTopLeft;
+  EXPECT_TRUE(GradsMatchTwin(
+      [o](const Vars& x) { return train::relative_attention(x[0], x[1], x[2], x[3], x[4], clip, o); },
+      [](const DIn& in) { return relative_twin(in, 2, 4, 4, 3, 2, clip, Causal::kTopLeft, true); },
+      {q, k, v, rk, rv}, 104));
+  // Values agree with the forward-only op.
+  const Tensor ref = relative_attention(q, k, v, rk, rv, clip, o).out;
+  EXPECT_TRUE(AllClose(train::relative_attention(q, k, v, rk, rv, clip, o).value, testing::to_double(ref),
+                       {1e-6, 1e-5}));
+  EXPECT_TRUE(GradsMatchTwin(
+      [](const Vars& x) { return train::relative_attention(x[0], x[1], x[2], x[3], Var(), clip); },
+      [](const DIn& in) { return relative_twin(in, 2, 4, 4, 3, 2, clip, Causal::kNone, false); }, {q, k, v, rk},
+      105));
+}
+
+// --- positional encodings ----------------------------------------------------------------------------------------
+
+TEST(GradPositional, RopeBackwardIsTheInverseRotation) {
+  const Tensor x = randn({2, 5, 6}, 106);
+  for (RopeVariant variant : {RopeVariant::kHalfSplit, RopeVariant::kInterleaved}) {
+    EXPECT_TRUE(GradsMatchAffine([variant](const Vars& v) { return train::rope(v[0], 3, 10000.0f, variant); }, {x},
+                                 107))
+        << static_cast<int>(variant);
+  }
+}
+
+TEST(GradPositional, T5BiasScatterAddsIntoItsTable) {
+  const Tensor table = randn({8, 2}, 108);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::t5_bias(v[0], 4, 6, true, 16, 2); }, {table}, 109));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::t5_bias(v[0], 5, 5, false, 16); }, {table}, 110));
+}
+
+TEST(GradPositional, LearnedTableAndSinusoidal) {
+  const Tensor x = randn({2, 3, 4}, 111), table = randn({6, 4}, 112);
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add_learned_positions(v[0], v[1], 2); }, {x, table},
+                               113));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add_sinusoidal(v[0], 1); }, {x}, 114));
+  EXPECT_TRUE(AllClose(train::add_sinusoidal(Var(x), 1).value, testing::to_double(add_sinusoidal(x, 1)),
+                       testing::kExact));
+  EXPECT_TRUE(ThrowsArg([&] { train::add_learned_positions(Var(x), Var(table), 4); }, "[add_learned_positions]"));
+}
+
+// --- recurrent cells ---------------------------------------------------------------------------------------------
+
+double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// GRU step twin: in = {gi (B,3H), h (B,H), w_hh (3H,H), b_hh (3H)}.
+DVec gru_twin(const DIn& in, int64_t nb, int64_t hs, const std::vector<uint8_t>& active = {}) {
+  const DVec &gi = in[0], &h = in[1], &w = in[2], &bh = in[3];
+  DVec out(static_cast<size_t>(nb * hs));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t j = 0; j < hs; ++j) {
+      if (!active.empty() && !active[b]) {
+        out[b * hs + j] = h[b * hs + j];
+        continue;
+      }
+      double gh[3];
+      for (int g = 0; g < 3; ++g) {
+        double s = bh[g * hs + j];
+        for (int64_t c = 0; c < hs; ++c) s += w[(g * hs + j) * hs + c] * h[b * hs + c];
+        gh[g] = s;
+      }
+      const double r = sig(gi[b * 3 * hs + j] + gh[0]);
+      const double z = sig(gi[b * 3 * hs + hs + j] + gh[1]);
+      const double n = std::tanh(gi[b * 3 * hs + 2 * hs + j] + r * gh[2]);
+      out[b * hs + j] = (1 - z) * n + z * h[b * hs + j];
+    }
+  return out;
+}
+
+// The cells' float32 activations (exp_fast/tanh_fast) differ from libm by ~1e-7 relative.
+constexpr testing::Tol kCellGradTol{2e-5, 2e-4};
+
+TEST(GradRnn, GruCellStepWithAnInactiveRow) {
+  const int64_t nb = 3, hs = 4;
+  const Tensor gi = randn({nb, 3 * hs}, 115), h = randn({nb, hs}, 116), w = randn({3 * hs, hs}, 117, 0.5f),
+               b = randn({3 * hs}, 118);
+  const std::vector<uint8_t> active{1, 0, 1};
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return train::gru_cell(x[0], x[1], x[2], x[3], active); },
+                             [&](const DIn& in) { return gru_twin(in, nb, hs, active); }, {gi, h, w, b}, 119,
+                             kCellGradTol));
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return train::gru_cell(x[0], x[1], x[2], x[3]); },
+                             [&](const DIn& in) { return gru_twin(in, nb, hs); }, {gi, h, w, b}, 120, kCellGradTol));
+}
+
+// LSTM step twin: in = {gi (B,4H), h, c (B,H), w_hh (4H,H), b_hh (4H)} -> [h' ; c'] concatenated.
+DVec lstm_twin(const DIn& in, int64_t nb, int64_t hs, const std::vector<uint8_t>& active = {}) {
+  const DVec &gi = in[0], &h = in[1], &c = in[2], &w = in[3], &bh = in[4];
+  DVec out(static_cast<size_t>(2 * nb * hs));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t j = 0; j < hs; ++j) {
+      if (!active.empty() && !active[b]) {
+        out[b * hs + j] = h[b * hs + j];
+        out[nb * hs + b * hs + j] = c[b * hs + j];
+        continue;
+      }
+      double pre[4];
+      for (int g = 0; g < 4; ++g) {
+        double s = bh[g * hs + j] + gi[b * 4 * hs + g * hs + j];
+        for (int64_t k = 0; k < hs; ++k) s += w[(g * hs + j) * hs + k] * h[b * hs + k];
+        pre[g] = s;
+      }
+      const double cn = sig(pre[1]) * c[b * hs + j] + sig(pre[0]) * std::tanh(pre[2]);
+      out[b * hs + j] = sig(pre[3]) * std::tanh(cn);
+      out[nb * hs + b * hs + j] = cn;
+    }
+  return out;
+}
+
+TEST(GradRnn, LstmCellStepBothOutputsAndAnInactiveRow) {
+  const int64_t nb = 2, hs = 3;
+  const Tensor gi = randn({nb, 4 * hs}, 121), h = randn({nb, hs}, 122), c = randn({nb, hs}, 123),
+               w = randn({4 * hs, hs}, 124, 0.5f), b = randn({4 * hs}, 125);
+  for (const std::vector<uint8_t>& active : {std::vector<uint8_t>{}, std::vector<uint8_t>{0, 1}}) {
+    EXPECT_TRUE(GradsMatchTwin(
+        [&](const Vars& x) {
+          train::LstmVars s = train::lstm_cell(x[0], x[1], x[2], x[3], x[4], active);
+          return train::concat({train::reshape(s.h, {nb * hs}), train::reshape(s.c, {nb * hs})}, 0);
+        },
+        [&](const DIn& in) { return lstm_twin(in, nb, hs, active); }, {gi, h, c, w, b}, 126, kCellGradTol));
+  }
+}
+
+TEST(GradRnn, LstmCellOnlyHiddenUsed) {
+  const int64_t nb = 2, hs = 3;
+  const Tensor gi = randn({nb, 4 * hs}, 127), h = randn({nb, hs}, 128), c = randn({nb, hs}, 129),
+               w = randn({4 * hs, hs}, 130, 0.5f), b = randn({4 * hs}, 131);
+  EXPECT_TRUE(GradsMatchTwin(
+      [&](const Vars& x) { return train::lstm_cell(x[0], x[1], x[2], x[3], x[4]).h; },
+      [&](const DIn& in) {
+        DVec both = lstm_twin(in, nb, hs);
+        return DVec(both.begin(), both.begin() + nb * hs);
+      },
+      {gi, h, c, w, b}, 132, kCellGradTol));
+}
+
+TEST(GradRnn, CellErrorsNameTheOp) {
+  const Tensor gi = randn({2, 6}, 133), h = randn({2, 2}, 134), w = randn({6, 2}, 135);
+  EXPECT_TRUE(ThrowsArg([&] { train::gru_cell(gi, h, w, Var(), {1, 1, 1}); }, "[gru_cell]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::gru_cell(Var(), h, w, Var()); }, "[gru_cell]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::lstm_cell(randn({2, 8}, 1), h, Var(), randn({8, 2}, 2), Var()); },
+                        "[lstm_cell]"));
+}
+
+// --- cross-entropy -----------------------------------------------------------------------------------------------
+
+DVec ce_twin(const DVec& x, const std::vector<int64_t>& t, int64_t V, double eps, int64_t ignore, bool mean) {
+  double loss = 0.0;
+  int64_t count = 0;
+  for (size_t n = 0; n < t.size(); ++n) {
+    if (t[n] == ignore) continue;
+    ++count;
+    DVec row(x.begin() + n * V, x.begin() + (n + 1) * V);
+    const DVec lp = softmax_twin(row, V, true);
+    double smooth = 0.0;
+    for (double v : lp) smooth -= v;
+    loss += (1 - eps) * -lp[t[n]] + eps / V * smooth;
+  }
+  return {mean ? (count ? loss / count : 0.0) : loss};
+}
+
+TEST(GradLoss, CrossEntropyPlainIgnoreIndexAndLabelSmoothing) {
+  const int64_t V = 5;
+  const Tensor logits = randn({2, 3, V}, 136);
+  const std::vector<int64_t> t{1, 0, -100, 4, 2, -100};
+  for (float eps : {0.0f, 0.1f}) {
+    for (train::Reduction red : {train::Reduction::kMean, train::Reduction::kSum}) {
+      train::CrossEntropyOptions o;
+      o.label_smoothing = eps;
+      o.reduction = red;
+      EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return train::cross_entropy(x[0], t, o); },
+                                 [&](const DIn& in) {
+                                   return ce_twin(in[0], t, V, eps, -100, red == train::Reduction::kMean);
+                                 },
+                                 {logits}, 137))
+          << eps;
+    }
+  }
+  train::CrossEntropyOptions pad;
+  pad.ignore_index = 0;
+  const std::vector<int64_t> t0{0, 3, 0, 2, 1, 0};
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return train::cross_entropy(x[0], t0, pad); },
+                             [&](const DIn& in) { return ce_twin(in[0], t0, V, 0.0, 0, true); }, {logits}, 138));
+}
+
+TEST(GradLoss, CrossEntropyAllIgnoredIsZeroWithZeroGradient) {
+  Tape tape;
+  const Var x = tape.leaf(randn({3, 4}, 139));
+  const Var loss = train::cross_entropy(x, {-100, -100, -100});
+  EXPECT_EQ(loss.value.item(), 0.0f);
+  tape.backward(loss);
+  EXPECT_TRUE(testing::AllZero(x.grad()));
+}
+
+TEST(GradLoss, CrossEntropyErrorsNameTheOp) {
+  const Var x = randn({3, 4}, 140);
+  EXPECT_TRUE(ThrowsArg([&] { train::cross_entropy(x, {0, 1}); }, "[cross_entropy]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::cross_entropy(x, {0, 1, 4}); }, "[cross_entropy]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::cross_entropy(x, {0, 1, -1}); }, "[cross_entropy]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::cross_entropy(Var(randn({4}, 1)), {0}); }, "[cross_entropy]"));
+  train::CrossEntropyOptions o;
+  o.label_smoothing = 1.5f;
+  EXPECT_TRUE(ThrowsArg([&] { train::cross_entropy(x, {0, 1, 2}, o); }, "[cross_entropy]"));
+}
+
+// --- other errors ------------------------------------------------------------------------------------------------
+
+TEST(GradErrors, OpsNameThemselves) {
+  const Var a = randn({2, 3}, 141);
+  EXPECT_TRUE(ThrowsArg([&] { train::matmul(a, a); }, "[matmul]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::linear(a, Var()); }, "[linear]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::add(a, Var(randn({4}, 1))); }, "[add]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::mean(Var(Tensor::zeros({0}))); }, "[mean]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::concat({}, 0); }, "[concat]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::stack({a, Var(randn({3, 2}, 1))}, 0); }, "[stack]"));
+  const Var q = randn({2, 3, 4}, 142);
+  train::AttentionExtras ex;
+  ex.dropout = 0.5f;
+  EXPECT_TRUE(ThrowsArg([&] { train::attention(q, q, q, {}, ex); }, "[attention]"));
+  ex.dropout = 0.0f;
+  ex.bias = randn({5, 3, 3}, 1);
+  EXPECT_TRUE(ThrowsArg([&] { train::attention(q, q, q, {}, ex); }, "[attention]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::relative_attention(q, q, q, Var(randn({4, 4}, 1)), Var(), 2); },
+                        "[relative_attention]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::t5_bias(Var(randn({8}, 1)), 2, 2, true); }, "[t5_relative_bias]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::rope(Var(randn({2, 3}, 1))); }, "[rope_apply]"));
+}
+
+}  // namespace
+}  // namespace qkv

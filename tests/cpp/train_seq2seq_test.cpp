@@ -1,0 +1,179 @@
+// Tests of the trainable RNN Seq2Seq (none / Bahdanau / Luong dot / Luong general, GRU and LSTM): the tape forward
+// equals models::Seq2Seq::forward, and loss gradients pass finite-difference spot checks on every parameter.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "grad_testing.h"
+#include "qkv/models/seq2seq.h"
+#include "qkv/train/loss.h"
+#include "qkv/train/optim.h"
+#include "qkv/train/seq2seq_model.h"
+
+namespace qkv {
+namespace {
+
+using testing::AllClose;
+using testing::ThrowsArg;
+using train::Graph;
+using train::ParameterSet;
+using train::Tape;
+using train::Var;
+
+constexpr testing::Tol kSameOps{1e-6, 1e-5};
+// Central differences of the float32 loss with step 1e-2 against the tape (see train_graph_test.cpp).
+constexpr testing::Tol kSpotTol{2e-4, 3e-2};
+
+struct Case {
+  models::Seq2SeqAttention attention;
+  models::RnnCell cell;
+  int64_t layers;
+};
+
+models::Seq2SeqConfig config_of(const Case& c) {
+  models::Seq2SeqConfig cfg;
+  cfg.src_vocab = 7;
+  cfg.tgt_vocab = 6;
+  cfg.embed_dim = 4;
+  cfg.hidden_size = 5;
+  cfg.num_layers = c.layers;
+  cfg.cell = c.cell;
+  cfg.attention = c.attention;
+  cfg.attention_size = 3;
+  return cfg;
+}
+
+const Ids kSrc{{1, 2, 3, 4, 5, 6, 1, 0}, {2, 4}};
+const std::vector<int64_t> kLengths{4, 3};
+const Ids kTgtIn{{1, 2, 3, 1, 4, 5}, {2, 3}};
+const std::vector<int64_t> kTargets{2, 3, 5, 4, 5, 0};
+
+std::vector<Case> all_cases() {
+  using A = models::Seq2SeqAttention;
+  using C = models::RnnCell;
+  return {{A::kNone, C::kGRU, 1},     {A::kNone, C::kLSTM, 2},      {A::kBahdanau, C::kGRU, 2},
+          {A::kBahdanau, C::kLSTM, 1}, {A::kLuongDot, C::kGRU, 1},  {A::kLuongGeneral, C::kLSTM, 2}};
+}
+
+TEST(TrainSeq2Seq, TapeForwardEqualsModelForwardForEveryVariant) {
+  for (const Case& c : all_cases()) {
+    Rng rng(1);
+    models::Seq2Seq m(config_of(c), rng);
+    ParameterSet ps(m);
+    Tape tape;
+    Graph g(tape, ps);
+    const Var logits = train::seq2seq_rnn_logits(g, m, kSrc, kLengths, kTgtIn);
+    EXPECT_TRUE(AllClose(logits.value, m.forward(kSrc, kLengths, kTgtIn).logits, kSameOps))
+        << static_cast<int>(c.attention) << " " << static_cast<int>(c.cell);
+  }
+}
+
+TEST(TrainSeq2Seq, EveryParameterGetsTheFiniteDifferenceGradient) {
+  for (const Case& c : all_cases()) {
+    Rng rng(2);
+    models::Seq2Seq m(config_of(c), rng);
+    ParameterSet ps(m);
+    auto loss = [&](Graph& g) {
+      return train::cross_entropy(train::seq2seq_rnn_logits(g, m, kSrc, kLengths, kTgtIn), kTargets,
+                                  train::CrossEntropyOptions{0, 0.0f, train::Reduction::kMean});
+    };
+    ps.zero_grad();
+    {
+      Tape tape;
+      Graph g(tape, ps);
+      tape.backward(loss(g));
+    }
+    auto loss_at = [&]() {
+      Tape tape;
+      Graph g(tape, ps);
+      return static_cast<double>(loss(g).value.item());
+    };
+    Rng pick(3);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      train::Parameter& p = ps[i];
+      ASSERT_TRUE(p.has_grad) << p.name;
+      for (int s = 0; s < 2; ++s) {
+        const int64_t e = static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.value->numel())));
+        float* w = p.value->data() + e;
+        const float keep = *w, h = 1e-2f;
+        *w = keep + h;
+        const double lp = loss_at();
+        *w = keep - h;
+        const double lm = loss_at();
+        *w = keep;
+        const double fd = (lp - lm) / (2.0 * h), an = p.grad.data()[e];
+        EXPECT_LE(std::fabs(an - fd), kSpotTol.atol + kSpotTol.rtol * std::max(std::fabs(fd), 1e-2))
+            << p.name << "[" << e << "] variant " << static_cast<int>(c.attention) << " cell "
+            << static_cast<int>(c.cell);
+      }
+    }
+  }
+}
+
+TEST(TrainSeq2Seq, PaddedSourceEmbeddingsGetNoGradient) {
+  // Source positions past a row's length never reach the loss, so their embedding rows stay untouched.
+  Rng rng(4);
+  models::Seq2Seq m(config_of({models::Seq2SeqAttention::kBahdanau, models::RnnCell::kGRU, 1}), rng);
+  ParameterSet ps(m);
+  ps.zero_grad();
+  const Ids src{{1, 2, 3, 6, 4, 5, 6, 6}, {2, 4}};  // id 6 only at padded positions
+  Tape tape;
+  Graph g(tape, ps);
+  tape.backward(train::cross_entropy(train::seq2seq_rnn_logits(g, m, src, {3, 2}, kTgtIn), kTargets));
+  const Tensor& grad = ps.find("src_embed.weight")->grad;
+  for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(grad.data()[6 * 4 + e], 0.0f);
+  EXPECT_NE(grad.data()[1 * 4], 0.0f);
+}
+
+// The RNN-attention overfit (the Transformer ones are in train_overfit_test.cpp): Bahdanau GRU and Luong LSTM drive a
+// small padded batch to near-zero loss with AdamW and clipping.
+TEST(TrainSeq2Seq, RnnAttentionOverfitsOneBatch) {
+  const Ids src{{3, 4, 5, 6, 6, 5, 4, 0, 5, 3, 0, 0}, {3, 4}};
+  const std::vector<int64_t> lengths{4, 3, 2};
+  const Ids tgt_in{{1, 6, 5, 4, 3, 1, 4, 5, 6, 0, 1, 3, 5, 0, 0}, {3, 5}};
+  const std::vector<int64_t> target{6, 5, 4, 3, 2, 4, 5, 6, 2, 0, 3, 5, 2, 0, 0};
+  for (const Case& c : {Case{models::Seq2SeqAttention::kBahdanau, models::RnnCell::kGRU, 1},
+                        Case{models::Seq2SeqAttention::kLuongGeneral, models::RnnCell::kLSTM, 1}}) {
+    models::Seq2SeqConfig cfg = config_of(c);
+    cfg.tgt_vocab = 7;
+    cfg.embed_dim = 16;
+    cfg.hidden_size = 32;
+    cfg.attention_size = 16;
+    Rng rng(9);
+    models::Seq2Seq m(cfg, rng);
+    ParameterSet ps(m);
+    train::AdamOptions ao;
+    ao.lr = 2e-2;
+    ao.weight_decay = 0.0;
+    train::AdamW opt(ps, ao);
+    Tape tape;
+    float loss = 0.0f;
+    for (int step = 0; step < 150; ++step) {
+      ps.zero_grad();
+      tape.clear();
+      Graph g(tape, ps);
+      const Var l = train::cross_entropy(train::seq2seq_rnn_logits(g, m, src, lengths, tgt_in), target,
+                                         train::CrossEntropyOptions{0, 0.0f, train::Reduction::kMean});
+      tape.backward(l);
+      train::clip_grad_norm(ps, 1.0);
+      opt.step();
+      loss = l.value.item();
+    }
+    EXPECT_LT(loss, 0.05f) << static_cast<int>(c.attention);
+  }
+}
+
+TEST(TrainSeq2Seq, BadInputsNameSeq2Seq) {
+  Rng rng(5);
+  models::Seq2Seq m(config_of(all_cases()[0]), rng);
+  ParameterSet ps(m);
+  Tape tape;
+  Graph g(tape, ps);
+  EXPECT_TRUE(ThrowsArg([&] { train::seq2seq_rnn_logits(g, m, kSrc, {1, 2, 3}, kTgtIn); }, "[Seq2Seq]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::seq2seq_rnn_logits(g, m, kSrc, {}, Ids{{1, 2}, {1, 2}}); }, "[Seq2Seq]"));
+  EXPECT_TRUE(ThrowsArg([&] { train::seq2seq_rnn_logits(g, m, Ids{{}, {0, 3}}, {}, kTgtIn); }, "[Seq2Seq]"));
+}
+
+}  // namespace
+}  // namespace qkv
