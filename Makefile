@@ -1,13 +1,14 @@
 # qkv: `make demo` and `make test` each do everything on a fresh Debian 12 machine: install, configure, build, run.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= 2
 VENV       := .venv
 PY         := $(VENV)/bin/python
 CMAKE_ARGS ?=
 SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: all deps configure build python demo test test-cpp test-asan test-python test-consumer bench fuzz experiments clean
+.PHONY: all deps configure build python demo test test-cpp test-asan test-tsan test-python test-consumer bench fuzz experiments clean
 
 all: build
 
@@ -31,7 +32,7 @@ python: build
 demo: python
 	OMP_NUM_THREADS=2 ./$(BUILD)/qkv demo --out out/demo
 
-test: test-cpp test-asan test-python test-consumer
+test: test-cpp test-asan test-tsan test-python test-consumer
 
 test-cpp: python
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure -j$(JOBS)
@@ -41,6 +42,15 @@ test-asan: deps
 	  -DQKV_BUILD_PYTHON=OFF $(CMAKE_ARGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+
+# The threaded fused kernel under ThreadSanitizer: clang-14 with LLVM's OpenMP and its Archer tool, which tells
+# TSan about OpenMP's synchronisation (GCC's libgomp is not instrumented and reports false races).
+test-tsan: deps
+	CC=clang-14 CXX=clang++-14 cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=thread \
+	  -DQKV_BUILD_CLI=OFF -DQKV_BUILD_PYTHON=OFF $(CMAKE_ARGS)
+	cmake --build $(TSAN_BUILD) --target attention_flash_test -j$(JOBS)
+	cd $(TSAN_BUILD) && OMP_NUM_THREADS=2 OMP_TOOL_LIBRARIES=/usr/lib/llvm-14/lib/libarcher.so \
+	  TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1" ./attention_flash_test
 
 test-python: python
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests/python
@@ -59,4 +69,4 @@ fuzz: deps
 	bash fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-fuzz out
