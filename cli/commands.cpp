@@ -12,6 +12,9 @@ int run(int argc, char** argv) {
   add_run_layer(app);
   add_embed(app);
   add_search(app);
+  add_train(app);
+  add_eval(app);
+  add_translate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -20,7 +20,7 @@ void check_ids(const Ids& ids, const char* op, const char* name) {
                 str(ids.shape), " hold ", ids.data.size(), " values");
 }
 
-const Seq2SeqConfig& checked(const Seq2SeqConfig& c) {
+const TransformerSeq2SeqConfig& checked(const TransformerSeq2SeqConfig& c) {
   QKV_CHECK_ARG(c.src_vocab > 0 && c.tgt_vocab > 0, "[Seq2SeqTransformer] src_vocab ", c.src_vocab,
                 " and tgt_vocab ", c.tgt_vocab, " must be > 0");
   QKV_CHECK_ARG(c.transformer.layer.d_model > 0, "[Seq2SeqTransformer] d_model must be > 0, got ",
@@ -47,7 +47,7 @@ Tensor padding_mask(const Ids& ids, int64_t pad_id) {
 
 // --- Seq2SeqTransformer --------------------------------------------------------------------------------------
 
-Seq2SeqTransformer::Seq2SeqTransformer(const Seq2SeqConfig& c, Rng& rng)
+Seq2SeqTransformer::Seq2SeqTransformer(const TransformerSeq2SeqConfig& c, Rng& rng)
     : src_tok_emb(checked(c).src_vocab, c.transformer.layer.d_model, rng),
       tgt_tok_emb(c.tgt_vocab, c.transformer.layer.d_model, rng),
       pos_dropout(c.transformer.layer.dropout, draw_seed(rng)),

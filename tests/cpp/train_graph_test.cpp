@@ -158,7 +158,7 @@ TEST(Graph, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
 }
 
 TEST(Graph, TransformerModelsMatchTheirForwards) {
-  models::Seq2SeqConfig sc;
+  models::TransformerSeq2SeqConfig sc;
   sc.src_vocab = 7;
   sc.tgt_vocab = 6;
   sc.transformer.layer.d_model = 8;
@@ -409,7 +409,7 @@ constexpr testing::Tol kSpotTol{2e-4, 3e-2};
 }
 
 TEST(GraphModels, Seq2SeqTransformerGradientSpotCheck) {
-  models::Seq2SeqConfig sc;
+  models::TransformerSeq2SeqConfig sc;
   sc.src_vocab = 6;
   sc.tgt_vocab = 5;
   sc.transformer.layer.d_model = 8;

@@ -45,7 +45,7 @@ float train_steps(nn::Module& model, int steps, LossFn&& loss_fn) {
 }
 
 TEST(Overfit, EncoderDecoderTransformerMemorisesABatch) {
-  models::Seq2SeqConfig c;
+  models::TransformerSeq2SeqConfig c;
   c.src_vocab = 12;
   c.tgt_vocab = 12;
   c.transformer.layer.d_model = 32;

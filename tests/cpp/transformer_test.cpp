@@ -441,8 +441,8 @@ namespace {
 using qkv::testing::BitIdentical;
 using qkv::testing::ThrowsArg;
 
-Seq2SeqConfig seq2seq_config() {
-  Seq2SeqConfig c;
+TransformerSeq2SeqConfig seq2seq_config() {
+  TransformerSeq2SeqConfig c;
   c.src_vocab = 11;
   c.tgt_vocab = 13;
   c.transformer.layer.d_model = 12;
@@ -501,7 +501,7 @@ TEST(Seq2SeqTransformer, TargetIsCausalAndSourcePaddingIsIgnored) {
 
 TEST(Seq2SeqTransformer, ErrorsNameTheModel) {
   Rng rng(1);
-  Seq2SeqConfig c = seq2seq_config();
+  TransformerSeq2SeqConfig c = seq2seq_config();
   c.tgt_vocab = 0;
   EXPECT_TRUE(ThrowsArg([&] { Seq2SeqTransformer m(c, rng); }, "[Seq2SeqTransformer]"));
   Seq2SeqTransformer m(seq2seq_config(), rng);

@@ -21,7 +21,7 @@ namespace qkv::models {
 // ids (B, T) -> (B, T) float: 1 where ids == pad_id (a kBlock key_padding_mask), else 0.
 Tensor padding_mask(const Ids& ids, int64_t pad_id);
 
-struct Seq2SeqConfig {
+struct TransformerSeq2SeqConfig {
   int64_t src_vocab = 0;           // > 0
   int64_t tgt_vocab = 0;           // > 0
   nn::TransformerConfig transformer;
@@ -48,7 +48,7 @@ struct Seq2SeqMasks {
 // Dropout children "pos_dropout" (no parameters) follow train()/eval().
 class Seq2SeqTransformer : public nn::Module {
  public:
-  Seq2SeqTransformer(const Seq2SeqConfig& config, Rng& rng);
+  Seq2SeqTransformer(const TransformerSeq2SeqConfig& config, Rng& rng);
 
   // src: ids (B, Ts)  tgt: ids (B, Tt)  ->  logits (B, Tt, Vt)
   Tensor forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {});
@@ -58,7 +58,7 @@ class Seq2SeqTransformer : public nn::Module {
   Tensor decode(const Ids& tgt, const Tensor& memory, const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
                 const nn::AttentionMasks& memory_masks = {});
 
-  const Seq2SeqConfig& config() const { return config_; }
+  const TransformerSeq2SeqConfig& config() const { return config_; }
 
   nn::Embedding src_tok_emb;
   nn::Embedding tgt_tok_emb;
@@ -68,7 +68,7 @@ class Seq2SeqTransformer : public nn::Module {
 
  private:
   Tensor embed(const nn::Embedding& table, const Ids& ids, const char* name);
-  Seq2SeqConfig config_;
+  TransformerSeq2SeqConfig config_;
 };
 
 struct DecoderOnlyConfig {

@@ -1,0 +1,52 @@
+// Reading a run directory back: config.json, vocab.txt and the newest checkpoint's weights into a fresh model.
+#include "run_common.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint.h"
+#include "qkv/core/error.h"
+
+namespace qkv::cli {
+
+std::string read_file_text(const std::string& path, const char* op) {
+  std::ifstream in(path, std::ios::binary);
+  QKV_CHECK_RUNTIME(in.good(), "[", op, "] cannot open '", path, "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+RunConfig load_run_config(const std::string& run_dir, const char* op) {
+  const std::string path = (std::filesystem::path(run_dir) / "config.json").string();
+  QKV_CHECK_ARG(std::filesystem::exists(path), "[", op, "] '", run_dir, "' is not a training run (no config.json)");
+  RunConfig c = RunConfig::from_json(read_file_text(path, op), path);
+  c.resolve_and_check();
+  return c;
+}
+
+std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
+                                             const data::Vocabulary& vocab, int64_t& step, const char* op) {
+  const std::string ckpt = latest_checkpoint(run_dir);
+  QKV_CHECK_ARG(!ckpt.empty(), "[", op, "] '", run_dir, "' has no checkpoint yet");
+  LoadedCheckpoint loaded = load_checkpoint(ckpt, c.model);
+  Rng rng(c.seed);
+  std::unique_ptr<RunModel> model = make_run_model(c, vocab.size(), rng);
+  try {
+    model->module().load_state_dict(loaded.weights, true);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("[checkpoint] " + ckpt + " does not fit a '" + c.model + "' model: " + e.what());
+  }
+  step = loaded.state.step;
+  return model;
+}
+
+std::string one_line(const std::string& m) {
+  std::string out;
+  for (char ch : m) out += (ch == '\n' || ch == '\r') ? ' ' : ch;
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+}  // namespace qkv::cli

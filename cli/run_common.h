@@ -1,0 +1,26 @@
+// Helpers shared by `qkv train`, `qkv eval` and `qkv translate`: reading a run directory (config, vocabulary,
+// latest checkpoint into a model) and turning any exception into the one-line error of the command.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "qkv/data/vocab.h"
+#include "run_config.h"
+#include "run_model.h"
+
+namespace qkv::cli {
+
+std::string read_file_text(const std::string& path, const char* op);
+
+// RUN/config.json; invalid_argument "[op] RUN is not a training run (no config.json)" when absent.
+RunConfig load_run_config(const std::string& run_dir, const char* op);
+
+// A model of the run's kind with the latest checkpoint's weights; step receives the checkpoint's step.
+std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
+                                             const data::Vocabulary& vocab, int64_t& step, const char* op);
+
+// e.what() with newlines folded, so that every failure is one line.
+std::string one_line(const std::string& message);
+
+}  // namespace qkv::cli

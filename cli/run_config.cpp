@@ -1,0 +1,306 @@
+// RunConfig: per-kind defaults, validation, and the flat JSON text of config.json (write and strict read).
+#include "run_config.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <vector>
+
+#include "qkv/core/error.h"
+
+namespace qkv::cli {
+namespace {
+
+bool one_of(const std::string& v, std::initializer_list<const char*> choices) {
+  for (const char* c : choices)
+    if (v == c) return true;
+  return false;
+}
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// Visits every field with its JSON name; used by both writer and reader so the two cannot drift.
+struct FieldVisitor {
+  std::function<void(const char*, std::string&)> str;
+  std::function<void(const char*, int64_t&)> i64;
+  std::function<void(const char*, uint64_t&)> u64;
+  std::function<void(const char*, double&)> f64;
+  std::function<void(const char*, bool&)> flag;
+};
+
+void visit(RunConfig& c, const FieldVisitor& v) {
+  v.str("model", c.model);
+  v.str("cell", c.cell);
+  v.str("attention", c.attention);
+  v.i64("d_model", c.d_model);
+  v.i64("hidden", c.hidden);
+  v.i64("layers", c.layers);
+  v.i64("heads", c.heads);
+  v.i64("ffn", c.ffn);
+  v.f64("dropout", c.dropout);
+  v.flag("post_ln", c.post_ln);
+  v.flag("scale_embeddings", c.scale_embeddings);
+  v.flag("reverse_source", c.reverse_source);
+  v.i64("max_positions", c.max_positions);
+  v.str("task", c.task);
+  v.str("data", c.data);
+  v.str("test_data", c.test_data);
+  v.f64("test_fraction", c.test_fraction);
+  v.str("tokenizer", c.tokenizer);
+  v.i64("train_size", c.train_size);
+  v.i64("test_size", c.test_size);
+  v.i64("min_len", c.min_len);
+  v.i64("max_len", c.max_len);
+  v.str("alphabet", c.alphabet);
+  v.str("data_hash", c.data_hash);
+  v.i64("max_decode_len", c.max_decode_len);
+  v.str("optimizer", c.optimizer);
+  v.f64("lr", c.lr);
+  v.f64("weight_decay", c.weight_decay);
+  v.f64("momentum", c.momentum);
+  v.f64("clip", c.clip);
+  v.str("schedule", c.schedule);
+  v.i64("warmup", c.warmup);
+  v.f64("label_smoothing", c.label_smoothing);
+  v.i64("batch_size", c.batch_size);
+  v.i64("steps", c.steps);
+  v.u64("seed", c.seed);
+  v.i64("eval_every", c.eval_every);
+  v.i64("eval_size", c.eval_size);
+  v.i64("checkpoint_every", c.checkpoint_every);
+  v.i64("log_every", c.log_every);
+  v.i64("keep_checkpoints", c.keep_checkpoints);
+  v.f64("early_stop", c.early_stop);
+}
+
+}  // namespace
+
+void RunConfig::resolve_and_check() {
+  QKV_CHECK_ARG(one_of(model, {"rnn", "rnn-attn", "transformer", "decoder"}), "[train] --model '", model,
+                "' is not one of rnn, rnn-attn, transformer, decoder");
+  const bool rnn = model == "rnn" || model == "rnn-attn";
+  if (d_model == 0) d_model = 64;
+  if (hidden == 0) hidden = 128;
+  if (layers == 0) layers = rnn ? 1 : 2;
+  if (ffn == 0) ffn = 4 * d_model;
+  if (checkpoint_every == 0) checkpoint_every = eval_every;
+  QKV_CHECK_ARG(one_of(cell, {"gru", "lstm"}), "[train] --cell '", cell, "' is not gru or lstm");
+  QKV_CHECK_ARG(one_of(attention, {"bahdanau", "luong-dot", "luong-general"}), "[train] --attention '", attention,
+                "' is not bahdanau, luong-dot or luong-general");
+  QKV_CHECK_ARG(d_model > 0 && hidden > 0 && layers > 0 && heads > 0 && ffn > 0, "[train] model sizes must be > 0");
+  QKV_CHECK_ARG(rnn || d_model % heads == 0, "[train] --d-model ", d_model, " must be divisible by --heads ", heads);
+  QKV_CHECK_ARG(dropout >= 0.0 && dropout < 1.0, "[train] --dropout must be in [0, 1), got ", dropout);
+  QKV_CHECK_ARG(!reverse_source || model == "rnn", "[train] --reverse-source applies to --model rnn only");
+  QKV_CHECK_ARG(max_positions >= 0, "[train] --max-positions must be >= 0");
+  QKV_CHECK_ARG(task.empty() != data.empty(), "[train] give exactly one of --task NAME and --data FILE.tsv");
+  QKV_CHECK_ARG(test_fraction >= 0.0 && test_fraction < 1.0, "[train] --test-fraction must be in [0, 1)");
+  QKV_CHECK_ARG(one_of(tokenizer, {"char", "word", "byte"}), "[train] --tokenizer '", tokenizer,
+                "' is not char, word or byte");
+  QKV_CHECK_ARG(train_size >= 1 && test_size >= 0, "[train] --train-size must be >= 1 and --test-size >= 0");
+  QKV_CHECK_ARG(max_decode_len >= 0, "[train] --max-decode-len must be >= 0");
+  QKV_CHECK_ARG(one_of(optimizer, {"adam", "adamw", "sgd"}), "[train] --optimizer '", optimizer,
+                "' is not adam, adamw or sgd");
+  QKV_CHECK_ARG(lr > 0.0 && std::isfinite(lr), "[train] --lr must be > 0, got ", lr);
+  QKV_CHECK_ARG(weight_decay >= 0.0 && momentum >= 0.0 && clip >= 0.0, "[train] --weight-decay, --momentum and ",
+                "--clip must be >= 0");
+  QKV_CHECK_ARG(one_of(schedule, {"constant", "inverse_sqrt", "cosine"}), "[train] --schedule '", schedule,
+                "' is not constant, inverse_sqrt or cosine");
+  QKV_CHECK_ARG(warmup >= 0 && (schedule != "inverse_sqrt" || warmup >= 1),
+                "[train] --warmup must be >= 0 (>= 1 for inverse_sqrt)");
+  QKV_CHECK_ARG(label_smoothing >= 0.0 && label_smoothing <= 1.0, "[train] --label-smoothing must be in [0, 1]");
+  QKV_CHECK_ARG(batch_size >= 1, "[train] --batch-size must be >= 1");
+  QKV_CHECK_ARG(steps >= 1, "[train] --steps must be >= 1, got ", steps);
+  QKV_CHECK_ARG(eval_every >= 1 && eval_size >= 0 && checkpoint_every >= 1 && log_every >= 1,
+                "[train] --eval-every, --checkpoint-every and --log-every must be >= 1, --eval-size >= 0");
+  QKV_CHECK_ARG(keep_checkpoints >= 1, "[train] --keep-checkpoints must be >= 1");
+  QKV_CHECK_ARG(early_stop >= 0.0 && early_stop <= 1.0, "[train] --early-stop must be in [0, 1] (0 = off)");
+}
+
+void append_json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+}
+
+std::string RunConfig::to_json() const {
+  RunConfig c = *this;
+  std::string out = "{\n  \"format\": \"qkv-train-config 1\"";
+  auto key = [&](const char* k) {
+    out += ",\n  ";
+    append_json_string(out, k);
+    out += ": ";
+  };
+  FieldVisitor v;
+  v.str = [&](const char* k, std::string& x) { key(k); append_json_string(out, x); };
+  v.i64 = [&](const char* k, int64_t& x) { key(k); out += std::to_string(x); };
+  v.u64 = [&](const char* k, uint64_t& x) { key(k); out += std::to_string(x); };
+  v.f64 = [&](const char* k, double& x) { key(k); out += num(x); };
+  v.flag = [&](const char* k, bool& x) { key(k); out += x ? "true" : "false"; };
+  visit(c, v);
+  out += "\n}\n";
+  return out;
+}
+
+std::map<std::string, std::string> parse_flat_json(const std::string& t, const std::string& name) {
+  size_t i = 0;
+  auto fail = [&](const std::string& what) -> void {
+    throw std::invalid_argument("[config] " + name + ": " + what + " at byte " + std::to_string(i));
+  };
+  auto ws = [&] {
+    while (i < t.size() && (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t')) ++i;
+  };
+  auto read_string = [&]() {
+    std::string s;
+    if (i >= t.size() || t[i] != '"') fail("expected a string");
+    ++i;
+    while (true) {
+      if (i >= t.size()) fail("unterminated string");
+      const char c = t[i++];
+      if (c == '"') break;
+      if (c != '\\') {
+        s += c;
+        continue;
+      }
+      if (i >= t.size()) fail("unterminated escape");
+      const char e = t[i++];
+      if (e == 'n') s += '\n';
+      else if (e == 't') s += '\t';
+      else if (e == 'r') s += '\r';
+      else if (e == '"' || e == '\\' || e == '/') s += e;
+      else if (e == 'u') {
+        if (i + 4 > t.size()) fail("short \\u escape");
+        const unsigned cp = static_cast<unsigned>(std::stoul(t.substr(i, 4), nullptr, 16));
+        i += 4;
+        if (cp >= 0x80) fail("\\u escapes above 0x7F are not supported");
+        s += static_cast<char>(cp);
+      } else {
+        fail(std::string("bad escape \\") + e);
+      }
+    }
+    return s;
+  };
+  std::map<std::string, std::string> out;
+  ws();
+  if (i >= t.size() || t[i] != '{') fail("expected '{'");
+  ++i;
+  ws();
+  if (i < t.size() && t[i] == '}') {
+    ++i;
+  } else {
+    while (true) {
+      ws();
+      const std::string k = read_string();
+      ws();
+      if (i >= t.size() || t[i] != ':') fail("expected ':'");
+      ++i;
+      ws();
+      std::string val;
+      if (i < t.size() && t[i] == '"') {
+        val = read_string();
+      } else {
+        const size_t b = i;
+        while (i < t.size() && (std::isalnum(static_cast<unsigned char>(t[i])) || t[i] == '-' || t[i] == '+' ||
+                                t[i] == '.'))
+          ++i;
+        if (i == b) fail("expected a string, number or boolean");
+        val = t.substr(b, i - b);
+      }
+      if (!out.emplace(k, val).second) fail("duplicate key '" + k + "'");
+      ws();
+      if (i < t.size() && t[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < t.size() && t[i] == '}') {
+        ++i;
+        break;
+      }
+      fail("expected ',' or '}'");
+    }
+  }
+  ws();
+  if (i != t.size()) fail("trailing characters");
+  return out;
+}
+
+RunConfig RunConfig::from_json(const std::string& text, const std::string& name) {
+  std::map<std::string, std::string> kv = parse_flat_json(text, name);
+  auto fmt = kv.find("format");
+  QKV_CHECK_ARG(fmt != kv.end() && fmt->second == "qkv-train-config 1", "[config] ", name,
+                ": not a qkv train config (format 'qkv-train-config 1' expected)");
+  kv.erase(fmt);
+  RunConfig c;
+  auto take = [&](const char* k) {
+    auto it = kv.find(k);
+    QKV_CHECK_ARG(it != kv.end(), "[config] ", name, ": missing key '", k, "'");
+    std::string v = it->second;
+    kv.erase(it);
+    return v;
+  };
+  auto bad = [&](const char* k, const std::string& v) {
+    return std::invalid_argument("[config] " + name + ": bad value '" + v + "' for '" + k + "'");
+  };
+  FieldVisitor v;
+  v.str = [&](const char* k, std::string& x) { x = take(k); };
+  v.i64 = [&](const char* k, int64_t& x) {
+    const std::string s = take(k);
+    try {
+      size_t n = 0;
+      x = std::stoll(s, &n);
+      if (n != s.size()) throw bad(k, s);
+    } catch (const std::logic_error&) {
+      throw bad(k, s);
+    }
+  };
+  v.u64 = [&](const char* k, uint64_t& x) {
+    const std::string s = take(k);
+    try {
+      size_t n = 0;
+      x = std::stoull(s, &n);
+      if (n != s.size() || s[0] == '-') throw bad(k, s);
+    } catch (const std::logic_error&) {
+      throw bad(k, s);
+    }
+  };
+  v.f64 = [&](const char* k, double& x) {
+    const std::string s = take(k);
+    try {
+      size_t n = 0;
+      x = std::stod(s, &n);
+      if (n != s.size()) throw bad(k, s);
+    } catch (const std::logic_error&) {
+      throw bad(k, s);
+    }
+  };
+  v.flag = [&](const char* k, bool& x) {
+    const std::string s = take(k);
+    if (s != "true" && s != "false") throw bad(k, s);
+    x = s == "true";
+  };
+  visit(c, v);
+  QKV_CHECK_ARG(kv.empty(), "[config] ", name, ": unknown key '", kv.begin()->first, "'");
+  return c;
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,416 @@
+// `qkv train --model rnn|rnn-attn|transformer|decoder --task NAME|--data FILE.tsv --steps N --out DIR --seed S
+// [--resume DIR]`: trains with a live progress bar (plain log lines when stdout is not a terminal), periodic
+// evaluation (exact match, token accuracy) and atomic checkpoints; --resume continues bit-exactly.
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "commands.h"
+#include "qkv/core/error.h"
+#include "qkv/core/io.h"
+#include "qkv/train/loss.h"
+#include "qkv/train/optim.h"
+#include "qkv/train/schedule.h"
+#include "run_common.h"
+#include "run_data.h"
+#include "run_model.h"
+
+namespace qkv::cli {
+namespace fs = std::filesystem;
+namespace {
+
+struct TrainArgs {
+  RunConfig c;
+  std::string out, resume;
+  int64_t threads = 0;
+};
+
+// An option whose value a resumed run may not change, with how to print its value from a config.
+struct Locked {
+  CLI::Option* opt;
+  std::function<std::string(const RunConfig&)> value;
+};
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+std::string fmt_rate(double r) {
+  char buf[32];
+  if (r >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", r / 1e6);
+  else if (r >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", r);
+  return buf;
+}
+
+std::unique_ptr<train::Optimizer> make_optimizer(const RunConfig& c, train::ParameterSet& params) {
+  if (c.optimizer == "sgd") {
+    train::SgdOptions o;
+    o.lr = c.lr;
+    o.momentum = c.momentum;
+    o.weight_decay = c.weight_decay;
+    return std::make_unique<train::SGD>(params, o);
+  }
+  train::AdamOptions o;
+  o.lr = c.lr;
+  o.weight_decay = c.weight_decay;
+  return std::make_unique<train::Adam>(params, o, c.optimizer == "adamw");
+}
+
+train::LrSchedule make_schedule(const RunConfig& c) {
+  train::LrSchedule s;
+  s.kind = train::schedule_kind_from_string(c.schedule);
+  s.lr = c.lr;
+  s.warmup = c.warmup;
+  s.d_model = c.d_model;
+  s.total_steps = std::max(c.steps, c.warmup);
+  return s;
+}
+
+// Prints the progress bar (terminal) or plain lines (pipe/file).
+class Progress {
+ public:
+  Progress(int64_t total, int64_t first) : total_(total), first_(first), tty_(::isatty(STDOUT_FILENO) == 1) {
+    start_ = last_draw_ = std::chrono::steady_clock::now();
+  }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  void step(int64_t step, float loss, double lr, int64_t tokens, bool log_line) {
+    const double el = seconds();
+    const double rate = el > 0 ? static_cast<double>(tokens) / el : 0.0;
+    const double steps_per_s = el > 0 ? static_cast<double>(step - first_) / el : 0.0;
+    const double eta = steps_per_s > 0 ? static_cast<double>(total_ - step) / steps_per_s : NAN;
+    if (tty_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (step != total_ && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
+      last_draw_ = now;
+      const int width = 24;
+      const int fill = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
+      std::string bar(static_cast<size_t>(fill), '#');
+      bar.resize(width, '.');
+      std::printf("\r\033[Kstep %lld/%lld [%s] %3d%% loss %.4f | %s tok/s | ETA %s", static_cast<long long>(step),
+                  static_cast<long long>(total_), bar.c_str(), static_cast<int>(100 * step / total_), loss,
+                  fmt_rate(rate).c_str(), fmt_duration(eta).c_str());
+      bar_visible_ = step != total_;
+      if (!bar_visible_) std::printf("\n");  // the last bar stays on screen
+      std::fflush(stdout);
+    } else if (log_line) {
+      std::printf("step %lld/%lld loss %.9g lr %.6g tok/s %s elapsed %s eta %s\n", static_cast<long long>(step),
+                  static_cast<long long>(total_), loss, lr, fmt_rate(rate).c_str(), fmt_duration(el).c_str(),
+                  fmt_duration(eta).c_str());
+      std::fflush(stdout);
+    }
+  }
+  // A line that must stay (eval, checkpoint): clears the bar first on a terminal.
+  void line(const std::string& text) {
+    std::printf("%s%s\n", bar_visible_ ? "\r\033[K" : "", text.c_str());
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (bar_visible_) std::printf("\n");
+    bar_visible_ = false;
+    std::fflush(stdout);
+  }
+
+ private:
+  int64_t total_, first_;
+  bool tty_;
+  bool bar_visible_ = false;  // a progress bar is on the current terminal line
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector<CLI::Option*>& data_opts,
+               CLI::Option* model_opt, const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>&
+                                           run_overrides) {
+  if (a.threads > 0) omp_set_num_threads(static_cast<int>(a.threads));
+  const bool resume = !a.resume.empty();
+  std::string dir;
+  RunConfig c;
+  RunData d;
+  if (resume) {
+    QKV_CHECK_ARG(a.out.empty() || fs::path(a.out).lexically_normal() == fs::path(a.resume).lexically_normal(),
+                  "[train] --out '", a.out, "' and --resume '", a.resume, "' name different directories");
+    dir = a.resume;
+    RunConfig saved = load_run_config(dir, "train");
+    if (model_opt->count() > 0 && a.c.model != saved.model)
+      throw std::invalid_argument("[train] '" + dir + "' holds a '" + saved.model + "' run, not '" + a.c.model +
+                                  "': a checkpoint from another model kind cannot be resumed");
+    for (const Locked& l : locked)
+      if (l.opt->count() > 0 && l.value(a.c) != l.value(saved))
+        throw std::invalid_argument("[train] " + l.opt->get_name() + " " + l.value(a.c) + " differs from the run's " +
+                                    l.value(saved) + " in '" + dir + "/config.json'; a resumed run keeps its settings");
+    bool new_data = false;
+    for (CLI::Option* o : data_opts) new_data |= o->count() > 0;
+    if (new_data) {  // a new data source: the vocabulary must stay the same
+      saved.task = a.c.task;
+      saved.data = a.c.data;
+      saved.test_data = a.c.test_data;
+      saved.train_size = a.c.train_size;
+      saved.test_size = a.c.test_size;
+      saved.min_len = a.c.min_len;
+      saved.max_len = a.c.max_len;
+      saved.alphabet = a.c.alphabet;
+      saved.tokenizer = a.c.tokenizer;
+      saved.test_fraction = a.c.test_fraction;
+    }
+    for (const auto& [opt, apply] : run_overrides)
+      if (opt->count() > 0) apply(saved);
+    c = saved;
+    c.resolve_and_check();
+    const data::Vocabulary vocab = data::Vocabulary::load((fs::path(dir) / "vocab.txt").string());
+    const std::string old_hash = c.data_hash;
+    d = load_run_data(c);
+    if (d.vocab != vocab)
+      throw std::invalid_argument("[train] vocabulary mismatch on resume: '" + dir + "/vocab.txt' and the data differ (" +
+                                  vocab_difference(vocab, d.vocab) + ")");
+    if (!old_hash.empty() && old_hash != c.data_hash)
+      std::fprintf(stderr, "qkv: warning: the data changed since the run started; the resumed run will differ\n");
+  } else {
+    QKV_CHECK_ARG(!a.out.empty(), "[train] --out DIR is required (or --resume DIR)");
+    dir = a.out;
+    QKV_CHECK_ARG(!fs::exists(fs::path(dir) / "config.json"), "[train] '", dir,
+                  "' already holds a run; continue it with --resume ", dir, " or choose another --out");
+    c = a.c;
+    c.resolve_and_check();
+    d = load_run_data(c);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    QKV_CHECK_RUNTIME(!ec, "[train] cannot create '", dir, "': ", ec.message());
+    d.vocab.save((fs::path(dir) / "vocab.txt").string());
+  }
+  QKV_CHECK_ARG(!d.train.empty(), "[train] the training split is empty");
+  write_file_atomic((fs::path(dir) / "config.json").string(), c.to_json());
+
+  Rng init(c.seed);
+  std::unique_ptr<RunModel> model = make_run_model(c, d.vocab.size(), init);
+  train::ParameterSet params(model->module());
+  std::unique_ptr<train::Optimizer> opt = make_optimizer(c, params);
+  const train::LrSchedule schedule = make_schedule(c);
+  TrainerState st;
+  const uint64_t dropout_seed = c.seed ^ 0xD80F0D7ULL;
+  Rng dropout_rng(dropout_seed);
+  const std::string ckpt = resume ? latest_checkpoint(dir) : "";
+  if (!ckpt.empty()) {
+    LoadedCheckpoint loaded = load_checkpoint(ckpt, c.model);
+    try {
+      model->module().load_state_dict(loaded.weights, true);
+      opt->load_state_dict(loaded.optimizer);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("[checkpoint] " + ckpt + " does not fit this '" + c.model + "' run: " + e.what());
+    }
+    st = loaded.state;
+    dropout_rng.set_state(st.dropout_rng_state);
+  }
+  data::Sampler sampler(static_cast<int64_t>(d.train.size()), c.batch_size, c.seed ^ 0x5A3D1E5ULL);
+  sampler.seek(st.epoch, st.position);
+
+  std::printf("%s %s: %lld parameters, vocabulary %lld, %zu train / %zu test examples, %s\n",
+              resume && !ckpt.empty() ? "resuming" : "training", c.model.c_str(),
+              static_cast<long long>(params.numel()), static_cast<long long>(d.vocab.size()), d.train.size(),
+              d.test.size(), resume && !ckpt.empty() ? ("from step " + std::to_string(st.step)).c_str() : dir.c_str());
+  if (st.step >= c.steps) {
+    std::printf("already at step %lld of %lld: nothing to do\n", static_cast<long long>(st.step),
+                static_cast<long long>(c.steps));
+    return;
+  }
+  std::fflush(stdout);
+
+  train::CrossEntropyOptions ce;
+  ce.ignore_index = data::Vocabulary::kPad;
+  ce.label_smoothing = static_cast<float>(c.label_smoothing);
+  const DecodeSettings dec{c.max_decode_len, 1, 0.6, 64};
+  train::Tape tape;
+  Progress progress(c.steps, st.step);
+  int64_t tokens = 0;
+  const double elapsed_before = st.elapsed_s;
+  model->module().train();
+  for (int64_t step = st.step + 1; step <= c.steps; ++step) {
+    const std::vector<int64_t> idx = sampler.next();
+    std::vector<const data::Example*> batch;
+    for (int64_t i : idx) batch.push_back(&d.train[static_cast<size_t>(i)]);
+    params.zero_grad();
+    tape.clear();
+    float loss_value;
+    int64_t ntok = 0;
+    {
+      train::Graph g(tape, params, &dropout_rng);
+      std::vector<int64_t> targets;
+      const train::Var logits = model->logits(g, batch, targets, ntok);
+      const train::Var loss = train::cross_entropy(logits, targets, ce);
+      loss_value = loss.value.item();
+      QKV_CHECK_RUNTIME(std::isfinite(loss_value), "[train] the loss became ", loss_value, " at step ", step,
+                        " (try a smaller --lr or --clip)");
+      tape.backward(loss);
+    }
+    if (c.clip > 0.0) train::clip_grad_norm(params, c.clip);
+    const double lr = schedule.at(step);
+    opt->set_lr(lr);
+    opt->step();
+    tokens += ntok;
+    st.step = step;
+    st.last_loss = loss_value;
+    progress.step(step, loss_value, lr, tokens, step % c.log_every == 0 || step == c.steps);
+
+    bool stop = false;
+    if ((step % c.eval_every == 0 || step == c.steps) && !d.test.empty() && c.eval_size > 0) {
+      const EvalResult r = evaluate(*model, d.test, c.eval_size, dec);
+      stop = c.early_stop > 0.0 && r.exact_match >= c.early_stop;
+      model->module().train();
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "eval step %lld: exact_match %.4f token_accuracy %.4f (%lld examples)",
+                    static_cast<long long>(step), r.exact_match, r.token_accuracy,
+                    static_cast<long long>(r.examples));
+      progress.line(buf);
+    }
+    if (step % c.checkpoint_every == 0 || step == c.steps || stop) {
+      st.epoch = sampler.epoch();
+      st.position = sampler.position();
+      st.dropout_rng_state = dropout_rng.state();
+      st.elapsed_s = elapsed_before + progress.seconds();
+      const std::string path =
+          save_checkpoint(dir, c.model, model->module().state_dict(), opt->state_dict(), st, c.keep_checkpoints);
+      progress.line("checkpoint step " + std::to_string(step) + " -> " + path);
+    }
+    if (stop) {
+      progress.line("early stop at step " + std::to_string(step) + ": exact match reached --early-stop " +
+                    std::to_string(c.early_stop));
+      break;
+    }
+  }
+  progress.finish();
+}
+
+}  // namespace
+
+void add_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a Seq2Seq (RNN or Transformer) or decoder-only model with checkpoints");
+  auto a = std::make_shared<TrainArgs>();
+  RunConfig& c = a->c;
+  auto num = [](double v) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  auto locked = std::make_shared<std::vector<Locked>>();
+  auto data_opts = std::make_shared<std::vector<CLI::Option*>>();
+  auto overrides = std::make_shared<std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>>();
+  auto lock = [&](CLI::Option* o, std::function<std::string(const RunConfig&)> f) { locked->push_back({o, f}); };
+  auto i64 = [](int64_t RunConfig::*m) { return [m](const RunConfig& r) { return std::to_string(r.*m); }; };
+  auto f64 = [num](double RunConfig::*m) { return [m, num](const RunConfig& r) { return num(r.*m); }; };
+  auto s = [](std::string RunConfig::*m) { return [m](const RunConfig& r) { return r.*m; }; };
+
+  cmd->group("Model");
+  CLI::Option* model_opt = cmd->add_option("--model", c.model, "rnn | rnn-attn | transformer | decoder")
+                               ->capture_default_str();
+  lock(cmd->add_option("--cell", c.cell, "RNN cell: gru | lstm")->capture_default_str(), s(&RunConfig::cell));
+  lock(cmd->add_option("--attention", c.attention, "rnn-attn scoring: bahdanau | luong-dot | luong-general")
+           ->capture_default_str(),
+       s(&RunConfig::attention));
+  lock(cmd->add_option("--d-model", c.d_model, "Embedding width / d_model (default 64)"), i64(&RunConfig::d_model));
+  lock(cmd->add_option("--hidden", c.hidden, "RNN hidden size (default 128)"), i64(&RunConfig::hidden));
+  lock(cmd->add_option("--layers", c.layers, "Layers (default: RNN 1, Transformers 2 per side)"),
+       i64(&RunConfig::layers));
+  lock(cmd->add_option("--heads", c.heads, "Attention heads")->capture_default_str(), i64(&RunConfig::heads));
+  lock(cmd->add_option("--ffn", c.ffn, "Feed-forward width (default 4 * d_model)"), i64(&RunConfig::ffn));
+  lock(cmd->add_option("--dropout", c.dropout, "Dropout")->capture_default_str(), f64(&RunConfig::dropout));
+  lock(cmd->add_flag("--post-ln", c.post_ln, "Transformers: post-LN (as the 2017 paper) instead of pre-LN"),
+       [](const RunConfig& r) { return std::string(r.post_ln ? "true" : "false"); });
+  lock(cmd->add_flag("--scale-embeddings", c.scale_embeddings,
+                     "transformer: scale token embeddings by sqrt(d_model), as the paper (off: see docs)"),
+       [](const RunConfig& r) { return std::string(r.scale_embeddings ? "true" : "false"); });
+  lock(cmd->add_flag("--reverse-source", c.reverse_source, "rnn: read the source reversed (Sutskever et al. 2014)"),
+       [](const RunConfig& r) { return std::string(r.reverse_source ? "true" : "false"); });
+  lock(cmd->add_option("--max-positions", c.max_positions, "decoder: learned positions (default from the data)"),
+       i64(&RunConfig::max_positions));
+
+  cmd->group("Data");
+  data_opts->push_back(cmd->add_option("--task", c.task,
+                                       "copy | reverse | sort | addition | dates | num2words-en | num2words-zh"));
+  data_opts->push_back(cmd->add_option("--data", c.data, "TSV parallel corpus (source<TAB>target per line)"));
+  data_opts->push_back(cmd->add_option("--test-data", c.test_data, "TSV test corpus (default: held out from --data)"));
+  data_opts->push_back(
+      cmd->add_option("--test-fraction", c.test_fraction, "Share of --data held out for testing")->capture_default_str());
+  data_opts->push_back(cmd->add_option("--tokenizer", c.tokenizer, "TSV tokenizer: char | word | byte")
+                           ->capture_default_str());
+  data_opts->push_back(cmd->add_option("--train-size", c.train_size, "Task training examples")->capture_default_str());
+  data_opts->push_back(cmd->add_option("--test-size", c.test_size, "Task test examples")->capture_default_str());
+  data_opts->push_back(
+      cmd->add_option("--min-len", c.min_len, "Task: shortest sequence (digits for numbers)")->capture_default_str());
+  data_opts->push_back(
+      cmd->add_option("--max-len", c.max_len, "Task: longest sequence (digits for numbers)")->capture_default_str());
+  data_opts->push_back(
+      cmd->add_option("--alphabet", c.alphabet, "copy/reverse/sort: digits | letters")->capture_default_str());
+  lock(cmd->add_option("--max-decode-len", c.max_decode_len, "Generation limit (default: longest target + 8)"),
+       i64(&RunConfig::max_decode_len));
+
+  cmd->group("Optimisation");
+  lock(cmd->add_option("--optimizer", c.optimizer, "adam | adamw | sgd")->capture_default_str(),
+       s(&RunConfig::optimizer));
+  lock(cmd->add_option("--lr", c.lr, "Learning rate (inverse_sqrt: the scale factor)")->capture_default_str(),
+       f64(&RunConfig::lr));
+  lock(cmd->add_option("--weight-decay", c.weight_decay, "Weight decay")->capture_default_str(),
+       f64(&RunConfig::weight_decay));
+  lock(cmd->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str(), f64(&RunConfig::momentum));
+  lock(cmd->add_option("--clip", c.clip, "Clip the global gradient norm (0 = off)")->capture_default_str(),
+       f64(&RunConfig::clip));
+  lock(cmd->add_option("--schedule", c.schedule, "constant | inverse_sqrt | cosine")->capture_default_str(),
+       s(&RunConfig::schedule));
+  lock(cmd->add_option("--warmup", c.warmup, "Warmup steps")->capture_default_str(), i64(&RunConfig::warmup));
+  lock(cmd->add_option("--label-smoothing", c.label_smoothing, "Label smoothing")->capture_default_str(),
+       f64(&RunConfig::label_smoothing));
+  lock(cmd->add_option("--batch-size", c.batch_size, "Examples per step")->capture_default_str(),
+       i64(&RunConfig::batch_size));
+  lock(cmd->add_option("--seed", c.seed, "Seed of the data, the init, the shuffling and dropout")
+           ->capture_default_str(),
+       [](const RunConfig& r) { return std::to_string(r.seed); });
+
+  cmd->group("Run");
+  auto over = [&](CLI::Option* o, std::function<void(RunConfig&)> f) { overrides->push_back({o, f}); };
+  RunConfig* cp = &a->c;
+  over(cmd->add_option("--steps", c.steps, "Train until this many steps")->capture_default_str(),
+       [cp](RunConfig& r) { r.steps = cp->steps; });
+  over(cmd->add_option("--eval-every", c.eval_every, "Evaluate every N steps")->capture_default_str(),
+       [cp](RunConfig& r) { r.eval_every = cp->eval_every; });
+  over(cmd->add_option("--eval-size", c.eval_size, "Test examples per periodic evaluation")->capture_default_str(),
+       [cp](RunConfig& r) { r.eval_size = cp->eval_size; });
+  over(cmd->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N steps (default --eval-every)"),
+       [cp](RunConfig& r) { r.checkpoint_every = cp->checkpoint_every; });
+  over(cmd->add_option("--log-every", c.log_every, "Plain log line every N steps")->capture_default_str(),
+       [cp](RunConfig& r) { r.log_every = cp->log_every; });
+  over(cmd->add_option("--early-stop", c.early_stop, "Stop once a periodic evaluation reaches this exact match")
+           ->capture_default_str(),
+       [cp](RunConfig& r) { r.early_stop = cp->early_stop; });
+  over(cmd->add_option("--keep-checkpoints", c.keep_checkpoints, "Checkpoints kept")->capture_default_str(),
+       [cp](RunConfig& r) { r.keep_checkpoints = cp->keep_checkpoints; });
+  cmd->add_option("--out", a->out, "Run directory (config.json, vocab.txt, checkpoints/)");
+  cmd->add_option("--resume", a->resume, "Continue the run in this directory from its latest checkpoint");
+  cmd->add_option("--threads", a->threads, "OpenMP threads (default: OMP_NUM_THREADS)");
+
+  cmd->callback([a, locked, data_opts, model_opt, overrides]() {
+    try {
+      run_train(*a, *locked, *data_opts, model_opt, *overrides);
+    } catch (const CLI::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw std::runtime_error(one_line(e.what()));
+    }
+  });
+}
+
+}  // namespace qkv::cli

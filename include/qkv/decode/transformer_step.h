@@ -1,0 +1,106 @@
+// Step models for the Transformers: incremental decoding with a KV cache per layer (new query rows attend with
+// Causal::kBottomRight), and full recomputation of the whole prefix each step, the reference the cache must match.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qkv/decode/kv_cache.h"
+#include "qkv/decode/search.h"
+#include "qkv/models/transformer.h"
+#include "qkv/ops/embedding.h"
+
+namespace qkv::decode {
+
+// models::Seq2SeqTransformer with cached decoder self-attention keys/values and cross-attention keys/values
+// computed once per source. The model is switched to eval mode (no dropout) and must outlive this object.
+class TransformerCachedStep : public StepModel {
+ public:
+  // src: ids (S, Ts); positions equal to pad_id are masked out as keys (key padding), as in training.
+  TransformerCachedStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id);
+  int64_t num_sources() const override { return sources_; }
+  int64_t vocab_size() const override;
+  void start() override;
+  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
+  void record_attention(bool on) override { record_ = on; }
+  Tensor last_attention() const override { return attention_; }  // last layer's cross-attention (N, Ts)
+
+ private:
+  void ensure_memory_rows();
+  models::Seq2SeqTransformer* model_;
+  int64_t sources_;
+  std::vector<Tensor> layer_mem_k_, layer_mem_v_;  // per layer (S, H, Ts, D)
+  Tensor src_block_;        // (S, Ts) 1 at padding
+  std::vector<Tensor> row_mem_k_, row_mem_v_;      // gathered for the current rows (N, H, Ts, D)
+  Tensor row_block_;        // (N, 1, 1, Ts)
+  std::vector<int64_t> row_source_, gathered_for_;
+  std::vector<KvCache> caches_;
+  int64_t t_ = 0;
+  bool record_ = false;
+  Tensor attention_;
+};
+
+// The same model decoded by recomputing the decoder over the whole prefix every step (no cache).
+class TransformerRecomputeStep : public StepModel {
+ public:
+  TransformerRecomputeStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id);
+  int64_t num_sources() const override { return sources_; }
+  int64_t vocab_size() const override;
+  void start() override;
+  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
+
+ private:
+  models::Seq2SeqTransformer* model_;
+  int64_t sources_;
+  Tensor memory_;  // (S, Ts, E)
+  Tensor src_block_;
+  std::vector<std::vector<int64_t>> prefix_;
+  std::vector<int64_t> row_source_;
+};
+
+// models::DecoderOnlyTransformer continuing prompts. start() runs the prompts through the layers at once
+// (left-padded to the longest; padding is masked out as keys and the positions of each row start at its first
+// real token), filling the caches; every step() then appends one token per row.
+class DecoderOnlyCachedStep : public StepModel {
+ public:
+  // prompts: S token sequences (may be empty), each shorter than the model's max_len.
+  DecoderOnlyCachedStep(models::DecoderOnlyTransformer& model, std::vector<std::vector<int64_t>> prompts);
+  int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
+  int64_t vocab_size() const override;
+  int64_t capacity() const override;  // max_len - longest prompt
+  void start() override;
+  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
+  void record_attention(bool on) override { record_ = on; }
+  // Last layer's self-attention of the new token over the prompt positions (N, longest prompt), heads averaged.
+  Tensor last_attention() const override { return attention_; }
+
+ private:
+  // x: (N, Tq, E) new rows at cache positions [len, len + Tq) -> hidden states (N, Tq, E)
+  Tensor run_layers(Tensor x);
+  models::DecoderOnlyTransformer* model_;
+  std::vector<std::vector<int64_t>> prompts_;
+  int64_t prompt_len_ = 0;         // P: longest prompt
+  std::vector<int64_t> pad_left_;  // per row: number of left padding positions
+  std::vector<KvCache> caches_;
+  bool record_ = false;
+  Tensor attention_;
+};
+
+// Reference: each step runs the model's forward over prompt + prefix, one row at a time (no padding, no cache).
+class DecoderOnlyRecomputeStep : public StepModel {
+ public:
+  DecoderOnlyRecomputeStep(models::DecoderOnlyTransformer& model, std::vector<std::vector<int64_t>> prompts);
+  int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
+  int64_t vocab_size() const override;
+  int64_t capacity() const override;
+  void start() override;
+  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
+
+ private:
+  models::DecoderOnlyTransformer* model_;
+  std::vector<std::vector<int64_t>> prompts_;
+  std::vector<std::vector<int64_t>> seq_;  // per row: prompt + tokens so far
+  int64_t prompt_len_ = 0;
+};
+
+}  // namespace qkv::decode

@@ -1,0 +1,233 @@
+// Greedy and beam search over a StepModel; log-probabilities in double, deterministic tie-breaking.
+#include "qkv/decode/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "qkv/core/error.h"
+#include "qkv/ops/shape_ops.h"
+
+namespace qkv::decode {
+namespace {
+
+void check_options(StepModel& model, const SearchOptions& o, const char* op) {
+  const int64_t V = model.vocab_size();
+  QKV_CHECK_ARG(model.num_sources() >= 1, "[", op, "] the model has no sources to decode");
+  QKV_CHECK_ARG(o.max_len >= 1, "[", op, "] max_len must be >= 1, got ", o.max_len);
+  QKV_CHECK_ARG(o.bos >= 0 && o.bos < V && o.eos >= 0 && o.eos < V, "[", op, "] bos ", o.bos, " and eos ", o.eos,
+                " must be in [0, ", V, ")");
+}
+
+// One row of logits -> log-softmax in double.
+void log_softmax_row(const float* x, int64_t V, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(V));
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(x[v]));
+  double s = 0.0;
+  for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(x[v]) - m);
+  const double lse = m + std::log(s);
+  for (int64_t v = 0; v < V; ++v) out[static_cast<size_t>(v)] = static_cast<double>(x[v]) - lse;
+}
+
+Tensor checked_logits(const Tensor& logits, int64_t N, int64_t V, const char* op) {
+  QKV_CHECK_ARG(logits.defined() && logits.shape() == Shape({N, V}), "[", op, "] the model returned logits ",
+                logits.defined() ? str(logits.shape()) : std::string("(undefined)"), ", expected ",
+                str(Shape{N, V}));
+  return logits.contiguous();
+}
+
+}  // namespace
+
+double length_penalty(int64_t length, LengthPenalty penalty, double alpha) {
+  QKV_CHECK_ARG(length >= 1, "[length_penalty] length must be >= 1, got ", length);
+  QKV_CHECK_ARG(alpha >= 0.0 && std::isfinite(alpha), "[length_penalty] alpha must be finite and >= 0, got ", alpha);
+  switch (penalty) {
+    case LengthPenalty::kNone: return 1.0;
+    case LengthPenalty::kGnmt: return std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha);
+    case LengthPenalty::kAverage: return std::pow(static_cast<double>(length), alpha);
+  }
+  return 1.0;
+}
+
+std::vector<Hypothesis> greedy_search(StepModel& model, const SearchOptions& o) {
+  check_options(model, o, "greedy_search");
+  const int64_t S = model.num_sources(), V = model.vocab_size();
+  const int64_t max_len = std::min(o.max_len, model.capacity());
+  QKV_CHECK_ARG(max_len >= 1, "[greedy_search] the model has no room for a single step");
+  std::vector<Hypothesis> out(static_cast<size_t>(S));
+  std::vector<int64_t> rows(static_cast<size_t>(S)), tokens(static_cast<size_t>(S), o.bos), source(rows.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  std::iota(source.begin(), source.end(), 0);
+  model.start();
+  std::vector<double> lp;
+  for (int64_t t = 0; t < max_len && !rows.empty(); ++t) {
+    const int64_t N = static_cast<int64_t>(rows.size());
+    const Tensor logits = checked_logits(model.step(rows, tokens), N, V, "greedy_search");
+    std::vector<int64_t> next_rows, next_tokens, next_source;
+    for (int64_t i = 0; i < N; ++i) {
+      const float* x = logits.data() + i * V;
+      const int64_t best = std::max_element(x, x + V) - x;  // first maximum: lowest id on ties
+      log_softmax_row(x, V, lp);
+      Hypothesis& h = out[static_cast<size_t>(source[static_cast<size_t>(i)])];
+      h.tokens.push_back(best);
+      h.log_prob += lp[static_cast<size_t>(best)];
+      if (best == o.eos) {
+        h.finished = true;
+        continue;
+      }
+      next_rows.push_back(i);
+      next_tokens.push_back(best);
+      next_source.push_back(source[static_cast<size_t>(i)]);
+    }
+    rows.swap(next_rows);
+    tokens.swap(next_tokens);
+    source.swap(next_source);
+  }
+  for (Hypothesis& h : out) h.score = h.log_prob;
+  return out;
+}
+
+std::vector<std::vector<Hypothesis>> beam_search(StepModel& model, const SearchOptions& o, const BeamOptions& b) {
+  check_options(model, o, "beam_search");
+  QKV_CHECK_ARG(b.beam_size >= 1, "[beam_search] beam_size must be >= 1, got ", b.beam_size);
+  QKV_CHECK_ARG(b.alpha >= 0.0 && std::isfinite(b.alpha), "[beam_search] alpha must be finite and >= 0, got ",
+                b.alpha);
+  const int64_t S = model.num_sources(), V = model.vocab_size(), K = b.beam_size;
+  const int64_t max_len = std::min(o.max_len, model.capacity());
+  QKV_CHECK_ARG(max_len >= 1, "[beam_search] the model has no room for a single step");
+  const double lp_max = length_penalty(max_len, b.penalty, b.alpha);
+
+  struct Live {
+    Hypothesis h;
+    int64_t row;  // its row in the model's current batch
+  };
+  std::vector<std::vector<Live>> live(static_cast<size_t>(S));
+  std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(S));
+  std::vector<int64_t> rows, tokens;
+  for (int64_t s = 0; s < S; ++s) {
+    live[static_cast<size_t>(s)].push_back({Hypothesis{}, s});
+    rows.push_back(s);
+    tokens.push_back(o.bos);
+  }
+  auto by_score = [](const Hypothesis& x, const Hypothesis& y) { return x.score > y.score; };
+  model.start();
+  std::vector<double> lp;
+  struct Cand {
+    double log_prob;
+    int64_t hyp, token;
+  };
+  std::vector<Cand> cands;
+  for (int64_t t = 0; t < max_len && !rows.empty(); ++t) {
+    const int64_t N = static_cast<int64_t>(rows.size());
+    const Tensor logits = checked_logits(model.step(rows, tokens), N, V, "beam_search");
+    std::vector<int64_t> next_rows, next_tokens;
+    const bool last = t + 1 == max_len;
+    for (int64_t s = 0; s < S; ++s) {
+      std::vector<Live>& L = live[static_cast<size_t>(s)];
+      if (L.empty()) continue;
+      cands.clear();
+      for (int64_t j = 0; j < static_cast<int64_t>(L.size()); ++j) {
+        log_softmax_row(logits.data() + L[static_cast<size_t>(j)].row * V, V, lp);
+        for (int64_t v = 0; v < V; ++v)
+          cands.push_back({L[static_cast<size_t>(j)].h.log_prob + lp[static_cast<size_t>(v)], j, v});
+      }
+      const size_t keep = std::min(cands.size(), static_cast<size_t>(2 * K));
+      std::partial_sort(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(keep), cands.end(),
+                        [](const Cand& x, const Cand& y) {
+                          if (x.log_prob != y.log_prob) return x.log_prob > y.log_prob;
+                          if (x.hyp != y.hyp) return x.hyp < y.hyp;
+                          return x.token < y.token;
+                        });
+      std::vector<Live> next;
+      std::vector<Hypothesis>& F = finished[static_cast<size_t>(s)];
+      for (size_t c = 0; c < keep && static_cast<int64_t>(next.size()) < K; ++c) {
+        const Cand& cd = cands[c];
+        if (!std::isfinite(cd.log_prob)) break;  // a -inf extension (fully masked logits) is never taken
+        Hypothesis h = L[static_cast<size_t>(cd.hyp)].h;
+        h.tokens.push_back(cd.token);
+        h.log_prob = cd.log_prob;
+        h.score = h.log_prob / length_penalty(static_cast<int64_t>(h.tokens.size()), b.penalty, b.alpha);
+        if (cd.token == o.eos) {
+          h.finished = true;
+          F.push_back(std::move(h));
+        } else {
+          next.push_back({std::move(h), L[static_cast<size_t>(cd.hyp)].row});
+        }
+      }
+      std::stable_sort(F.begin(), F.end(), by_score);
+      if (static_cast<int64_t>(F.size()) > K) F.resize(static_cast<size_t>(K));
+      bool done = next.empty() || last;
+      if (!done && static_cast<int64_t>(F.size()) == K) {
+        double best_bound = -std::numeric_limits<double>::infinity();
+        for (const Live& l : next) best_bound = std::max(best_bound, l.h.log_prob / lp_max);
+        done = best_bound <= F.back().score;
+      }
+      if (done) {
+        if (last)
+          for (Live& l : next) F.push_back(std::move(l.h));  // cut at max_len: unfinished
+        std::stable_sort(F.begin(), F.end(), by_score);
+        if (static_cast<int64_t>(F.size()) > K) F.resize(static_cast<size_t>(K));
+        next.clear();
+      }
+      for (Live& l : next) {
+        next_rows.push_back(l.row);
+        next_tokens.push_back(l.h.tokens.back());
+        l.row = static_cast<int64_t>(next_rows.size()) - 1;
+      }
+      L = std::move(next);
+    }
+    rows.swap(next_rows);
+    tokens.swap(next_tokens);
+  }
+  return finished;
+}
+
+std::vector<Tensor> forced_attention(StepModel& model, const std::vector<std::vector<int64_t>>& tokens, int64_t bos) {
+  const int64_t S = model.num_sources();
+  QKV_CHECK_ARG(static_cast<int64_t>(tokens.size()) == S, "[forced_attention] got ", tokens.size(),
+                " token sequences for ", S, " sources");
+  const int64_t V = model.vocab_size();
+  QKV_CHECK_ARG(bos >= 0 && bos < V, "[forced_attention] bos ", bos, " must be in [0, ", V, ")");
+  int64_t longest = 0;
+  for (const auto& t : tokens) {
+    for (int64_t id : t) QKV_CHECK_ARG(id >= 0 && id < V, "[forced_attention] token ", id, " is outside [0, ", V, ")");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(t.size()));
+  }
+  QKV_CHECK_ARG(longest <= model.capacity(), "[forced_attention] ", longest, " tokens exceed the model's capacity ",
+                model.capacity());
+  std::vector<std::vector<Tensor>> rows_att(static_cast<size_t>(S));
+  std::vector<int64_t> rows, feed, source;
+  for (int64_t s = 0; s < S; ++s)
+    if (!tokens[static_cast<size_t>(s)].empty()) {
+      rows.push_back(s);
+      feed.push_back(bos);
+      source.push_back(s);
+    }
+  model.record_attention(true);
+  model.start();
+  for (int64_t t = 0; !rows.empty(); ++t) {
+    model.step(rows, feed);
+    const Tensor att = model.last_attention();
+    std::vector<int64_t> nr, nf, ns;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& seq = tokens[static_cast<size_t>(source[i])];
+      if (att.defined()) rows_att[static_cast<size_t>(source[i])].push_back(att.select(0, static_cast<int64_t>(i)));
+      if (t + 1 < static_cast<int64_t>(seq.size())) {
+        nr.push_back(static_cast<int64_t>(i));
+        nf.push_back(seq[static_cast<size_t>(t)]);
+        ns.push_back(source[i]);
+      }
+    }
+    rows.swap(nr);
+    feed.swap(nf);
+    source.swap(ns);
+  }
+  model.record_attention(false);
+  std::vector<Tensor> out(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s)
+    if (!rows_att[static_cast<size_t>(s)].empty()) out[static_cast<size_t>(s)] = stack(rows_att[static_cast<size_t>(s)], 0);
+  return out;
+}
+
+}  // namespace qkv::decode

@@ -1,0 +1,364 @@
+// Transformer step models: cached incremental decoding (self-attention K/V appended per step, cross-attention
+// K/V projected once per source) and the full-recomputation references, for Seq2SeqTransformer and DecoderOnly.
+#include "qkv/decode/transformer_step.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "qkv/core/error.h"
+#include "qkv/nn/positional/sinusoidal.h"
+#include "qkv/ops/attention.h"
+#include "qkv/ops/elementwise.h"
+#include "qkv/ops/matmul.h"
+
+namespace qkv::decode {
+namespace {
+
+void check_step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens, int64_t prev_rows, int64_t V,
+                const char* op) {
+  QKV_CHECK_ARG(!rows.empty() && rows.size() == tokens.size(), "[", op, "] step needs N >= 1 rows and as many ",
+                "tokens, got ", rows.size(), " rows and ", tokens.size(), " tokens");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    QKV_CHECK_ARG(rows[i] >= 0 && rows[i] < prev_rows, "[", op, "] row ", rows[i], " is outside [0, ", prev_rows,
+                  ")");
+    QKV_CHECK_ARG(tokens[i] >= 0 && tokens[i] < V, "[", op, "] token ", tokens[i], " is outside [0, ", V, ")");
+  }
+}
+
+void check_packed(const nn::MultiheadAttention& m, const char* op) {
+  QKV_CHECK_RUNTIME(m.packed(), "[", op, "] only packed attention projections (kdim == vdim == embed_dim) are ",
+                    "supported");
+}
+
+// (N, T, E) contiguous -> (N, H, T, D) view
+Tensor split_heads(const Tensor& x, int64_t H) {
+  const int64_t N = x.size(0), T = x.size(1), E = x.size(2);
+  return x.view({N, T, H, E / H}).transpose(1, 2);
+}
+
+// weights (N, H, Tq, Tk) -> last query row averaged over heads: (N, Tk)
+Tensor mean_heads_last_row(const Tensor& w) {
+  const Tensor last = w.select(2, w.size(2) - 1).contiguous();  // (N, H, Tk)
+  const int64_t N = last.size(0), H = last.size(1), Tk = last.size(2);
+  Tensor out = Tensor::zeros({N, Tk});
+  const float* p = last.data();
+  float* o = out.data();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t k = 0; k < Tk; ++k) o[n * Tk + k] += p[(n * H + h) * Tk + k] / static_cast<float>(H);
+  return out;
+}
+
+// Self-attention of new rows x (N, Tq, E) against the cache, after appending their own keys and values.
+// New query i sits at cache position len + i and sees keys j <= len + i (Causal::kBottomRight); `block`
+// (N, 1, 1, Tk) marks padded keys (kBlock) or is undefined.
+Tensor cached_self_attention(const nn::MultiheadAttention& m, const Tensor& x, KvCache& cache, const Tensor& block,
+                             Tensor* weights) {
+  const int64_t N = x.size(0), Tq = x.size(1), E = m.embed_dim(), H = m.num_heads(), D = m.head_dim();
+  const Tensor qkv = linear(x, m.in_proj_weight, m.in_proj_bias).view({N, Tq, 3, H, D});
+  cache.append(qkv.select(2, 1).transpose(1, 2), qkv.select(2, 2).transpose(1, 2));
+  AttentionOptions ao;
+  ao.causal = Causal::kBottomRight;
+  if (block.defined()) {
+    ao.mask = block;
+    ao.mask_kind = MaskKind::kBlock;
+  }
+  ao.return_weights = weights != nullptr;
+  const AttentionResult r = attention(qkv.select(2, 0).transpose(1, 2), cache.keys(), cache.values(), ao);
+  if (weights) *weights = r.weights;
+  return m.out_proj.forward(r.out.transpose(1, 2).reshape({N, Tq, E}));
+}
+
+// Cross-attention of x (N, Tq, E) on precomputed memory keys/values (N, H, Ts, D).
+Tensor cross_attention(const nn::MultiheadAttention& m, const Tensor& x, const Tensor& k, const Tensor& v,
+                       const Tensor& block, Tensor* weights) {
+  const int64_t N = x.size(0), Tq = x.size(1), E = m.embed_dim();
+  const Tensor b = m.in_proj_bias.defined() ? m.in_proj_bias.slice(0, 0, E) : Tensor();
+  const Tensor q = split_heads(linear(x, m.in_proj_weight.slice(0, 0, E), b), m.num_heads());
+  AttentionOptions ao;
+  ao.mask = block;
+  ao.mask_kind = MaskKind::kBlock;
+  ao.return_weights = weights != nullptr;
+  const AttentionResult r = attention(q, k, v, ao);
+  if (weights) *weights = r.weights;
+  return m.out_proj.forward(r.out.transpose(1, 2).reshape({N, Tq, E}));
+}
+
+void check_src(const Ids& src, const char* op) {
+  QKV_CHECK_ARG(src.shape.size() == 2 && src.shape[0] >= 1 && src.shape[1] >= 1 &&
+                    static_cast<int64_t>(src.data.size()) == src.shape[0] * src.shape[1],
+                "[", op, "] src ids ", str(src.shape), " must be (S, Ts) with S, Ts >= 1 and hold S*Ts values");
+}
+
+}  // namespace
+
+// --- TransformerCachedStep ---------------------------------------------------------------------------------------
+
+TransformerCachedStep::TransformerCachedStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id)
+    : model_(&model) {
+  check_src(src, "TransformerCachedStep");
+  model.eval();
+  sources_ = src.shape[0];
+  src_block_ = models::padding_mask(src, pad_id);
+  nn::AttentionMasks src_masks;
+  src_masks.key_padding_mask = src_block_;
+  const Tensor memory = model.encode(src, src_masks);  // (S, Ts, E)
+  const int64_t S = sources_, Ts = src.shape[1];
+  for (auto& layer : model.transformer.decoder.layers) {
+    const nn::MultiheadAttention& m = layer->multihead_attn;
+    check_packed(m, "TransformerCachedStep");
+    const int64_t E = m.embed_dim(), H = m.num_heads(), D = m.head_dim();
+    const Tensor b = m.in_proj_bias.defined() ? m.in_proj_bias.slice(0, E, 3 * E) : Tensor();
+    const Tensor kv = linear(memory, m.in_proj_weight.slice(0, E, 3 * E), b).view({S, Ts, 2, H, D});
+    layer_mem_k_.push_back(kv.select(2, 0).transpose(1, 2));
+    layer_mem_v_.push_back(kv.select(2, 1).transpose(1, 2));
+    check_packed(layer->self_attn, "TransformerCachedStep");
+  }
+}
+
+int64_t TransformerCachedStep::vocab_size() const { return model_->config().tgt_vocab; }
+
+void TransformerCachedStep::start() {
+  const auto& layers = model_->transformer.decoder.layers;
+  caches_.assign(layers.size(), KvCache());
+  for (size_t l = 0; l < layers.size(); ++l)
+    caches_[l].reset(sources_, layers[l]->self_attn.num_heads(), layers[l]->self_attn.head_dim());
+  row_source_.resize(static_cast<size_t>(sources_));
+  for (int64_t s = 0; s < sources_; ++s) row_source_[static_cast<size_t>(s)] = s;
+  gathered_for_.clear();
+  t_ = 0;
+  attention_ = Tensor();
+}
+
+void TransformerCachedStep::ensure_memory_rows() {
+  if (row_source_ == gathered_for_) return;
+  row_mem_k_.clear();
+  row_mem_v_.clear();
+  const bool same = is_identity(row_source_, sources_);  // one row per source in order: no copy
+  for (size_t l = 0; l < layer_mem_k_.size(); ++l) {
+    row_mem_k_.push_back(same ? layer_mem_k_[l] : gather_rows(layer_mem_k_[l], row_source_));
+    row_mem_v_.push_back(same ? layer_mem_v_[l] : gather_rows(layer_mem_v_[l], row_source_));
+  }
+  row_block_ = (same ? src_block_ : gather_rows(src_block_, row_source_)).unsqueeze(1).unsqueeze(1);  // (N,1,1,Ts)
+  gathered_for_ = row_source_;
+}
+
+Tensor TransformerCachedStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
+  QKV_CHECK_ARG(!row_source_.empty(), "[TransformerCachedStep] step before start");
+  check_step(rows, tokens, static_cast<int64_t>(row_source_.size()), vocab_size(), "TransformerCachedStep");
+  const int64_t N = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> src(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) src[i] = row_source_[static_cast<size_t>(rows[i])];
+  row_source_ = src;
+  for (KvCache& c : caches_) c.reorder(rows);
+  ensure_memory_rows();
+
+  const int64_t E = model_->config().transformer.layer.d_model;
+  Tensor x = model_->tgt_tok_emb.forward(Ids{tokens, {N, 1}});  // (N, 1, E)
+  if (model_->config().scale_embeddings) x = scale(x, std::sqrt(static_cast<float>(E)));
+  x = add_sinusoidal(x, t_);
+  auto& layers = model_->transformer.decoder.layers;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    nn::TransformerDecoderLayer& L = *layers[l];
+    Tensor w;
+    Tensor* want = record_ && l + 1 == layers.size() ? &w : nullptr;
+    auto sa = [&](const Tensor& h) { return cached_self_attention(L.self_attn, h, caches_[l], Tensor(), nullptr); };
+    auto ca = [&](const Tensor& h) {
+      return cross_attention(L.multihead_attn, h, row_mem_k_[l], row_mem_v_[l], row_block_, want);
+    };
+    if (L.config().norm_first) {
+      x = add(x, sa(L.norm1.forward(x)));
+      x = add(x, ca(L.norm2.forward(x)));
+      x = add(x, L.ff.forward(L.norm3.forward(x)));
+    } else {
+      x = L.norm1.forward(add(x, sa(x)));
+      x = L.norm2.forward(add(x, ca(x)));
+      x = L.norm3.forward(add(x, L.ff.forward(x)));
+    }
+    if (want) attention_ = mean_heads_last_row(w);
+  }
+  if (model_->transformer.decoder.norm) x = model_->transformer.decoder.norm->forward(x);
+  ++t_;
+  return model_->generator.forward(x).reshape({N, vocab_size()});
+}
+
+// --- TransformerRecomputeStep ------------------------------------------------------------------------------------
+
+TransformerRecomputeStep::TransformerRecomputeStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id)
+    : model_(&model) {
+  check_src(src, "TransformerRecomputeStep");
+  model.eval();
+  sources_ = src.shape[0];
+  src_block_ = models::padding_mask(src, pad_id);
+  nn::AttentionMasks src_masks;
+  src_masks.key_padding_mask = src_block_;
+  memory_ = model.encode(src, src_masks);
+}
+
+int64_t TransformerRecomputeStep::vocab_size() const { return model_->config().tgt_vocab; }
+
+void TransformerRecomputeStep::start() {
+  prefix_.assign(static_cast<size_t>(sources_), {});
+  row_source_.resize(static_cast<size_t>(sources_));
+  for (int64_t s = 0; s < sources_; ++s) row_source_[static_cast<size_t>(s)] = s;
+}
+
+Tensor TransformerRecomputeStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
+  QKV_CHECK_ARG(!row_source_.empty(), "[TransformerRecomputeStep] step before start");
+  check_step(rows, tokens, static_cast<int64_t>(row_source_.size()), vocab_size(), "TransformerRecomputeStep");
+  const int64_t N = static_cast<int64_t>(rows.size());
+  std::vector<std::vector<int64_t>> prefix(rows.size());
+  std::vector<int64_t> src(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    prefix[i] = prefix_[static_cast<size_t>(rows[i])];
+    prefix[i].push_back(tokens[i]);
+    src[i] = row_source_[static_cast<size_t>(rows[i])];
+  }
+  prefix_ = std::move(prefix);
+  row_source_ = std::move(src);
+  const int64_t T = static_cast<int64_t>(prefix_[0].size());
+  Ids ids{{}, {N, T}};
+  for (const auto& p : prefix_) ids.data.insert(ids.data.end(), p.begin(), p.end());
+  nn::AttentionMasks memory_masks;
+  memory_masks.key_padding_mask = gather_rows(src_block_, row_source_);
+  const Tensor logits = model_->decode(ids, gather_rows(memory_, row_source_),
+                                       models::Seq2SeqMasks::causal_self_attention(), memory_masks);
+  return logits.select(1, T - 1).contiguous();
+}
+
+// --- DecoderOnlyCachedStep ---------------------------------------------------------------------------------------
+
+namespace {
+int64_t longest_prompt(const models::DecoderOnlyTransformer& model, const std::vector<std::vector<int64_t>>& prompts,
+                       const char* op) {
+  QKV_CHECK_ARG(!prompts.empty(), "[", op, "] needs at least one prompt");
+  int64_t P = 0;
+  for (const auto& p : prompts) {
+    for (int64_t id : p)
+      QKV_CHECK_ARG(id >= 0 && id < model.config().vocab, "[", op, "] prompt token ", id, " is outside [0, ",
+                    model.config().vocab, ")");
+    P = std::max<int64_t>(P, static_cast<int64_t>(p.size()));
+  }
+  QKV_CHECK_ARG(P < model.config().max_len, "[", op, "] a prompt of ", P, " tokens leaves no room in max_len ",
+                model.config().max_len);
+  return P;
+}
+}  // namespace
+
+DecoderOnlyCachedStep::DecoderOnlyCachedStep(models::DecoderOnlyTransformer& model,
+                                             std::vector<std::vector<int64_t>> prompts)
+    : model_(&model), prompts_(std::move(prompts)) {
+  prompt_len_ = longest_prompt(model, prompts_, "DecoderOnlyCachedStep");
+  model.eval();
+  for (auto& layer : model.layers) check_packed(layer->self_attn, "DecoderOnlyCachedStep");
+}
+
+int64_t DecoderOnlyCachedStep::vocab_size() const { return model_->config().vocab; }
+int64_t DecoderOnlyCachedStep::capacity() const { return model_->config().max_len - prompt_len_; }
+
+Tensor DecoderOnlyCachedStep::run_layers(Tensor x) {
+  const int64_t N = x.size(0), Tq = x.size(1);
+  const int64_t total = (caches_.empty() ? 0 : caches_[0].length()) + Tq;
+  Tensor block;
+  if (std::any_of(pad_left_.begin(), pad_left_.end(), [](int64_t p) { return p > 0; })) {
+    block = Tensor::zeros({N, 1, 1, total});
+    float* b = block.data();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < pad_left_[static_cast<size_t>(n)]; ++j) b[n * total + j] = 1.0f;
+  }
+  for (size_t l = 0; l < model_->layers.size(); ++l) {
+    nn::TransformerEncoderLayer& L = *model_->layers[l];
+    Tensor w;
+    Tensor* want = record_ && l + 1 == model_->layers.size() ? &w : nullptr;
+    auto sa = [&](const Tensor& h) { return cached_self_attention(L.self_attn, h, caches_[l], block, want); };
+    if (L.config().norm_first) {
+      x = add(x, sa(L.norm1.forward(x)));
+      x = add(x, L.ff.forward(L.norm2.forward(x)));
+    } else {
+      x = L.norm1.forward(add(x, sa(x)));
+      x = L.norm2.forward(add(x, L.ff.forward(x)));
+    }
+    if (want) attention_ = mean_heads_last_row(w).slice(1, 0, std::max<int64_t>(prompt_len_, 1)).contiguous();
+  }
+  return x;
+}
+
+void DecoderOnlyCachedStep::start() {
+  const int64_t S = num_sources(), P = prompt_len_;
+  caches_.assign(model_->layers.size(), KvCache());
+  for (size_t l = 0; l < caches_.size(); ++l)
+    caches_[l].reset(S, model_->layers[l]->self_attn.num_heads(), model_->layers[l]->self_attn.head_dim(),
+                     std::min<int64_t>(model_->config().max_len, 64));
+  pad_left_.resize(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s)
+    pad_left_[static_cast<size_t>(s)] = P - static_cast<int64_t>(prompts_[static_cast<size_t>(s)].size());
+  attention_ = Tensor();
+  if (P == 0) return;
+  Ids ids{std::vector<int64_t>(static_cast<size_t>(S * P), 0), {S, P}};
+  Ids pos{std::vector<int64_t>(static_cast<size_t>(S * P), 0), {S, P}};
+  for (int64_t s = 0; s < S; ++s) {
+    const auto& p = prompts_[static_cast<size_t>(s)];
+    const int64_t pad = pad_left_[static_cast<size_t>(s)];
+    for (int64_t j = pad; j < P; ++j) {
+      ids.data[static_cast<size_t>(s * P + j)] = p[static_cast<size_t>(j - pad)];
+      pos.data[static_cast<size_t>(s * P + j)] = j - pad;
+    }
+  }
+  const bool rec = record_;
+  record_ = false;
+  run_layers(add(model_->tok_emb.forward(ids), model_->pos_emb.forward(pos)));  // fills the caches
+  record_ = rec;
+}
+
+Tensor DecoderOnlyCachedStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
+  QKV_CHECK_ARG(!caches_.empty() || model_->layers.empty() || !pad_left_.empty(),
+                "[DecoderOnlyCachedStep] step before start");
+  QKV_CHECK_ARG(!pad_left_.empty(), "[DecoderOnlyCachedStep] step before start");
+  check_step(rows, tokens, static_cast<int64_t>(pad_left_.size()), vocab_size(), "DecoderOnlyCachedStep");
+  const int64_t N = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> pad(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) pad[i] = pad_left_[static_cast<size_t>(rows[i])];
+  pad_left_ = pad;
+  for (KvCache& c : caches_) c.reorder(rows);
+  const int64_t len = caches_.empty() ? 0 : caches_[0].length();
+  QKV_CHECK_ARG(len < model_->config().max_len, "[DecoderOnlyCachedStep] position ", len, " is past max_len ",
+                model_->config().max_len);
+  Ids pos{std::vector<int64_t>(rows.size()), {N, 1}};
+  for (int64_t i = 0; i < N; ++i) pos.data[static_cast<size_t>(i)] = len - pad_left_[static_cast<size_t>(i)];
+  Tensor x = add(model_->tok_emb.forward(Ids{tokens, {N, 1}}), model_->pos_emb.forward(pos));
+  x = run_layers(x);
+  return model_->lm_head.forward(model_->norm.forward(x)).reshape({N, vocab_size()});
+}
+
+// --- DecoderOnlyRecomputeStep ------------------------------------------------------------------------------------
+
+DecoderOnlyRecomputeStep::DecoderOnlyRecomputeStep(models::DecoderOnlyTransformer& model,
+                                                   std::vector<std::vector<int64_t>> prompts)
+    : model_(&model), prompts_(std::move(prompts)) {
+  prompt_len_ = longest_prompt(model, prompts_, "DecoderOnlyRecomputeStep");
+  model.eval();
+}
+
+int64_t DecoderOnlyRecomputeStep::vocab_size() const { return model_->config().vocab; }
+int64_t DecoderOnlyRecomputeStep::capacity() const { return model_->config().max_len - prompt_len_; }
+
+void DecoderOnlyRecomputeStep::start() { seq_ = prompts_; }
+
+Tensor DecoderOnlyRecomputeStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
+  QKV_CHECK_ARG(!seq_.empty(), "[DecoderOnlyRecomputeStep] step before start");
+  check_step(rows, tokens, static_cast<int64_t>(seq_.size()), vocab_size(), "DecoderOnlyRecomputeStep");
+  std::vector<std::vector<int64_t>> seq(rows.size());
+  const int64_t N = static_cast<int64_t>(rows.size()), V = vocab_size();
+  Tensor out = Tensor::empty({N, V});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    seq[i] = seq_[static_cast<size_t>(rows[i])];
+    seq[i].push_back(tokens[i]);
+    const int64_t T = static_cast<int64_t>(seq[i].size());
+    const Tensor logits = model_->forward(Ids{seq[i], {1, T}});  // (1, T, V)
+    out.select(0, static_cast<int64_t>(i)).copy_from(logits.select(0, 0).select(0, T - 1));
+  }
+  seq_ = std::move(seq);
+  return out;
+}
+
+}  // namespace qkv::decode
