@@ -63,10 +63,16 @@ test-consumer: build
 	cmake --build $(BUILD)/consumer -j$(JOBS) > /dev/null
 	./$(BUILD)/consumer/consumer
 
+# Benchmarks: fused attention vs the reference, OpenBLAS sgemm, a stream copy, PyTorch SDPA and NumPy, in one run.
+bench: deps
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
+	cmake --build build-bench --target attention_bench -j$(JOBS)
+	./build-bench/bench/attention_bench --threads 2 --json out/bench/attention.json
+
 # Runs the safetensors libFuzzer target (clang-14) for FUZZ_SECONDS on the seed corpus; fails on any crash.
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	bash fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-fuzz out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-bench build-fuzz out
