@@ -15,6 +15,7 @@ int run(int argc, char** argv) {
   add_train(app);
   add_eval(app);
   add_translate(app);
+  add_experiment(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -15,5 +15,6 @@ void add_search(CLI::App& app);  // cli/search.cpp
 void add_train(CLI::App& app);      // cli/train.cpp
 void add_eval(CLI::App& app);       // cli/eval.cpp
 void add_translate(CLI::App& app);  // cli/translate.cpp
+void add_experiment(CLI::App& app);  // cli/experiment.cpp
 
 }  // namespace qkv::cli

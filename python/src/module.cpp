@@ -16,4 +16,5 @@ PYBIND11_MODULE(_qkv, m) {
   qkv::python::bind_bert(m);
   qkv::python::bind_train(m);
   qkv::python::bind_safetensors(m);
+  qkv::python::bind_metrics(m);
 }

@@ -1,0 +1,158 @@
+// The family-independent parts of the encoder-decoder experiments: encoding text pairs, the training loop (one
+// source length per batch, AdamW, warmup + cosine, clipping), batched greedy decoding and sequence scores.
+#include "seq2seq_train.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "qkv/core/error.h"
+#include "qkv/data/tokenizer.h"
+#include "qkv/train/loss.h"
+#include "qkv/train/optim.h"
+#include "qkv/train/schedule.h"
+
+namespace qkv::experiments {
+
+const char* s2s_name(S2SKind k) {
+  switch (k) {
+    case S2SKind::kRnn: return "GRU";
+    case S2SKind::kBahdanau: return "GRU+Bahdanau";
+    case S2SKind::kLuong: return "GRU+Luong";
+    case S2SKind::kTransformer: return "Transformer";
+  }
+  return "?";
+}
+
+S2STask encode_task(const std::vector<data::TextPair>& train, const std::vector<data::TextPair>& test,
+                    data::TokenizerKind kind) {
+  std::vector<std::string> src, tgt;
+  for (const auto& p : train) {
+    src.push_back(p.src);
+    tgt.push_back(p.tgt);
+  }
+  S2STask t{data::Vocabulary::build(src, kind), data::Vocabulary::build(tgt, kind), {}, {}};
+  for (const auto& p : train) t.train.push_back({t.src_vocab.encode(p.src), t.tgt_vocab.encode(p.tgt)});
+  for (const auto& p : test) t.test.push_back({t.src_vocab.encode(p.src), t.tgt_vocab.encode(p.tgt)});
+  return t;
+}
+
+S2SModel make_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed) {
+  return kind == S2SKind::kTransformer ? make_transformer_s2s(src_vocab, tgt_vocab, size, seed)
+                                       : make_rnn_s2s(kind, src_vocab, tgt_vocab, size, seed);
+}
+
+S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, const S2STrainConfig& cfg,
+                   const Options& o, const std::string& label) {
+  QKV_CHECK_ARG(!train.empty() && cfg.steps >= 1 && cfg.batch >= 1, "[experiment] empty training set or steps");
+  const auto start = std::chrono::steady_clock::now();
+  std::map<size_t, std::vector<size_t>> by_len;
+  for (size_t i = 0; i < train.size(); ++i) by_len[train[i].src.size()].push_back(i);
+  std::vector<std::vector<size_t>> buckets;
+  for (auto& kv : by_len) buckets.push_back(kv.second);
+  model.module->train();
+  train::ParameterSet ps(*model.module);
+  train::AdamOptions ao;
+  ao.lr = cfg.lr;
+  ao.weight_decay = 0.01;
+  train::AdamW opt(ps, ao);
+  train::LrSchedule sched;
+  sched.kind = train::LrSchedule::Kind::kWarmupCosine;
+  sched.lr = cfg.lr;
+  sched.warmup = std::min(cfg.warmup, cfg.steps);
+  sched.total_steps = cfg.steps;
+  sched.min_lr = cfg.lr * 0.05;
+  Rng rng(cfg.seed * 104729 + 5);
+  Rng dropout_rng(cfg.seed + 99);
+  train::Tape tape;
+  train::CrossEntropyOptions ce;
+  ce.ignore_index = data::Vocabulary::kPad;
+  S2SCurve curve;
+  double acc = 0.0;
+  int64_t acc_n = 0;
+  std::vector<double> tail;
+  for (int64_t step = 1; step <= cfg.steps; ++step) {
+    size_t pick = rng.below(train.size()), b = 0;
+    while (pick >= buckets[b].size()) pick -= buckets[b++].size();
+    std::vector<const data::Example*> rows;
+    for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(&train[buckets[b][rng.below(buckets[b].size())]]);
+    const data::Seq2SeqBatch batch = data::make_seq2seq_batch(rows, true);
+    ps.zero_grad();
+    tape.clear();
+    train::Graph g(tape, ps, &dropout_rng);
+    const train::Var logits = model.kind == S2SKind::kTransformer ? transformer_s2s_logits(g, model, batch)
+                                                                  : rnn_s2s_logits(g, model, batch);
+    const train::Var loss = train::cross_entropy(logits, batch.tgt_out.ids.data, ce);
+    const double lv = loss.value.item();
+    if (!std::isfinite(lv)) {
+      log(o, label + ": non-finite loss at step " + std::to_string(step) + ", stopped");
+      break;
+    }
+    tape.backward(loss);
+    if (cfg.clip > 0) train::clip_grad_norm(ps, cfg.clip);
+    opt.set_lr(sched.at(step));
+    opt.step();
+    acc += lv;
+    ++acc_n;
+    if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(lv);
+    if (step % cfg.curve_every == 0 || step == cfg.steps) {
+      curve.step.push_back(static_cast<double>(step));
+      curve.loss.push_back(acc / acc_n);
+      acc = 0.0;
+      acc_n = 0;
+    }
+    if (cfg.log_every > 0 && step % cfg.log_every == 0)
+      log(o, label + ": step " + std::to_string(step) + " loss " + fmt(curve.loss.empty() ? lv : curve.loss.back(), 4) +
+                 " (" + fmt(seconds_since(start), 1) + " s)");
+  }
+  curve.final_loss = tail.empty() ? (curve.loss.empty() ? NAN : curve.loss.back()) : mean(tail);
+  curve.seconds = seconds_since(start);
+  model.module->eval();
+  return curve;
+}
+
+std::vector<std::vector<int64_t>> greedy_s2s(S2SModel& model, const std::vector<data::Example>& examples,
+                                             int64_t max_len) {
+  std::vector<size_t> order(examples.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return examples[a].src.size() < examples[b].src.size(); });
+  std::vector<std::vector<int64_t>> out(examples.size());
+  model.module->eval();
+  for (size_t start = 0; start < order.size(); start += 128) {
+    std::vector<const data::Example*> rows;
+    for (size_t i = start; i < std::min(order.size(), start + 128); ++i) rows.push_back(&examples[order[i]]);
+    const data::Seq2SeqBatch b = data::make_seq2seq_batch(rows, true);
+    const auto hyps = model.kind == S2SKind::kTransformer ? transformer_s2s_greedy(model, b.src, max_len)
+                                                          : rnn_s2s_greedy(model, b.src, max_len);
+    for (size_t i = 0; i < hyps.size(); ++i) out[order[start + i]] = hyps[i];
+  }
+  return out;
+}
+
+Tensor alignment_map(S2SModel& model, const data::Example& example) {
+  if (model.kind == S2SKind::kTransformer || model.kind == S2SKind::kRnn) return {};
+  model.module->eval();
+  return rnn_s2s_alignment(model, data::make_seq2seq_batch({&example}, true));
+}
+
+SeqScore score_sequences(const std::vector<std::vector<int64_t>>& hyps, const std::vector<data::Example>& refs) {
+  QKV_CHECK_ARG(hyps.size() == refs.size(), "[experiment] ", hyps.size(), " hypotheses for ", refs.size(), " refs");
+  SeqScore s;
+  if (hyps.empty()) return s;
+  double tok = 0;
+  for (size_t i = 0; i < hyps.size(); ++i) {
+    const auto& h = hyps[i];
+    const auto& r = refs[i].tgt;
+    s.exact += h == r;
+    size_t ok = 0;
+    for (size_t t = 0; t < std::min(h.size(), r.size()); ++t) ok += h[t] == r[t];
+    tok += static_cast<double>(ok) / static_cast<double>(std::max<size_t>(1, std::max(h.size(), r.size())));
+  }
+  s.exact /= static_cast<double>(hyps.size());
+  s.token_accuracy = tok / static_cast<double>(hyps.size());
+  return s;
+}
+
+}  // namespace qkv::experiments
