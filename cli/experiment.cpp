@@ -2,6 +2,9 @@
 // DIR/results.json and PNG figures, and prints its table. `list` names them; `all` runs every one (--doc: report).
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -43,7 +46,13 @@ void write_report(const std::vector<experiments::RunRecord>& records, const std:
     const fs::path src = nested ? fs::path(out) / r.name : fs::path(out);
     for (const auto& f : r.outcome.figures) fs::copy_file(src / f, dst / f, fs::copy_options::overwrite_existing);
   }
-  write_file_atomic(doc, experiments::markdown_report(records, "experiments"));
+  // Hand-written remarks, if any: <doc dir>/experiments/<name>/notes.md.
+  std::map<std::string, std::string> notes;
+  for (const auto& r : records) {
+    std::ifstream in(doc_dir / "experiments" / r.name / "notes.md", std::ios::binary);
+    if (in) notes[r.name] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  write_file_atomic(doc, experiments::markdown_report(records, "experiments", notes));
   std::printf("report: %s\n", doc.c_str());
 }
 

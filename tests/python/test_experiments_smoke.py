@@ -80,10 +80,13 @@ def test_report_rebuilds_the_doc_from_results_on_disk(tmp_path):
     runs = tmp_path / "runs"
     assert run("parallelism", "--quick", "--quiet", "--out", str(runs / "parallelism")).returncode == 0
     doc = tmp_path / "EXPERIMENTS.md"
+    (tmp_path / "experiments" / "parallelism").mkdir(parents=True)
+    (tmp_path / "experiments" / "parallelism" / "notes.md").write_text("A remark written by hand.")
     out = run("report", "--out", str(runs), "--doc", str(doc))
     assert out.returncode == 0, out.stderr
     text = doc.read_text()
     assert "## parallelism" in text and "| T |" in text and "## scaling" not in text
+    assert "**Notes (written after reading the results).** A remark written by hand." in text
     assert "scaling: no results" in out.stderr
     (runs / "parallelism" / "results.json").write_text('{"experiment": "parallelism"}')
     bad = run("report", "--out", str(runs), "--doc", str(doc))

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -67,7 +68,9 @@ RunRecord run_experiment(const std::string& name, const Options& options);
 RunRecord load_run(const std::string& dir);
 
 // The Markdown report (docs/EXPERIMENTS.md) for finished runs; `figure_dir` is the figures' path relative to the
-// report (each run's figures are expected under figure_dir/<name>/).
-std::string markdown_report(const std::vector<RunRecord>& runs, const std::string& figure_dir);
+// report (each run's figures are expected under figure_dir/<name>/). `notes`: hand-written remarks per experiment
+// name (read after the results were seen), printed after the generated verdict under "Notes".
+std::string markdown_report(const std::vector<RunRecord>& runs, const std::string& figure_dir,
+                            const std::map<std::string, std::string>& notes = {});
 
 }  // namespace qkv::experiments
