@@ -5,7 +5,7 @@
 #include <memory>
 #include <span>
 
-#include "act_kernels.h"
+#include "qkv/kernels/activations.h"
 #include "functional_internal.h"
 #include "grad_kernels.h"
 #include "norm_kernels.h"
@@ -159,35 +159,35 @@ Var relu(const Var& x) {
   return record(qkv::relu(x.value), {&x}, [x](Tape& t, Douts d) { t.accumulate_owned(x, relu_backward(x.value, d[0])); });
 }
 
-// GELU through the vectorised kernels of act_kernels.cpp (libm's erf per element costs more than the GEMMs
+// GELU through the vectorised kernels of src/kernels/activations.cpp (libm's erf per element costs more than the GEMMs
 // around it); values within 2e-7 of qkv::gelu.
 Var gelu(const Var& x, GeluApprox approx) {
   detail::check_defined(x, "gelu", "x");
   const bool th = approx == GeluApprox::kTanh;
   const Tensor xc = x.value.contiguous();
   Tensor y = Tensor::empty(xc.shape());
-  detail::gelu_forward(xc.data(), y.data(), xc.numel(), th);
+  kernels::gelu_forward(xc.data(), y.data(), xc.numel(), th);
   return record(y, {&x}, [x, xc, th](Tape& t, Douts d) {
     const Tensor dy = d[0].contiguous();
     bool fresh = false;
     Tensor acc = t.accumulator(x, fresh);
     if (fresh) {
-      detail::gelu_backward(xc.data(), dy.data(), acc.data(), xc.numel(), th);
+      kernels::gelu_backward(xc.data(), dy.data(), acc.data(), xc.numel(), th);
       return;
     }
     Tensor g = Tensor::empty(xc.shape());
-    detail::gelu_backward(xc.data(), dy.data(), g.data(), xc.numel(), th);
+    kernels::gelu_backward(xc.data(), dy.data(), g.data(), xc.numel(), th);
     detail::add_into(acc, g);
   });
 }
 
-// tanh and sigmoid through the vectorised kernels of act_kernels.cpp (~2 ulp; libm's tanhf per element dominated
+// tanh and sigmoid through the vectorised kernels of src/kernels/activations.cpp (~2 ulp; libm's tanhf per element dominated
 // the Bahdanau score).
 Var tanh(const Var& x) {
   detail::check_defined(x, "tanh", "x");
   const Tensor xc = x.value.contiguous();
   Tensor y = Tensor::empty(xc.shape());
-  detail::tanh_forward(xc.data(), y.data(), xc.numel());
+  kernels::tanh_forward(xc.data(), y.data(), xc.numel());
   return record(y, {&x}, [x, y](Tape& t, Douts d) { t.accumulate_owned(x, tanh_backward(y, d[0])); });
 }
 
@@ -195,7 +195,7 @@ Var sigmoid(const Var& x) {
   detail::check_defined(x, "sigmoid", "x");
   const Tensor xc = x.value.contiguous();
   Tensor y = Tensor::empty(xc.shape());
-  detail::sigmoid_forward(xc.data(), y.data(), xc.numel());
+  kernels::sigmoid_forward(xc.data(), y.data(), xc.numel());
   return record(y, {&x}, [x, y](Tape& t, Douts d) { t.accumulate_owned(x, sigmoid_backward(y, d[0])); });
 }
 

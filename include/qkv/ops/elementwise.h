@@ -14,7 +14,8 @@ Tensor add_scalar(const Tensor& a, float s);   // a + s
 enum class GeluApprox { kNone, kTanh };  // exact erf form, or PyTorch's approximate="tanh"
 
 Tensor relu(const Tensor& x);
-Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::kNone);
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::kNone);  // vectorised kernel when x is contiguous
+Tensor gelu_reference(const Tensor& x, GeluApprox approx = GeluApprox::kNone);  // libm erf/tanh per element
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 
@@ -36,6 +37,7 @@ BinaryGrads mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy);  /
 
 Tensor relu_backward(const Tensor& x, const Tensor& dy);                 // dy * (x > 0)
 Tensor gelu_backward(const Tensor& x, const Tensor& dy, GeluApprox approx = GeluApprox::kNone);
+Tensor gelu_backward_reference(const Tensor& x, const Tensor& dy, GeluApprox approx = GeluApprox::kNone);
 Tensor tanh_backward(const Tensor& y, const Tensor& dy);                 // y = tanh(x): dy * (1 - y^2)
 Tensor sigmoid_backward(const Tensor& y, const Tensor& dy);              // y = sigmoid(x): dy * y * (1 - y)
 

@@ -1,11 +1,11 @@
-// AVX2+FMA build of the GELU loops in act_kernels_impl.h (compiled with -mavx2 -mfma; called only when the CPU
-// has both, see act_kernels.cpp).
-#include "act_kernels.h"
+// AVX2+FMA build of the GELU loops in activations_impl.h (compiled with -mavx2 -mfma; called only when the CPU
+// has both, see activations.cpp).
+#include "qkv/kernels/activations.h"
 
 #define QKV_ACT_LANES 8
-#include "act_kernels_impl.h"
+#include "activations_impl.h"
 
-namespace qkv::train::detail::avx2 {
+namespace qkv::kernels::avx2 {
 
 void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx) {
   if (tanh_approx) gelu_tanh_fwd(x, y, n);
@@ -20,4 +20,4 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool t
 void tanh_forward(const float* x, float* y, int64_t n) { tanh_fwd(x, y, n); }
 void sigmoid_forward(const float* x, float* y, int64_t n) { sigmoid_fwd(x, y, n); }
 
-}  // namespace qkv::train::detail::avx2
+}  // namespace qkv::kernels::avx2

@@ -1,12 +1,12 @@
-// Baseline build of the GELU loops (act_kernels_impl.h) and the run-time dispatch: AVX2+FMA when the CPU has both
+// Baseline build of the GELU loops (activations_impl.h) and the run-time dispatch: AVX2+FMA when the CPU has both
 // (checked once), chunks of the array spread over OpenMP threads.
-#include "act_kernels.h"
+#include "qkv/kernels/activations.h"
 
 #include <algorithm>
 
-#include "act_kernels_impl.h"
+#include "activations_impl.h"
 
-namespace qkv::train::detail {
+namespace qkv::kernels {
 
 namespace portable {
 
@@ -82,4 +82,4 @@ void sigmoid_forward(const float* x, float* y, int64_t n) {
   }
 }
 
-}  // namespace qkv::train::detail
+}  // namespace qkv::kernels

@@ -1,11 +1,11 @@
-// Private (not installed): fast float32 activation kernels for the tape (GELU forward/backward in erf and tanh
-// forms, tanh, sigmoid),
-// dispatched at run time to an AVX2+FMA build when the CPU has both. Contiguous arrays; OpenMP over chunks.
+// Vectorised float32 activation kernels (GELU forward/backward in erf and tanh forms, tanh, sigmoid) used by the
+// ops and the tape; dispatched at run time to an AVX2+FMA build when the CPU has both. Contiguous arrays (n elements);
+// OpenMP over chunks. The references are the libm formulas in ops (gelu_reference, ...).
 #pragma once
 
 #include <cstdint>
 
-namespace qkv::train::detail {
+namespace qkv::kernels {
 
 void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool tanh_approx);
@@ -13,7 +13,7 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool t
 void tanh_forward(const float* x, float* y, int64_t n);
 void sigmoid_forward(const float* x, float* y, int64_t n);
 
-// The per-ISA kernels (act_kernels.cpp baseline, act_kernels_avx2.cpp).
+// The per-ISA kernels (activations.cpp baseline, activations_avx2.cpp).
 namespace portable {
 void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool tanh_approx);
@@ -27,4 +27,4 @@ void tanh_forward(const float* x, float* y, int64_t n);
 void sigmoid_forward(const float* x, float* y, int64_t n);
 }  // namespace avx2
 
-}  // namespace qkv::train::detail
+}  // namespace qkv::kernels

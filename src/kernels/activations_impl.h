@@ -1,6 +1,6 @@
 // Private (not installed): branch-free float32 GELU forward/backward loops written once over GCC/Clang vector
-// extensions and plain float (the tail), included by act_kernels.cpp (baseline ISA, 4 lanes) and
-// act_kernels_avx2.cpp (-mavx2 -mfma, 8 lanes: define QKV_ACT_LANES 8 first) inside different namespaces.
+// extensions and plain float (the tail), included by activations.cpp (baseline ISA, 4 lanes) and
+// activations_avx2.cpp (-mavx2 -mfma, 8 lanes: define QKV_ACT_LANES 8 first) inside different namespaces.
 // erf is Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula PyTorch's vectorised CPU GELU uses;
 // exp is a Cephes-style polynomial (~1 ulp). No libm calls.
 #include <cstdint>
