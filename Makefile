@@ -64,6 +64,15 @@ test-consumer: build
 	./$(BUILD)/consumer/consumer
 
 # Benchmarks: fused attention vs the reference, OpenBLAS sgemm, a stream copy, PyTorch SDPA and NumPy, in one run.
+# Every experiment of docs/EXPERIMENTS.md in full mode (about 40 minutes on 2 idle cores), then the report. The
+# training experiments run on one thread (small models; bit-reproducible); parallelism measures 1 and 2 threads.
+EXPERIMENTS_1T := bottleneck alignment scaling heads permutation positional components translation
+experiments: build
+	@for e in $(EXPERIMENTS_1T); do \
+	  OMP_NUM_THREADS=1 ./$(BUILD)/qkv experiment $$e --threads 1 --out out/experiments/$$e || exit 1; done
+	OMP_NUM_THREADS=2 ./$(BUILD)/qkv experiment parallelism --threads 2 --out out/experiments/parallelism
+	./$(BUILD)/qkv experiment report --out out/experiments --doc docs/EXPERIMENTS.md
+
 bench: deps
 	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
 	cmake --build build-bench --target attention_bench -j$(JOBS)

@@ -98,8 +98,11 @@ void settle_range(double& lo, double& hi, bool log) {
   }
 }
 
+// One step larger than the labels when the title fits, else the label size, else smaller (down to 1).
 int title_scale(const std::string& title, int scale, int width) {
-  return text_width(title, scale + 1) <= width - 20 ? scale + 1 : scale;
+  if (text_width(title, scale + 1) <= width - 20) return scale + 1;
+  if (text_width(title, scale) <= width - 20 || scale == 1) return scale;
+  return std::max(1, scale - 1);
 }
 
 // Draws `text` centred on x, shifted to stay inside the image when it would cross an edge.
@@ -264,13 +267,22 @@ Image render(const LineChart& chart) {
   settle_range(ylo, yhi, ay.log);
   ax.lo = xlo; ax.hi = xhi; ay.lo = ylo; ay.hi = yhi;
 
+  QKV_CHECK_ARG(chart.x_tick_labels.empty() || chart.x_tick_labels.size() == chart.x_ticks.size(), "[plot] ",
+                chart.x_tick_labels.size(), " x tick labels for ", chart.x_ticks.size(), " x ticks");
   std::vector<double> xt, yt;
+  std::vector<std::string> xt_labels;
   if (!chart.x_ticks.empty()) {
-    for (double v : chart.x_ticks)
-      if (ax.valid(v) && ax.t(v) >= xlo - 1e-9 && ax.t(v) <= xhi + 1e-9) xt.push_back(v);
+    for (size_t i = 0; i < chart.x_ticks.size(); ++i) {
+      const double v = chart.x_ticks[i];
+      if (!ax.valid(v) || ax.t(v) < xlo - 1e-9 || ax.t(v) > xhi + 1e-9) continue;
+      xt.push_back(v);
+      xt_labels.push_back(chart.x_tick_labels.empty() ? format_number(v) : chart.x_tick_labels[i]);
+    }
   } else {
     xt = ax.log ? log_ticks(xlo, xhi) : nice_ticks(xlo, xhi, 6);
   }
+  if (xt_labels.empty())
+    for (double v : xt) xt_labels.push_back(format_number(v));
   yt = ay.log ? log_ticks(ylo, yhi) : nice_ticks(ylo, yhi, 6);
 
   const int s = std::max(1, chart.text_scale);
@@ -290,7 +302,7 @@ Image render(const LineChart& chart) {
   f.left = 8 + (chart.y_label.empty() ? 0 : text_height(s) + 8) + ytick_w + 8;
   f.top = 10 + (chart.title.empty() ? 0 : text_height(ts) + 10);
   // Room on the right for half of the last x tick label (it is centred on its tick).
-  const int last_half = xt.empty() ? 0 : text_width(format_number(xt.back()), s) / 2;
+  const int last_half = xt_labels.empty() ? 0 : text_width(xt_labels.back(), s) / 2;
   f.right = chart.width - std::max(16, last_half + 6) - (outside ? legend.width() + 10 : 0);
   f.bottom = chart.height - 8 - (chart.x_label.empty() ? 0 : text_height(s) + 8) - text_height(s) - 10;
   QKV_CHECK_ARG(f.right - f.left > 40 && f.bottom - f.top > 40, "[plot] chart '", chart.title,
@@ -307,11 +319,11 @@ Image render(const LineChart& chart) {
     draw_text(img, f.left - 6 - text_width(lab, s), py - text_height(s) / 2, lab, s, kAxis);
   }
   int last_label_end = -1000;
-  for (double v : xt) {
-    const int px = static_cast<int>(std::lround(ax.px(v)));
+  for (size_t i = 0; i < xt.size(); ++i) {
+    const int px = static_cast<int>(std::lround(ax.px(xt[i])));
     vline(img, px, f.top, f.bottom, kGrid);
     vline(img, px, f.bottom, f.bottom + 4, kAxis);
-    const std::string lab = format_number(v);
+    const std::string& lab = xt_labels[i];
     const int x0 = px - text_width(lab, s) / 2;
     if (x0 > last_label_end + 6) {  // skip a label that would overlap its neighbour
       draw_text(img, x0, f.bottom + 8, lab, s, kAxis);

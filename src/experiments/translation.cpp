@@ -105,7 +105,10 @@ Outcome run_translation(const Options& o) {
     c.y_min = 0.0;
     c.width = 520;
     c.height = 380;
-    for (size_t b = 0; b < buckets.size(); ++b) c.x_ticks.push_back(static_cast<double>(b + 1));
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      c.x_ticks.push_back(static_cast<double>(b + 1));
+      c.x_tick_labels.push_back(buckets[b].name());
+    }
     Json lj = Json::object();
     lj.set("target", lang.code);
     lj.set("catalog", path);
@@ -186,8 +189,7 @@ Outcome run_translation(const Options& o) {
   for (size_t b = 0; b < buckets.size(); ++b)
     bucket_names += (b ? ", " : "") + std::to_string(b + 1) + " = " + buckets[b].name() + " words";
   out.results.set("buckets", bucket_names);
-  save_figure(o, out, "bleu_by_length.png",
-              plot::compose(panels, 2, "git messages: BLEU by source length (x: " + bucket_names + ")", 1));
+  save_figure(o, out, "bleu_by_length.png", plot::compose(panels, 2, "git messages: BLEU by source length"));
 
   // Criteria fixed before running: (1) in both languages an attention model (Bahdanau or Transformer) beats the
   // no-attention GRU in overall BLEU; (2) from the shortest to the longest bucket the no-attention GRU loses more

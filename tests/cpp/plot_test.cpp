@@ -105,6 +105,11 @@ TEST(LineChart, MismatchedSeriesAndEmptyChartsThrow) {
   c.series[0].y = {NAN, NAN};
   EXPECT_NE(error_of([&] { render(c); }).find("no drawable point"), std::string::npos);
   c.series[0].y = {1, 2};
+  c.x_ticks = {1, 2};
+  c.x_tick_labels = {"one"};
+  EXPECT_NE(error_of([&] { render(c); }).find("[plot] 1 x tick labels for 2 x ticks"), std::string::npos);
+  c.x_tick_labels = {"one", "two"};
+  EXPECT_NO_THROW(render(c));
   c.width = 100;
   EXPECT_NE(error_of([&] { render(c); }).find("too small"), std::string::npos);
 }

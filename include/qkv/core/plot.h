@@ -49,6 +49,7 @@ struct LineChart {
   bool log_x = false, log_y = false;      // base 10 scale; non-positive values are then skipped
   std::optional<double> x_min, x_max, y_min, y_max;  // default: the data range (y padded by 5%)
   std::vector<double> x_ticks;            // explicit tick positions (e.g. the d_k values); default automatic
+  std::vector<std::string> x_tick_labels; // empty, or one label per x_ticks entry (categorical axes)
   int width = 760, height = 480;
   int text_scale = 2;                     // every label; the title one step larger when it fits
   // kAuto: the inside corner that hides the fewest points; kOutside: right of the plot area.
