@@ -99,11 +99,18 @@ void mask_row(float* s, int64_t tk, int64_t key_end, const MaskView& m, int64_t 
 }
 
 // Masked scores -> probabilities in place. Returns the row's log-sum-exp; -inf (and a zero row) when nothing
-// takes part. Sums in double.
+// takes part; NaN (and a NaN row, as in PyTorch) when a score that takes part is NaN. Sums in double.
 float softmax_row(float* s, int64_t tk) {
   float mx = kNegInf;
-  for (int64_t j = 0; j < tk; ++j)
+  bool nan = false;
+  for (int64_t j = 0; j < tk; ++j) {
+    nan |= s[j] != s[j];
     if (s[j] > mx) mx = s[j];
+  }
+  if (nan) {
+    for (int64_t j = 0; j < tk; ++j) s[j] = std::numeric_limits<float>::quiet_NaN();
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   if (mx == kNegInf) {
     for (int64_t j = 0; j < tk; ++j) s[j] = 0.0f;
     return kNegInf;

@@ -110,8 +110,6 @@ def test_nan_and_inf_inputs_do_not_crash():
     assert np.all(np.isnan(other(z(1, 2, 8), z(1, 2, 8), z(1, 2, 8))[0]))
 
 
-@pytest.mark.xfail(strict=True, reason="known issue: the fused kernel skips NaN scores as if masked (PyTorch "
-                                       "propagates NaN); remove this marker once attention propagates NaN")
 def test_nan_in_one_key_propagates_to_every_query_as_in_pytorch():
     k = np.ones((1, 3, 4), f32)
     k[0, 1, 0] = np.nan
