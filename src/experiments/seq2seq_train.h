@@ -14,9 +14,8 @@
 #include "qkv/nn/module.h"
 #include "qkv/train/graph.h"
 
-// models/seq2seq.h and models/transformer.h both define models::Seq2SeqConfig, so no file includes both: the
-// models are held through forward declarations and each family lives in its own .cpp (s2s_rnn.cpp,
-// s2s_transformer.cpp).
+// The models are held through forward declarations; each family is built in its own .cpp (s2s_rnn.cpp,
+// s2s_transformer.cpp), so this header pulls in neither model header.
 namespace qkv::models {
 class Seq2Seq;
 class Seq2SeqTransformer;
