@@ -1,9 +1,7 @@
-// Batched matmul with broadcasting and PyTorch's linear, both through CBLAS sgemm.
+// Batched matmul with broadcasting and PyTorch's linear, both through kernels::sgemm (AVX-512 or OpenBLAS).
 // Strided operands whose last two dims form a row- or column-major matrix go to sgemm without a copy.
 // Backward halves are restated as matmuls of transposed views, reduced over broadcast dims.
 #include "qkv/ops/matmul.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <climits>
@@ -11,6 +9,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/sgemm.h"
 #include "qkv/ops/elementwise.h"
 
 namespace qkv {
@@ -48,10 +47,8 @@ void check_blas_int(int64_t v, const char* op, const char* what) {
 // C (m, n) row-major with ldc = n  =  A (m, k) · B (k, n)  (+ C when accumulate).
 void gemm(const float* a, const MatLayout& la, const float* b, const MatLayout& lb, float* c,
           int64_t m, int64_t n, int64_t k, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, la.trans ? CblasTrans : CblasNoTrans, lb.trans ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-              static_cast<int>(la.ld), b, static_cast<int>(lb.ld), accumulate ? 1.0f : 0.0f, c,
-              static_cast<int>(std::max<int64_t>(n, 1)));
+  kernels::sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, accumulate ? 1.0f : 0.0f, c,
+                 std::max<int64_t>(n, 1));
 }
 
 // Returns `t` (or a contiguous copy when its last two dims are not a BLAS-able matrix) and its layout.

@@ -1,0 +1,38 @@
+// Row-major single-precision GEMM used by every matmul and linear layer: qkv's own AVX-512 kernel (packed panels,
+// register-blocked microkernel, OpenMP over C blocks) when the CPU has AVX-512 F/BW/DQ/VL, else OpenBLAS.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels {
+
+// C (m, n) = alpha · op(A) · op(B) + beta · C, all row-major (CBLAS semantics, CblasRowMajor).
+//   op(A) (m, k): A stored (m, k) with lda >= max(1, k), or when trans_a stored (k, m) with lda >= max(1, m)
+//   op(B) (k, n): B stored (k, n) with ldb >= max(1, n), or when trans_b stored (n, k) with ldb >= max(1, k)
+//   C (m, n) with ldc >= max(1, n)
+// beta == 0: C is only written (NaN or garbage in C does not leak). k == 0 or alpha == 0: C = beta · C.
+// Deterministic: K is never split across threads, so for given inputs the result is bit-identical from run to run
+// and for any thread count. Multithreaded (omp_get_max_threads()) unless called inside an active parallel region.
+// Small products (m·n·k below 48^3) and CPUs without AVX-512 go to OpenBLAS. QKV_SGEMM=openblas in the
+// environment (read once) forces OpenBLAS everywhere. Throws std::invalid_argument "[sgemm] ..." on negative
+// sizes, too-small leading dimensions or null pointers with non-empty operands.
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Same contract, always cblas_sgemm (the plain reference kept beside the fast kernel). Sizes and leading dimensions
+// must also fit in int (std::runtime_error otherwise).
+void sgemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Same contract, always the AVX-512 kernel whatever the size (tests, benchmarks). Throws std::runtime_error when
+// the CPU lacks AVX-512 F/BW/DQ/VL (see sgemm_avx512_supported()).
+void sgemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Whether this CPU has AVX-512 F, BW, DQ and VL (checked once).
+bool sgemm_avx512_supported();
+
+// Backend that sgemm() uses for large products: "avx512" or "openblas" (no AVX-512, or QKV_SGEMM=openblas).
+const char* sgemm_backend();
+
+}  // namespace qkv::kernels

@@ -1,0 +1,234 @@
+// sgemm driver: argument checks, the OpenBLAS reference, the run-time choice of backend, and the GotoBLAS/BLIS
+// loop nest (NC, KC, MC cache blocks over packed panels) with OpenMP over independent blocks of C.
+#include "qkv/kernels/sgemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "qkv/core/error.h"
+#include "sgemm_kernels.h"
+
+namespace qkv::kernels {
+namespace {
+
+using avx512::kMR;
+using avx512::kNR;
+
+// Cache blocks (Zen 4/5: L1d 48 KiB, L2 1 MiB per core, L3 32 MiB). A kc x kNR panel of B (<= 48 KiB) stays in L1
+// while the mc x kc block of A (<= 516 KiB) streams from L2; the kc x nc block of B (<= 6 MiB) lives in L3.
+// kc = 384 rather than 256 saves a pass over C when K is 384 (MiniLM) and measured 2-10% faster there; 512 was
+// no better. K blocks are balanced (k = 600 gives two of 300).
+constexpr int64_t kKcMax = 384;
+constexpr int64_t kMcMax = 24 * kMR;
+constexpr int64_t kNcMax = 128 * kNR;
+// Below this many multiply-adds OpenBLAS wins (measured 1 thread: 0.5x at 16^3, 0.85x at 32^3, 1.0x at 48^3,
+// 1.45x at 64^3); skinny products (m = 1..14 rows, n = 1024, k = 512) are already 1.2-2x faster here.
+constexpr double kSmallWork = 48.0 * 48.0 * 48.0;
+// Multiply-adds per thread started: smaller products run on fewer threads (never changes the results).
+constexpr double kWorkPerThread = double(1 << 21);
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_args(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                int64_t ldb, const float* c, int64_t ldc) {
+  QKV_CHECK_ARG(m >= 0 && n >= 0 && k >= 0, "[sgemm] sizes must be >= 0, got m ", m, " n ", n, " k ", k);
+  const int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
+  QKV_CHECK_ARG(lda >= std::max<int64_t>(1, a_cols), "[sgemm] lda ", lda, " is less than max(1, ", a_cols,
+                ") for ", ta ? "transposed " : "", "A of m ", m, " k ", k);
+  QKV_CHECK_ARG(ldb >= std::max<int64_t>(1, b_cols), "[sgemm] ldb ", ldb, " is less than max(1, ", b_cols,
+                ") for ", tb ? "transposed " : "", "B of k ", k, " n ", n);
+  QKV_CHECK_ARG(ldc >= std::max<int64_t>(1, n), "[sgemm] ldc ", ldc, " is less than max(1, ", n, ") for C of m ",
+                m, " n ", n);
+  QKV_CHECK_ARG(c != nullptr || m == 0 || n == 0, "[sgemm] C is null for m ", m, " n ", n);
+  QKV_CHECK_ARG((a != nullptr && b != nullptr) || m == 0 || n == 0 || k == 0, "[sgemm] A or B is null for m ", m,
+                " n ", n, " k ", k);
+}
+
+// C = beta * C without reading C when beta == 0 (k == 0 or alpha == 0).
+void scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    if (beta == 0.0f) std::fill_n(row, n, 0.0f);
+    else if (beta != 1.0f)
+      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+  }
+}
+
+void cblas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  for (int64_t v : {m, n, k, lda, ldb, ldc})
+    QKV_CHECK_RUNTIME(v <= INT_MAX, "[sgemm] size ", v, " exceeds the BLAS int range");
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+              beta, c, static_cast<int>(ldc));
+}
+
+// A 64-byte aligned float buffer that only grows: each calling thread keeps one for its packed blocks.
+struct Buffer {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data;
+  int64_t size = 0;
+  float* get(int64_t n) {
+    if (n > size) {
+      const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
+      data.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      size = data != nullptr ? n : 0;
+      QKV_CHECK_RUNTIME(data != nullptr, "[sgemm] cannot allocate ", bytes, " bytes of packing buffer");
+    }
+    return data.get();
+  }
+};
+
+float* workspace(int64_t floats) {
+  thread_local Buffer buf;
+  return buf.get(floats);
+}
+
+// How one (m, nc) slab of C is cut into work items: M blocks of mc rows (a multiple of kMR, <= kMcMax) times
+// n_splits shares of the slab's kNR panels. Picks the cut whose busiest thread has the fewest tiles; on ties, fewer
+// items (less repacking of A).
+struct Split {
+  int64_t mc = kMR;
+  int64_t n_splits = 1;
+};
+
+Split choose_split(int64_t m, int64_t n_panels, int threads) {
+  const int64_t m_panels = ceil_div(m, kMR), mb_min = ceil_div(m, kMcMax);
+  Split best;
+  best.mc = ceil_div(m_panels, mb_min) * kMR;
+  if (threads <= 1) return best;
+  int64_t best_cost = INT64_MAX, best_items = INT64_MAX;
+  for (int64_t mb = mb_min; mb <= std::min(m_panels, mb_min + threads); ++mb) {
+    const int64_t mc_panels = ceil_div(m_panels, mb), blocks = ceil_div(m_panels, mc_panels);
+    for (int64_t ns = 1; ns <= std::min<int64_t>(threads, n_panels); ++ns) {
+      const int64_t items = blocks * ns;
+      const int64_t cost = ceil_div(items, threads) * mc_panels * ceil_div(n_panels, ns);
+      if (cost < best_cost || (cost == best_cost && items < best_items)) {
+        best_cost = cost;
+        best_items = items;
+        best.mc = mc_panels * kMR;
+        best.n_splits = ns;
+      }
+    }
+  }
+  return best;
+}
+
+// The loop nest over packed blocks. K blocks depend only on k, so each C element sees the same sequence of
+// operations whatever the thread count and the M/N blocking.
+void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t nk = ceil_div(k, kKcMax);
+  const int64_t kc_size = ceil_div(k, nk);
+  const int64_t nc_size = std::min(kNcMax, ceil_div(n, kNR) * kNR);
+
+  const double work = double(m) * double(n) * double(k);
+  int threads = 1;
+  if (!omp_in_parallel())
+    threads = static_cast<int>(std::clamp<double>(work / kWorkPerThread, 1.0, double(omp_get_max_threads())));
+  const int64_t n_panels_max = ceil_div(nc_size, kNR);
+  const Split split = choose_split(m, n_panels_max, threads);
+  const int64_t mc_size = split.mc, m_blocks = ceil_div(m, mc_size), n_splits = split.n_splits;
+  threads = static_cast<int>(std::min<int64_t>(threads, m_blocks * n_splits));
+
+  // One allocation, made before the parallel region (nothing may throw inside it): the shared B block, then one
+  // A block per thread, each 64-byte aligned (kc·nc and the A stride are multiples of 16 floats).
+  const int64_t a_stride = ceil_div(mc_size * kc_size, 16) * 16;
+  float* const pb = workspace(kc_size * nc_size + threads * a_stride);
+
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    for (int64_t jc = 0; jc < n; jc += nc_size) {
+      const int64_t nc = std::min(nc_size, n - jc);
+      const int64_t n_panels = ceil_div(nc, kNR);
+      const int64_t panels_per_split = ceil_div(n_panels, n_splits);
+      for (int64_t pc = 0; pc < k; pc += kc_size) {
+        const int64_t kc = std::min(kc_size, k - pc);
+        const float beta_here = pc == 0 ? beta : 1.0f;
+        // Pack B(pc.., jc..) cooperatively, one kNR panel per item.
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < n_panels; ++s) {
+          const int64_t j = jc + s * kNR;
+          const float* src = tb ? b + j * ldb + pc : b + pc * ldb + j;
+          avx512::pack_b(tb, src, ldb, kc, std::min(kNR, n - j), pb + s * kNR * kc);
+        }
+        // Each item: one M block times one share of the N block's panels.
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < m_blocks * n_splits; ++item) {
+          const int64_t ib = item / n_splits, sp = item % n_splits;
+          const int64_t i0 = ib * mc_size, mc = std::min(mc_size, m - i0);
+          const int64_t s0 = sp * panels_per_split, s1 = std::min(n_panels, s0 + panels_per_split);
+          if (s0 >= s1) continue;
+          float* const pa = pb + kc_size * nc_size + omp_get_thread_num() * a_stride;
+          const float* src = ta ? a + pc * lda + i0 : a + i0 * lda + pc;
+          avx512::pack_a(ta, src, lda, mc, kc, pa);
+          const int64_t j0 = s0 * kNR, ncs = std::min(nc, s1 * kNR) - j0;
+          avx512::macro_kernel(mc, ncs, kc, alpha, pa, pb + s0 * kNR * kc, beta_here, c + i0 * ldc + jc + j0,
+                               ldc);
+        }
+      }
+    }
+  }
+}
+
+bool force_openblas() {
+  static const bool forced = [] {
+    const char* v = std::getenv("QKV_SGEMM");
+    return v != nullptr && std::strcmp(v, "openblas") == 0;
+  }();
+  return forced;
+}
+
+}  // namespace
+
+bool sgemm_avx512_supported() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return ok;
+}
+
+const char* sgemm_backend() { return sgemm_avx512_supported() && !force_openblas() ? "avx512" : "openblas"; }
+
+void sgemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  check_args(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  if (m == 0 || n == 0) return;
+  cblas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void sgemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  check_args(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  QKV_CHECK_RUNTIME(sgemm_avx512_supported(), "[sgemm] this CPU lacks AVX-512 F/BW/DQ/VL");
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {
+    scale_c(m, n, beta, c, ldc);
+    return;
+  }
+  run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  check_args(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {
+    scale_c(m, n, beta, c, ldc);
+    return;
+  }
+  if (std::strcmp(sgemm_backend(), "avx512") == 0 && double(m) * double(n) * double(k) >= kSmallWork) {
+    run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  cblas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace qkv::kernels

@@ -1,0 +1,173 @@
+// AVX-512 building blocks of qkv's sgemm: panel packing for both layouts of A and B (16x16 register transposes
+// for the strided ones) and the 14x32 register-blocked FMA microkernel with masked edges. Driver: sgemm.cpp.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "sgemm_kernels.h"
+
+// GCC 12 flags the _mm512_undefined_ps() inside its own shuffle intrinsics (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace qkv::kernels::avx512 {
+namespace {
+
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
+}
+
+// In place: r[i] lane j  ->  r[j] lane i.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 16; h += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// Loads `rows` (<= 16) rows of `cols` (<= 16) floats, row stride ld, zero-filled, and transposes them:
+// out[q] lane i = src[i*ld + q].
+inline void load_transposed(const float* src, int64_t ld, int64_t rows, int64_t cols, __m512 out[16]) {
+  const __mmask16 cm = lanes(cols);
+  for (int64_t i = 0; i < 16; ++i) out[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
+  transpose16(out);
+}
+
+// acc (R rows x 32) over one packed A panel and one packed B panel, then C = alpha*acc (+ beta*C).
+template <int R>
+void micro(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc, float alpha,
+           float beta, __mmask16 m0, __mmask16 m1) {
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+  }
+  auto steps = [&](int64_t count) {
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < count; ++p) {
+      const __m512 b0 = _mm512_load_ps(b);
+      const __m512 b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 14
+      for (int r = 0; r < R; ++r) {
+        const __m512 av = _mm512_set1_ps(a[r]);
+        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+      }
+      a += kMR;
+      b += kNR;
+    }
+  };
+  // Fetch the C tile shortly before the last k steps: early enough to hide the miss, late enough that the A and
+  // B streams have not pushed it out of L1 again.
+  const int64_t tail = std::min<int64_t>(kc, 32);
+  steps(kc - tail);
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 31), _MM_HINT_T0);
+  }
+  steps(tail);
+  const __m512 va = _mm512_set1_ps(alpha);
+  if (beta == 0.0f) {
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      _mm512_mask_storeu_ps(c + r * ldc, m0, _mm512_mul_ps(acc0[r], va));
+      _mm512_mask_storeu_ps(c + r * ldc + 16, m1, _mm512_mul_ps(acc1[r], va));
+    }
+  } else {
+    const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      const __m512 c0 = _mm512_maskz_loadu_ps(m0, c + r * ldc);
+      const __m512 c1 = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
+      _mm512_mask_storeu_ps(c + r * ldc, m0, _mm512_fmadd_ps(c0, vb, _mm512_mul_ps(acc0[r], va)));
+      _mm512_mask_storeu_ps(c + r * ldc + 16, m1, _mm512_fmadd_ps(c1, vb, _mm512_mul_ps(acc1[r], va)));
+    }
+  }
+}
+
+using MicroFn = void (*)(int64_t, const float*, const float*, float*, int64_t, float, float, __mmask16, __mmask16);
+constexpr MicroFn kMicro[kMR + 1] = {nullptr,   micro<1>,  micro<2>,  micro<3>,  micro<4>,
+                                     micro<5>,  micro<6>,  micro<7>,  micro<8>,  micro<9>,
+                                     micro<10>, micro<11>, micro<12>, micro<13>, micro<14>};
+static_assert(kMR == 14 && kNR == 32, "the microkernel table and masks assume a 14x32 tile");
+
+}  // namespace
+
+void pack_a(bool trans, const float* a, int64_t lda, int64_t mc, int64_t kc, float* dst) {
+  const __mmask16 tile = lanes(kMR);
+  for (int64_t i0 = 0; i0 < mc; i0 += kMR, dst += kMR * kc) {
+    const int64_t rows = std::min(kMR, mc - i0);
+    if (trans) {
+      // A(i, p) = a[p*lda + i]: each k step is a contiguous run of rows.
+      const __mmask16 rm = lanes(rows);
+      for (int64_t p = 0; p < kc; ++p)
+        _mm512_mask_storeu_ps(dst + p * kMR, tile, _mm512_maskz_loadu_ps(rm, a + p * lda + i0));
+    } else {
+      // A(i, p) = a[i*lda + p]: 16x16 transposes of (rows, 16 k steps).
+      for (int64_t p0 = 0; p0 < kc; p0 += 16) {
+        const int64_t w = std::min<int64_t>(16, kc - p0);
+        __m512 t[16];
+        load_transposed(a + i0 * lda + p0, lda, rows, w, t);
+        for (int64_t q = 0; q < w; ++q) _mm512_mask_storeu_ps(dst + (p0 + q) * kMR, tile, t[q]);
+      }
+    }
+  }
+}
+
+void pack_b(bool trans, const float* b, int64_t ldb, int64_t kc, int64_t nc, float* dst) {
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR, dst += kNR * kc) {
+    const int64_t w = std::min(kNR, nc - j0);
+    if (!trans) {
+      // B(p, j) = b[p*ldb + j]: each k step is a contiguous run of columns.
+      const __mmask16 m0 = lanes(w), m1 = lanes(w - 16);
+      for (int64_t p = 0; p < kc; ++p) {
+        _mm512_store_ps(dst + p * kNR, _mm512_maskz_loadu_ps(m0, b + p * ldb + j0));
+        _mm512_store_ps(dst + p * kNR + 16, _mm512_maskz_loadu_ps(m1, b + p * ldb + j0 + 16));
+      }
+    } else {
+      // B(p, j) = b[j*ldb + p]: 16x16 transposes of (16 columns, 16 k steps), two halves per panel.
+      for (int64_t h = 0; h < 2; ++h) {
+        const int64_t cols = std::clamp<int64_t>(w - 16 * h, 0, 16);
+        for (int64_t p0 = 0; p0 < kc; p0 += 16) {
+          const int64_t pw = std::min<int64_t>(16, kc - p0);
+          __m512 t[16];
+          load_transposed(b + (j0 + 16 * h) * ldb + p0, ldb, cols, pw, t);
+          for (int64_t q = 0; q < pw; ++q) _mm512_store_ps(dst + (p0 + q) * kNR + 16 * h, t[q]);
+        }
+      }
+    }
+  }
+}
+
+void macro_kernel(int64_t mc, int64_t nc, int64_t kc, float alpha, const float* pa, const float* pb, float beta,
+                  float* c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+    const int64_t w = std::min(kNR, nc - j0);
+    const __mmask16 m0 = lanes(w), m1 = lanes(w - 16);
+    const float* b = pb + j0 * kc;
+    for (int64_t i0 = 0; i0 < mc; i0 += kMR) {
+      const int64_t rows = std::min(kMR, mc - i0);
+      kMicro[rows](kc, pa + i0 * kc, b, c + i0 * ldc + j0, ldc, alpha, beta, m0, m1);
+    }
+  }
+}
+
+}  // namespace qkv::kernels::avx512

@@ -1,0 +1,27 @@
+// Private interface between the sgemm driver (sgemm.cpp: checks, blocking, threading) and its AVX-512 building
+// blocks (sgemm_avx512.cpp: panel packing for both layouts of A and B, the 14x32 microkernel over packed panels).
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels::avx512 {
+
+// Microkernel tile: kMR rows of C (one broadcast of A each) by kNR columns (two zmm registers) = 28 accumulators.
+inline constexpr int64_t kMR = 14;
+inline constexpr int64_t kNR = 32;
+
+// Packs the (mc, kc) block of op(A) whose top-left element is `a` (A(i, p) = a[i*lda + p], or a[p*lda + i] when
+// trans) into ceil(mc/kMR) panels of kMR*kc floats; panel r holds rows r*kMR.. as dst[p*kMR + i]. Rows past mc
+// are zero.
+void pack_a(bool trans, const float* a, int64_t lda, int64_t mc, int64_t kc, float* dst);
+
+// Packs the (kc, nc) block of op(B) whose top-left element is `b` (B(p, j) = b[p*ldb + j], or b[j*ldb + p] when
+// trans) into ceil(nc/kNR) panels of kc*kNR floats; panel s holds columns s*kNR.. as dst[p*kNR + j]. Columns past
+// nc are zero.
+void pack_b(bool trans, const float* b, int64_t ldb, int64_t kc, int64_t nc, float* dst);
+
+// C (mc, nc) = alpha · packedA · packedB + beta · C (C not read when beta == 0), kMR x kNR tiles.
+void macro_kernel(int64_t mc, int64_t nc, int64_t kc, float alpha, const float* pa, const float* pb, float beta,
+                  float* c, int64_t ldc);
+
+}  // namespace qkv::kernels::avx512
