@@ -7,19 +7,13 @@
 #include <numeric>
 
 #include "qkv/core/error.h"
+#include "qkv/core/storage_pool.h"
 
 namespace qkv {
 namespace {
 
-std::shared_ptr<float> allocate(int64_t n) {
-  QKV_CHECK_ARG(n <= static_cast<int64_t>(SIZE_MAX / sizeof(float) - 64), "[tensor] cannot allocate ", n,
-                " floats: the byte count overflows");
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  QKV_CHECK_RUNTIME(p != nullptr, "[tensor] out of memory allocating ", bytes, " bytes");
-  return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
-}
+// Storage comes from the caching pool (src/core/storage_pool.cpp): big buffers freed by one step serve the next.
+std::shared_ptr<float> allocate(int64_t n) { return storage_pool::allocate(n); }
 
 }  // namespace
 

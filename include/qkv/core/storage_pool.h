@@ -1,0 +1,42 @@
+// Caching allocator behind Tensor::empty: freed tensor buffers of 64 KiB and more wait in size-class free lists
+// and serve the next allocation of their class, so a training step stops re-faulting its big buffers every time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace qkv::storage_pool {
+
+// Buffers of at least this many bytes go through the pool; smaller ones come straight from malloc.
+constexpr size_t kMinPooledBytes = size_t{64} << 10;
+
+// Default bound on the bytes the pool keeps cached (not counting buffers in use). The environment variable
+// QKV_STORAGE_POOL_MB, read on first use, overrides it; 0 turns caching off.
+constexpr size_t kDefaultLimitBytes = size_t{1} << 30;
+
+// A buffer for n floats (n >= 0; 0 still gives a valid pointer), 64-byte aligned, contents unspecified. The
+// shared_ptr's deleter hands the buffer back to the pool (or to the system when caching it would pass the limit).
+// Thread-safe. Throws std::invalid_argument when the byte count overflows, std::runtime_error when out of memory.
+std::shared_ptr<float> allocate(int64_t n);
+
+// The capacity, in bytes, that allocate gives a request of `bytes` (its size class): at most 1/8 more than
+// asked for pooled sizes, rounded up to 64 bytes below kMinPooledBytes.
+size_t size_class(size_t bytes);
+
+// Sets the bound on cached bytes, freeing cached buffers (largest first) until the pool fits; 0 disables caching.
+void set_limit(size_t bytes);
+size_t limit();
+
+// Frees every cached buffer (buffers in use are not affected).
+void release();
+
+struct Stats {
+  size_t cached_bytes = 0;  // bytes waiting in the free lists
+  size_t cached_blocks = 0;
+  uint64_t hits = 0;        // pooled allocations served from the cache
+  uint64_t misses = 0;      // pooled allocations that went to the system
+};
+Stats stats();
+
+}  // namespace qkv::storage_pool
