@@ -1,5 +1,6 @@
 // Private interface between the fused-attention algorithm (attention_flash.cpp) and its microkernels: one table of
-// function pointers per instruction set (attention_flash_portable.cpp, attention_flash_avx2.cpp).
+// function pointers per instruction set (attention_flash_portable.cpp, attention_flash_avx2.cpp,
+// attention_flash_avx512.cpp).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,7 @@ struct Kernels {
 };
 
 const Kernels& portable_kernels();
-const Kernels& avx2_kernels();  // only call when the CPU has AVX2 and FMA
+const Kernels& avx2_kernels();    // only call when the CPU has AVX2 and FMA
+const Kernels& avx512_kernels();  // only call when the CPU has AVX-512 F, BW, DQ and VL
 
 }  // namespace qkv::kernels::flash

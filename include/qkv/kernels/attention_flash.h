@@ -8,8 +8,9 @@
 
 namespace qkv::kernels {
 
-// Which microkernels run. kAuto picks AVX2+FMA when the CPU has both (checked once at run time), else portable.
-enum class FlashIsa { kAuto, kPortable, kAvx2 };
+// Which microkernels run. kAuto picks AVX-512 (F, BW, DQ, VL) when the CPU has it, else AVX2+FMA when it has both
+// (checked once at run time), else portable.
+enum class FlashIsa { kAuto, kPortable, kAvx2, kAvx512 };
 
 struct FlashConfig {
   FlashIsa isa = FlashIsa::kAuto;
@@ -21,7 +22,7 @@ struct FlashConfig {
   int64_t fwd_q_tile = 0, fwd_k_tile = 0, bwd_q_tile = 0, bwd_k_tile = 0;
 };
 
-// Name of the microkernel set `isa` resolves to on this CPU: "avx2" or "portable".
+// Name of the microkernel set `isa` resolves to on this CPU: "avx512", "avx2" or "portable".
 const char* flash_isa_name(FlashIsa isa = FlashIsa::kAuto);
 
 // q: (..., Tq, Dk)  k: (..., Tk, Dk)  v: (..., Tk, Dv)  ->  out: (batch..., Tq, Dv), lse: (batch..., Tq)
