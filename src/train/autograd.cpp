@@ -141,9 +141,10 @@ void Tape::accumulate(const Var& v, const Tensor& g) {
     s.owned = false;
     return;
   }
-  if (!s.owned) {
-    s.grad = s.grad.clone();
+  if (!s.owned) {  // the shared gradient so far and g, summed into a private buffer in one pass
+    s.grad = detail::sum_of(s.grad, g);
     s.owned = true;
+    return;
   }
   detail::add_into(s.grad, g);
 }
@@ -185,6 +186,21 @@ Tensor Tape::accumulator(const Var& v, bool& fresh) {
     s.owned = true;
   }
   return s.grad;
+}
+
+Tensor Tape::accumulator_or_base(const Var& v, bool& fresh, Tensor& base) {
+  base = Tensor();
+  if (v.slot >= 0) {
+    Slot& s = slot_of(v);
+    if (!s.param && s.grad.defined() && !s.owned) {
+      base = s.grad.contiguous();
+      s.grad = Tensor::empty(v.value.shape());
+      s.owned = true;
+      fresh = true;
+      return s.grad;
+    }
+  }
+  return accumulator(v, fresh);
 }
 
 Tensor Tape::accumulator_zeroed(const Var& v) {

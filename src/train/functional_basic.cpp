@@ -266,9 +266,11 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
     Tensor dw = t.needs(weight) ? Tensor::empty({e}) : Tensor();
     Tensor db = t.needs(bias) ? Tensor::empty({e}) : Tensor();
     bool fresh = false;
-    Tensor dx = t.needs(x) ? t.accumulator(x, fresh) : Tensor::empty(xc.shape());
+    Tensor base;  // a shared gradient of x so far (a residual branch): summed in by the kernel, not copied first
+    Tensor dx = t.needs(x) ? t.accumulator_or_base(x, fresh, base) : Tensor::empty(xc.shape());
+    const float* dx_in = base.defined() ? base.data() : (t.needs(x) && !fresh ? dx.data() : nullptr);
     detail::layer_norm_rows_backward(xc.data(), w.defined() ? w.data() : nullptr, mean.data(), rstd.data(), dy.data(),
-                                     rows, e, dx.data(), t.needs(x) && !fresh, dw.defined() ? dw.data() : nullptr,
+                                     rows, e, dx.data(), dx_in, dw.defined() ? dw.data() : nullptr,
                                      db.defined() ? db.data() : nullptr);
     if (dw.defined()) t.accumulate(weight, dw);
     if (db.defined()) t.accumulate(bias, db);

@@ -1,6 +1,7 @@
 // Differentiable views and copies of shape: the backward of a view is the inverse view of the gradient; a slice or
 // select adds its gradient into the matching slice of the input's gradient buffer; concat's backward is split.
 #include <numeric>
+#include <stdexcept>
 #include <span>
 
 #include "functional_internal.h"
@@ -16,7 +17,14 @@ using Douts = std::span<const Tensor>;
 
 Var reshape(const Var& x, const Shape& shape) {
   detail::check_defined(x, "reshape", "x");
-  return record(x.value.reshape(shape), {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0].reshape(x.shape())); });
+  // A view when the strides allow (as Tensor::reshape); else a row-wise copy (merging heads after attention).
+  Tensor y;
+  try {
+    y = x.value.view(shape);
+  } catch (const std::invalid_argument&) {
+    y = detail::contiguous(x.value).view(shape);
+  }
+  return record(y, {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0].reshape(x.shape())); });
 }
 
 Var transpose(const Var& x, int64_t a, int64_t b) {

@@ -10,11 +10,36 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/sgemm.h"
 #include "qkv/ops/elementwise.h"
 
 namespace qkv::train::detail {
 namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 18;  // elements: below this one thread copies faster
+}
+
+Tensor sum_of(const Tensor& a, const Tensor& b) {
+  QKV_CHECK_ARG(a.shape() == b.shape(), "[autograd] gradient ", str(b.shape()), " does not match ", str(a.shape()));
+  Tensor out = Tensor::empty(a.shape());
+  const int64_t n = out.numel();
+  if (a.is_contiguous() && b.is_contiguous()) {
+    float* po = out.data();
+    const float* pa = a.data();
+    const float* pb = b.data();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+    return out;
+  }
+  add_into(out, a, /*overwrite=*/true);
+  add_into(out, b);
+  return out;
+}
+
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  Tensor out = Tensor::empty(x.shape());
+  add_into(out, x, /*overwrite=*/true);
+  return out;
 }
 
 void add_into(Tensor dst, const Tensor& src, bool overwrite) {
@@ -48,7 +73,9 @@ void add_into(Tensor dst, const Tensor& src, bool overwrite) {
   for (int64_t r = 0; r < rows; ++r) {
     float* d = pd + od[static_cast<size_t>(r)];
     const float* s = ps + os[static_cast<size_t>(r)];
-    if (overwrite) {
+    if (overwrite && sd == 1 && ss == 1) {
+      std::copy(s, s + inner, d);
+    } else if (overwrite) {
       for (int64_t j = 0; j < inner; ++j) d[j * sd] = s[j * ss];
     } else if (sd == 1 && ss == 1) {
       for (int64_t j = 0; j < inner; ++j) d[j] += s[j];
@@ -102,9 +129,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int
   for (int64_t v : {M, N, K, lda, ldb, ldc})
     QKV_CHECK_RUNTIME(v <= INT_MAX, "[autograd] matrix size ", v, " exceeds the BLAS int range");
   const SmallBlasGuard guard(static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
-              static_cast<int>(N), static_cast<int>(K), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb),
-              beta, C, static_cast<int>(ldc));
+  kernels::sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 Tensor as_rows(const Tensor& x, int64_t& rows, int64_t& ld) {

@@ -12,6 +12,13 @@ namespace qkv::train::detail {
 // dst += src elementwise (same shape; any strides on both, dst not an expanded view). When `overwrite`, dst = src.
 void add_into(Tensor dst, const Tensor& src, bool overwrite = false);
 
+// A fresh contiguous a + b (same shape, any strides): one pass when both are contiguous.
+Tensor sum_of(const Tensor& a, const Tensor& b);
+
+// x.contiguous(), with the copy done row by row (memcpy-like when the last dim is contiguous, threaded when large)
+// instead of element by element.
+Tensor contiguous(const Tensor& x);
+
 // qkv::sum_to(g, shape), with the common case (shape = g's trailing dims, or those with leading 1s) done as one
 // sgemv over contiguous rows. Returns g itself when the shapes are equal.
 Tensor sum_to(const Tensor& g, const Shape& shape);

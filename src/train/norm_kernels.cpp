@@ -51,7 +51,7 @@ void layer_norm_rows(const float* x, const float* w, const float* b, float eps, 
 }
 
 void layer_norm_rows_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                              int64_t rows, int64_t e, float* dx, bool dx_accumulate, float* dw, float* db) {
+                              int64_t rows, int64_t e, float* dx, const float* dx_in, float* dw, float* db) {
   const float inv_e = 1.0f / static_cast<float>(e);
   const bool par = rows * e >= kParallelMin && rows > 1;
   const int nt = par ? omp_get_max_threads() : 1;
@@ -78,11 +78,12 @@ void layer_norm_rows_backward(const float* x, const float* w, const float* mean,
       }
       const float mdn = sdn * inv_e, mdnx = sdnx * inv_e;
       float* dr = dx + i * e;
-      if (dx_accumulate) {
+      if (dx_in) {
+        const float* ir = dx_in + i * e;
 #pragma omp simd
         for (int64_t j = 0; j < e; ++j) {
           const float dn = w ? gr[j] * w[j] : gr[j];
-          dr[j] += rs * (dn - mdn - (xr[j] - m) * rs * mdnx);
+          dr[j] = ir[j] + rs * (dn - mdn - (xr[j] - m) * rs * mdnx);
         }
       } else {
 #pragma omp simd

@@ -6,12 +6,18 @@
 #include <cmath>
 #include <limits>
 
+#include "adam_kernel.h"
 #include "qkv/core/error.h"
 
 namespace qkv::train {
 namespace {
 
 constexpr int64_t kParallelMin = int64_t{1} << 17;  // parameter elements per OpenMP region
+
+bool cpu_has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
 
 void check_lr(double lr, const char* op) {
   QKV_CHECK_ARG(std::isfinite(lr) && lr >= 0.0, "[", op, "] learning rate must be finite and >= 0, got ", lr);
@@ -166,22 +172,17 @@ void Adam::step() {
     const float* g = P.grad.data();
     float* m = s.exp_avg.data();
     float* v = s.exp_avg_sq.data();
-    const bool decay_on = o.weight_decay != 0.0;
-    const bool dec = decoupled_;
-    const bool lerp_low = w1 < 0.5f;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t j = 0; j < n; ++j) {
-      float gj = g[j];
-      float pj = p[j];
-      if (decay_on) {
-        if (dec) pj = pj * decay;
-        else gj = std::fma(pj, wd, gj);  // grad.add(param, alpha=wd): a fused multiply-add in PyTorch
-      }
-      // lerp as PyTorch's vectorised kernel: fmadd(w, g - m, m), or fnmadd(g - m, 1 - w, g) for w >= 0.5.
-      m[j] = lerp_low ? std::fma(w1, gj - m[j], m[j]) : std::fma(-(gj - m[j]), 1.0f - w1, gj);
-      v[j] = std::fma(w2 * gj, gj, v[j] * b2);  // mul_(β2).addcmul_(g, g, 1 - β2), fused as in PyTorch
-      const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
-      p[j] = pj + neg_step_size * m[j] / denom;
+    detail::AdamScalars c{decay, wd, w1, b2, w2, eps, neg_step_size, bc2_sqrt, o.weight_decay != 0.0, decoupled_};
+    const bool fma_isa = cpu_has_avx2_fma();
+    // Chunks of the parameter over the threads; each element's update is independent (same bits for any split).
+    const int64_t chunks = n >= kParallelMin ? std::max<int64_t>(1, n / (kParallelMin / 4)) : 1;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int64_t b = n * ch / chunks, e = n * (ch + 1) / chunks;
+      if (fma_isa)
+        detail::adam_update_range_avx2(c, b, e, p, g, m, v);
+      else
+        detail::adam_update_range(c, b, e, p, g, m, v);
     }
   }
 }

@@ -24,7 +24,9 @@ COPY10 = ["--task", "copy", "--min-len", "10", "--max-len", "10", "--train-size"
           "--seed", "1"]
 # Small, fast settings per kind, and the step bound within which each must reach 99% exact match on the test split.
 KINDS = {
-    "rnn": (["--cell", "lstm", "--hidden", "256", "--reverse-source", "--lr", "3e-3", "--schedule", "cosine"], 1000),
+    # Without attention the whole string must pass through one state: the slowest kind. With a 1000-step cosine
+    # schedule it ended at 0.985-1.0 depending on the GEMM's rounding, too close to the bar; 1500 steps leave margin.
+    "rnn": (["--cell", "lstm", "--hidden", "256", "--reverse-source", "--lr", "3e-3", "--schedule", "cosine"], 1500),
     "rnn-attn": (["--lr", "3e-3"], 600),
     "transformer": (["--lr", "3e-3", "--layers", "1", "--heads", "2"], 600),
     "decoder": (["--lr", "3e-3"], 600),

@@ -131,6 +131,10 @@ class Tape {
   // fresh == true: the buffer's contents are undefined and the caller must overwrite all of it (beta = 0);
   // otherwise it holds the gradient so far and the caller adds. Returns an undefined Tensor when !needs(v).
   Tensor accumulator(const Var& v, bool& fresh);
+  // Like accumulator(), for kernels that can write out = base + contribution: when the gradient so far is a
+  // shared buffer (which accumulator() would copy first), returns a fresh buffer and sets `base` to that gradient
+  // (contiguous) instead. base undefined: fresh says whether to overwrite (true) or add in place (false).
+  Tensor accumulator_or_base(const Var& v, bool& fresh, Tensor& base);
   // Same, but a fresh buffer is zero-filled first (for partial writes: slices, scatter-adds).
   Tensor accumulator_zeroed(const Var& v);
 
