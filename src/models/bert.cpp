@@ -9,8 +9,10 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/layer_norm.h"
 #include "qkv/ops/matmul.h"
 #include "qkv/ops/shape_ops.h"
 
@@ -76,12 +78,22 @@ void merge_heads(const Tensor& out, float* rows, int64_t e) {
       std::memcpy(rows + ti * e + hi * d, src + (hi * t + ti) * d, sizeof(float) * static_cast<size_t>(d));
 }
 
+// True when the contiguous tensor t holds a NaN: one vectorisable pass.
+bool has_nan(const Tensor& t) {
+  const float* p = t.data();
+  const int64_t n = t.numel();
+  int any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= p[i] != p[i];
+  return any != 0;
+}
+
 }  // namespace
 
 // --- embeddings ----------------------------------------------------------------------------------------------
 
-BertEmbeddings::BertEmbeddings(const BertConfig& c, Rng& rng)
-    : word_embeddings(checked(c).vocab_size, c.hidden_size, rng),
+BertEmbeddings::BertEmbeddings(const BertConfig& c, Rng& rng, bool random_init)
+    : word_embeddings(random_init ? rng.normal({checked(c).vocab_size, c.hidden_size})
+                                  : Tensor::zeros({checked(c).vocab_size, c.hidden_size})),
       position_embeddings(c.max_position_embeddings, c.hidden_size, rng),
       token_type_embeddings(c.type_vocab_size, c.hidden_size, rng),
       norm(c.hidden_size, c.layer_norm_eps) {
@@ -101,16 +113,18 @@ Tensor BertEmbeddings::forward(const std::vector<int64_t>& ids, const std::vecto
     QKV_CHECK_ARG(positions[i] >= 0 && positions[i] < p, "[bert] position ", positions[i],
                   " is outside [0, max_position_embeddings = ", p, ")");
   }
-  const Tensor words = word_embeddings.forward(Ids{ids, {n}});
+  Tensor words = word_embeddings.forward(Ids{ids, {n}});
   const Tensor pos = position_embeddings.forward(Ids{positions, {n}});
   const Tensor type0 = token_type_embeddings.weight.select(0, 0);  // token_type_ids are all 0: (E), broadcast
-  return norm.forward(add(add(words, type0), pos));
+  // norm(words + type0 + pos) in one fused pass, in place (HF's order of the sums).
+  add_layer_norm_(words, pos, type0, norm.weight, norm.bias, norm.eps());
+  return words;
 }
 
 // --- model -----------------------------------------------------------------------------------------------------
 
-BertModel::BertModel(const BertConfig& c, Rng& rng)
-    : embeddings(checked(c), rng), encoder(layer_config(c), c.num_hidden_layers, false, rng), config_(c) {
+BertModel::BertModel(const BertConfig& c, Rng& rng, bool random_init)
+    : embeddings(checked(c), rng, random_init), encoder(layer_config(c), c.num_hidden_layers, false, rng), config_(c) {
   register_module("embeddings", &embeddings);
   register_module("encoder", &encoder);
   eval();
@@ -193,15 +207,22 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
     nn::MultiheadAttention& sa = layer->self_attn;
     const Tensor qkv = linear(x, sa.in_proj_weight, sa.in_proj_bias);  // (N, 3E): one GEMM for all tokens
     Tensor ctx = Tensor::empty({n, e});
+    // attention() scans its strided inputs for NaN on every call (they go to the reference path, which propagates
+    // them), row by row: that scan cost as much as the attention itself for these short sequences. One contiguous
+    // scan of the whole qkv buffer decides instead; NaN-free inputs go straight to the fused kernel it would run.
+    const bool direct = !has_nan(qkv);
+    const float scale = attention_scale({}, d);
     // Each sequence is its own attention problem (H, T, D) over views of qkv: no mask, no padding.
     std::exception_ptr error;  // an exception must not escape the parallel region
 #pragma omp parallel for schedule(dynamic, 1) if (b > 1)
     for (int64_t s = 0; s < b; ++s) {
       try {
         const Tensor rows = qkv.slice(0, offsets[s], offsets[s] + lengths[s]).view({lengths[s], 3, h, d});
-        const Tensor out = attention(rows.select(1, 0).transpose(0, 1), rows.select(1, 1).transpose(0, 1),
-                                     rows.select(1, 2).transpose(0, 1))
-                               .out.contiguous();
+        const Tensor q = rows.select(1, 0).transpose(0, 1), k = rows.select(1, 1).transpose(0, 1),
+                     v = rows.select(1, 2).transpose(0, 1);  // (H, T, D) views, last dim contiguous
+        const Tensor out = (direct ? kernels::attention_flash_forward(q, k, v, {}, Shape{h}, scale).out
+                                   : attention(q, k, v).out)
+                               .contiguous();
         merge_heads(out, ctx.data() + offsets[s] * e, e);
       } catch (...) {
 #pragma omp critical(qkv_bert_error)
@@ -209,8 +230,23 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
       }
     }
     if (error) std::rethrow_exception(error);
-    x = layer->norm1.forward(add(x, sa.out_proj.forward(ctx)));
-    x = layer->norm2.forward(add(x, layer->ff.forward(x)));
+    // Post-LN residual blocks. The linear layers run without their bias, which joins the pass that follows (the
+    // fused residual + bias + LayerNorm, or bias + GELU), in place: no extra pass over memory, no extra buffer.
+    Tensor attn = linear(ctx, sa.out_proj.weight);
+    add_layer_norm_(attn, x, sa.out_proj.bias, layer->norm1.weight, layer->norm1.bias, layer->norm1.eps());
+    x = attn;
+    nn::FeedForward& ff = layer->ff;
+    Tensor hidden;
+    if (ff.activation() == nn::Activation::kRelu) {
+      hidden = relu(ff.linear1.forward(x));
+    } else {
+      hidden = linear(x, ff.linear1.weight);
+      add_bias_gelu_(hidden, ff.linear1.bias,
+                     ff.activation() == nn::Activation::kGeluTanh ? GeluApprox::kTanh : GeluApprox::kNone);
+    }
+    Tensor out = linear(hidden, ff.linear2.weight);
+    add_layer_norm_(out, x, ff.linear2.bias, layer->norm2.weight, layer->norm2.bias, layer->norm2.eps());
+    x = out;
   }
   return x;
 }

@@ -152,7 +152,7 @@ SentenceEncoder::SentenceEncoder(const std::string& dir) {
   }
 
   Rng rng(0);
-  model_ = std::make_unique<BertModel>(config, rng);
+  model_ = std::make_unique<BertModel>(config, rng, /*random_init=*/false);  // every weight is loaded below
   const std::string weights = join(dir, "model.safetensors");
   SafeTensorsFile st;
   try {

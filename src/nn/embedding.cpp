@@ -6,19 +6,40 @@
 
 namespace qkv::nn {
 
+namespace {
+
+int64_t checked_rows(const Tensor& weight) {
+  QKV_CHECK_ARG(weight.defined() && weight.dim() == 2 && weight.size(0) > 0 && weight.size(1) > 0,
+                "[Embedding] weight must be (V, E) with V, E > 0, got ",
+                weight.defined() ? str(weight.shape()) : std::string("(undefined)"));
+  return weight.size(0);
+}
+
+}  // namespace
+
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng, std::optional<int64_t> padding_idx)
     : num_(num_embeddings), dim_(embedding_dim) {
   QKV_CHECK_ARG(num_embeddings > 0 && embedding_dim > 0, "[Embedding] num_embeddings ", num_embeddings,
                 " and embedding_dim ", embedding_dim, " must be > 0");
-  if (padding_idx) {
-    const int64_t p = *padding_idx;
-    QKV_CHECK_ARG(p >= -num_embeddings && p < num_embeddings, "[Embedding] padding_idx ", p,
-                  " must be in [-", num_embeddings, ", ", num_embeddings, ")");
-    padding_idx_ = p < 0 ? p + num_embeddings : p;
-  }
+  set_padding_idx(padding_idx);
   weight = rng.normal({num_embeddings, embedding_dim});
   if (padding_idx_) weight.select(0, *padding_idx_).fill(0.0f);
   register_parameter("weight", &weight);
+}
+
+Embedding::Embedding(const Tensor& table, std::optional<int64_t> padding_idx)
+    : num_(checked_rows(table)), dim_(table.size(1)) {
+  set_padding_idx(padding_idx);
+  weight = table;
+  if (padding_idx_) weight.select(0, *padding_idx_).fill(0.0f);
+  register_parameter("weight", &weight);
+}
+
+void Embedding::set_padding_idx(std::optional<int64_t> padding_idx) {
+  if (!padding_idx) return;
+  const int64_t p = *padding_idx;
+  QKV_CHECK_ARG(p >= -num_ && p < num_, "[Embedding] padding_idx ", p, " must be in [-", num_, ", ", num_, ")");
+  padding_idx_ = p < 0 ? p + num_ : p;
 }
 
 Tensor Embedding::forward(const Ids& ids) const {

@@ -12,23 +12,31 @@
 namespace qkv {
 namespace {
 
-// True when any element of the strided tensor `t` is NaN (rows walked by stride, the inner dim in one loop).
+// True when any of the n floats at p is NaN; a branch-free OR so that the compiler vectorises it.
+bool span_has_nan(const float* p, int64_t n) {
+  int any = 0;
+#pragma omp simd reduction(| : any)
+  for (int64_t i = 0; i < n; ++i) any |= static_cast<int>(p[i] != p[i]);
+  return any != 0;
+}
+
+// True when any element of the strided tensor `t` is NaN: one span when contiguous, else one span per row when the
+// last dim is contiguous (the case of (B, T, H, D) views), else element by element.
 bool has_nan(const Tensor& t) {
   if (!t.defined() || t.numel() == 0) return false;
   const float* p = t.data();
-  if (t.is_contiguous()) {
-    const int64_t n = t.numel();
-    bool any = false;
-    for (int64_t i = 0; i < n; ++i) any |= p[i] != p[i];
-    return any;
-  }
+  if (t.is_contiguous()) return span_has_nan(p, t.numel());
   const Shape& shape = t.shape();
   const Shape& strides = t.strides();
   const int64_t inner = shape.back(), step = strides.back();
   bool any = false;
   for_each_offset(Shape(shape.begin(), shape.end() - 1), Shape(strides.begin(), strides.end() - 1),
                   [&](int64_t, int64_t off) {
-                    for (int64_t i = 0; i < inner; ++i) any |= p[off + i * step] != p[off + i * step];
+                    if (step == 1) {
+                      any = any || span_has_nan(p + off, inner);
+                    } else {
+                      for (int64_t i = 0; i < inner; ++i) any = any || p[off + i * step] != p[off + i * step];
+                    }
                   });
   return any;
 }

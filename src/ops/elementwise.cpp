@@ -2,6 +2,7 @@
 // Contiguous same-shape inputs take a flat loop; everything else walks broadcast strides row by row.
 #include "qkv/ops/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -135,6 +136,37 @@ Tensor gelu_reference(const Tensor& x, GeluApprox approx) {
       return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
     });
   return unary(x, "gelu", [](float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+}
+
+void add_bias_gelu_(Tensor& x, const Tensor& bias_in, GeluApprox approx) {
+  QKV_CHECK_ARG(x.defined() && x.dim() >= 1, "[add_bias_gelu] x must be defined with rank >= 1, got ",
+                x.defined() ? str(x.shape()) : std::string("(undefined)"));
+  QKV_CHECK_ARG(x.is_contiguous(), "[add_bias_gelu] x ", str(x.shape()), " must be contiguous (written in place)");
+  const int64_t f = x.size(-1);
+  if (bias_in.defined())
+    QKV_CHECK_ARG(bias_in.shape() == Shape{f}, "[add_bias_gelu] bias ", str(bias_in.shape()), " must be (", f,
+                  ") for x ", str(x.shape()));
+  if (x.numel() == 0) return;
+  const int64_t rows = x.numel() / f;
+  // The bias may be a view of x's own storage: read it from a private copy.
+  const Tensor bias = !bias_in.defined()           ? Tensor()
+                      : bias_in.shares_storage(x) ? bias_in.clone()
+                                                  : bias_in.contiguous();
+  const float* pb = bias.defined() ? bias.data() : nullptr;
+  float* px = x.data();
+  const bool tanh_approx = approx == GeluApprox::kTanh;
+  // Blocks of rows (about 16K elements: cache-resident between the two steps) spread over the threads.
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 14) / f);
+  const int64_t blocks = (rows + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1 && rows * f >= kParallelMin)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t r0 = k * block, n = std::min(block, rows - r0);
+    float* p = px + r0 * f;
+    if (pb)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < f; ++j) p[r * f + j] += pb[j];
+    kernels::gelu_forward(p, p, n * f, tanh_approx);
+  }
 }
 
 Tensor tanh(const Tensor& x) {

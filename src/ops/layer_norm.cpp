@@ -1,11 +1,14 @@
-// LayerNorm over the last dimension: y = (x - mean) * rstd * weight + bias, biased variance as PyTorch.
-// Two passes per row with double accumulation; mean and rstd are returned for the backward (llm.c's formula).
+// LayerNorm over the last dimension, double-accumulated, biased variance as PyTorch; the forward returns mean and
+// rstd for the backward (llm.c's formula). add_layer_norm_: the fused in-place inference step, beside its twin.
 #include "qkv/ops/layer_norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "layer_norm_rows.h"
 #include "qkv/core/error.h"
+#include "qkv/ops/elementwise.h"
 
 namespace qkv {
 
@@ -59,6 +62,113 @@ LayerNormResult layer_norm(const Tensor& x_in, const Tensor& weight_in, const Te
     }
   }
   return r;
+}
+
+namespace layer_norm_rows {
+
+void portable(float* y, const float* x, int64_t x_stride, const float* c, const float* w, const float* b,
+              int64_t rows, int64_t e, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * e;
+    const float* xr = x ? x + r * x_stride : nullptr;
+    double sum = 0.0;
+    for (int64_t j = 0; j < e; ++j) {
+      float v = yr[j];
+      if (c) v += c[j];
+      if (xr) v = xr[j] + v;
+      yr[j] = v;
+      sum += v;
+    }
+    const double mean = sum / static_cast<double>(e);
+    double var = 0.0;
+    for (int64_t j = 0; j < e; ++j) {
+      const double d = yr[j] - mean;
+      var += d * d;
+    }
+    var /= static_cast<double>(e);
+    const double rsd = 1.0 / std::sqrt(var + static_cast<double>(eps));
+    for (int64_t j = 0; j < e; ++j) {
+      float v = static_cast<float>((yr[j] - mean) * rsd);
+      if (w) v *= w[j];
+      if (b) v += b[j];
+      yr[j] = v;
+    }
+  }
+}
+
+}  // namespace layer_norm_rows
+
+namespace {
+
+bool cpu_has_avx2() {
+  static const bool on = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return on;
+}
+
+}  // namespace
+
+void add_layer_norm_(Tensor& y, const Tensor& x_in, const Tensor& y_bias, const Tensor& weight_in,
+                     const Tensor& bias_in, float eps) {
+  const char* op = "[add_layer_norm]";
+  QKV_CHECK_ARG(y.defined() && y.dim() >= 1, op, " y must be defined with rank >= 1, got ",
+                y.defined() ? str(y.shape()) : std::string("(undefined)"));
+  QKV_CHECK_ARG(y.is_contiguous(), op, " y ", str(y.shape()), " must be contiguous (it is written in place)");
+  const int64_t e = y.size(-1);
+  QKV_CHECK_ARG(e > 0, op, " normalised dim of y ", str(y.shape()), " must be > 0");
+  QKV_CHECK_ARG(eps >= 0.0f && std::isfinite(eps), op, " eps must be finite and >= 0, got ", eps);
+  if (x_in.defined())
+    QKV_CHECK_ARG(x_in.shape() == y.shape(), op, " x ", str(x_in.shape()), " must have y's shape ", str(y.shape()));
+  const Shape ew{e};
+  for (const Tensor* t : {&y_bias, &weight_in, &bias_in})
+    if (t->defined())
+      QKV_CHECK_ARG(t->shape() == ew, op, " y_bias, weight and bias must be ", str(ew), " for y ", str(y.shape()),
+                    ", got ", str(t->shape()));
+  const int64_t rows = y.numel() / e;
+  if (rows == 0) return;
+  // x as rows of stride x_stride: a view when its leading dims collapse with a contiguous last dim, else a copy.
+  Tensor x;
+  int64_t x_stride = e;
+  if (x_in.defined()) {
+    x = x_in;
+    bool rows_ok = x.stride(-1) == 1 || e == 1;
+    if (rows_ok && x.dim() >= 2) {
+      x_stride = x.stride(-2);
+      for (int64_t a = x.dim() - 2; a > 0 && rows_ok; --a)
+        rows_ok = x.size(a - 1) == 1 || x.stride(a - 1) == x.stride(a) * x.size(a);
+      rows_ok = rows_ok && (rows == 1 || x_stride >= e);
+    }
+    // Rows of x that overlap other rows of y would be overwritten before they are read: copy them first.
+    const bool same_rows = x.data() == y.data() && x_stride == e;
+    if (!rows_ok || (x.shares_storage(y) && !same_rows)) {
+      x = x.clone();
+      x_stride = e;
+    }
+  }
+  const Tensor c = y_bias.defined() ? y_bias.contiguous() : Tensor();
+  const Tensor w = weight_in.defined() ? weight_in.contiguous() : Tensor();
+  const Tensor b = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  float* py = y.data();
+  const float* px = x.defined() ? x.data() : nullptr;
+  const float* pc = c.defined() ? c.data() : nullptr;
+  const float* pw = w.defined() ? w.data() : nullptr;
+  const float* pb = b.defined() ? b.data() : nullptr;
+  const auto kernel = cpu_has_avx2() ? layer_norm_rows::avx2 : layer_norm_rows::portable;
+  // Blocks of rows (about 16K elements each) spread over the threads.
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 14) / e);
+  const int64_t blocks = (rows + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t r0 = k * block, n = std::min(block, rows - r0);
+    kernel(py + r0 * e, px ? px + r0 * x_stride : nullptr, x_stride, pc, pw, pb, n, e, eps);
+  }
+}
+
+Tensor add_layer_norm_reference(const Tensor& y, const Tensor& x, const Tensor& y_bias, const Tensor& weight,
+                                const Tensor& bias, float eps) {
+  QKV_CHECK_ARG(y.defined(), "[add_layer_norm] y must be defined");
+  Tensor s = y_bias.defined() ? add(y, y_bias) : y;
+  if (x.defined()) s = add(x, s);
+  return layer_norm(s, weight, bias, eps).y;
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& x_in, const Tensor& weight_in, const Tensor& mean_in,

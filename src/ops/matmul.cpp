@@ -139,12 +139,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape);
   if (rows == 0 || outf == 0) return out;
   float* pc = out.data();
+  // With a bias, every row starts as the bias and the GEMM accumulates onto it (beta = 1); without one the GEMM
+  // overwrites the uninitialised output (beta = 0), so nothing is filled first.
   if (bias.defined()) {
-    const float* pb = bias.data();
-    const int64_t sb = bias.stride(0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < outf; ++j) pc[r * outf + j] = pb[j * sb];
-  } else {
+    const Tensor bc = bias.contiguous();
+    const float* pb = bc.data();
+#pragma omp parallel for schedule(static) if (rows * outf >= (int64_t{1} << 18))
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(pc + r * outf, pb, static_cast<size_t>(outf) * sizeof(float));
+  } else if (in == 0) {
     std::fill_n(pc, rows * outf, 0.0f);
   }
   if (in == 0) return out;
@@ -156,7 +158,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor W = blas_ready(weight.transpose(0, 1), lw);
   check_blas_int(lx.ld, "linear", "leading dimension");
   check_blas_int(lw.ld, "linear", "leading dimension");
-  gemm(X.data(), lx, W.data(), lw, pc, rows, outf, in, true);
+  gemm(X.data(), lx, W.data(), lw, pc, rows, outf, in, bias.defined());
   return out;
 }
 

@@ -97,6 +97,44 @@ TEST(Bert, SequenceResultDoesNotDependOnItsBatchMates) {
     for (int64_t k = 0; k < 16; ++k) EXPECT_TRUE(close(alone.at({j, k}), together.at({3 + j, k})));
 }
 
+TEST(Bert, NaNInQueriesPropagatesThroughThePackedPath) {
+  // A NaN query makes NaN scores, which the fused kernel alone would treat as masked (output 0): the packed path
+  // must route such a layer to attention(), which propagates NaN as PyTorch does.
+  Rng rng(8);
+  BertModel m(tiny_config(), rng);
+  m.encoder.layers[0]->self_attn.in_proj_bias.data()[0] = std::nanf("");  // head 0's query, every token
+  const Tensor out = m.forward_packed({2, 8, 9, 3}, {4});
+  bool any_nan = false;
+  for (float v : out.to_vector()) any_nan |= std::isnan(v);
+  EXPECT_TRUE(any_nan);
+}
+
+TEST(Bert, LoadingConstructorSkipsOnlyTheWordTableDraw) {
+  Rng rng_a(9), rng_b(10);
+  BertModel a(tiny_config(), rng_a);
+  BertModel b(tiny_config(), rng_b, /*random_init=*/false);
+  for (float v : b.embeddings.word_embeddings.weight.to_vector()) ASSERT_EQ(v, 0.0f);
+  b.load_hf_state_dict(a.hf_state_dict());
+  const Tensor fa = a.forward_packed({2, 8, 9, 3, 2, 5, 3}, {4, 3});
+  const Tensor fb = b.forward_packed({2, 8, 9, 3, 2, 5, 3}, {4, 3});
+  EXPECT_EQ(fa.to_vector(), fb.to_vector());
+}
+
+TEST(Bert, EmbeddingFromTableSharesItAndZeroesThePaddingRow) {
+  Tensor table = Tensor::ones({5, 3});
+  qkv::nn::Embedding emb(table, /*padding_idx=*/-1);
+  EXPECT_EQ(emb.num_embeddings(), 5);
+  EXPECT_EQ(emb.embedding_dim(), 3);
+  EXPECT_EQ(*emb.padding_idx(), 4);
+  EXPECT_TRUE(emb.weight.shares_storage(table));
+  EXPECT_EQ(table.at({4, 1}), 0.0f);
+  EXPECT_EQ(emb.forward(qkv::Ids{{1, 4}, {2}}).to_vector(), (std::vector<float>{1, 1, 1, 0, 0, 0}));
+  expect_throw_with([] { qkv::nn::Embedding bad(Tensor::ones({5})); }, "[Embedding]");
+  expect_throw_with([] { qkv::nn::Embedding bad(Tensor::ones({0, 3})); }, "[Embedding]");
+  expect_throw_with([] { qkv::nn::Embedding bad(Tensor::ones({5, 3}), 5); }, "[Embedding]");
+  expect_throw_with([] { qkv::nn::Embedding bad(Tensor{}); }, "[Embedding]");
+}
+
 TEST(Bert, HfNameMappingRoundTrips) {
   Rng rng(3);
   BertModel a(tiny_config(), rng);

@@ -40,7 +40,9 @@ struct BertConfig {
 // (types, E), norm.{weight,bias} (E).
 class BertEmbeddings : public nn::Module {
  public:
-  BertEmbeddings(const BertConfig& config, Rng& rng);
+  // random_init false: the word table (most of the parameters, and of the init time) starts at zero instead of
+  // N(0, 1), for a model whose weights are loaded next; the other tables are drawn from rng as usual.
+  BertEmbeddings(const BertConfig& config, Rng& rng, bool random_init = true);
 
   // ids: (N) in [0, V)  positions: (N) in [0, P)  ->  (N, E)
   Tensor forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions) const;
@@ -58,8 +60,9 @@ class BertEmbeddings : public nn::Module {
 // Always in eval mode (dropout off): this is an inference model.
 class BertModel : public nn::Module {
  public:
-  // Random init from `rng` (every parameter is meant to be overwritten by load_hf_state_dict).
-  BertModel(const BertConfig& config, Rng& rng);
+  // Random init from `rng` (every parameter is meant to be overwritten by load_hf_state_dict). random_init false
+  // skips the draw of the word embedding table (zeros instead: ~90% of the construction time), for loading.
+  BertModel(const BertConfig& config, Rng& rng, bool random_init = true);
 
   // HF BertModel weights -> this module, the only place where the two naming schemes meet. Names may carry a
   // "bert." prefix; query/key/value are stacked into in_proj (rows [Q; K; V]); pooler.* and buffers are ignored.

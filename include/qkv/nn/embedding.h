@@ -18,6 +18,10 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng,
             std::optional<int64_t> padding_idx = std::nullopt);
 
+  // From a given table, as torch.nn.Embedding.from_pretrained: weight (V, E), V > 0, E > 0, shared (not copied);
+  // draws no random numbers. padding_idx as above (that row of weight is zeroed).
+  explicit Embedding(const Tensor& weight, std::optional<int64_t> padding_idx = std::nullopt);
+
   // ids: shape S, values in [0, V)  ->  S + (E)
   Tensor forward(const Ids& ids) const;
 
@@ -28,6 +32,8 @@ class Embedding : public Module {
   Tensor weight;  // (V, E)
 
  private:
+  void set_padding_idx(std::optional<int64_t> padding_idx);  // checks it against num_, stores it non-negative
+
   int64_t num_;
   int64_t dim_;
   std::optional<int64_t> padding_idx_;

@@ -16,6 +16,9 @@ enum class GeluApprox { kNone, kTanh };  // exact erf form, or PyTorch's approxi
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::kNone);  // vectorised kernel when x is contiguous
 Tensor gelu_reference(const Tensor& x, GeluApprox approx = GeluApprox::kNone);  // libm erf/tanh per element
+// Inference only, in place: x <- gelu(x + bias), the bias broadcast over rows (the bias + activation after a linear
+// layer run without its bias). x: (..., F) contiguous  bias: (F) or undefined. Vectorised kernel; threads over rows.
+void add_bias_gelu_(Tensor& x, const Tensor& bias, GeluApprox approx = GeluApprox::kNone);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 

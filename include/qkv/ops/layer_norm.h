@@ -14,6 +14,17 @@ struct LayerNormResult {
 // x: (..., E)  weight: (E) or undefined  bias: (E) or undefined
 LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 
+// Inference only (no mean/rstd kept, no backward): the residual + bias + LayerNorm of a post-LN block, in place.
+//   y <- layer_norm(x + (y + y_bias), weight, bias, eps)
+// y: (..., E) contiguous (overwritten)  x: y's shape, last dim contiguous, or undefined  y_bias, weight, bias: (E) or
+// undefined. One pass over memory per row, AVX2 when the CPU has it, threads over rows; statistics in double as
+// layer_norm, so the result matches add_layer_norm_reference to float rounding.
+void add_layer_norm_(Tensor& y, const Tensor& x, const Tensor& y_bias, const Tensor& weight, const Tensor& bias,
+                     float eps = 1e-5f);
+// The plain twin of add_layer_norm_: layer_norm(add(x, add(y, y_bias)), weight, bias, eps).y as a fresh tensor.
+Tensor add_layer_norm_reference(const Tensor& y, const Tensor& x, const Tensor& y_bias, const Tensor& weight,
+                                const Tensor& bias, float eps = 1e-5f);
+
 struct LayerNormGrads {
   Tensor dx;       // (..., E)
   Tensor dweight;  // (E); undefined when weight is undefined
