@@ -13,7 +13,9 @@ PYTHON="${PYTHON:-python3}"
 # libbenchmark-dev       : Google Benchmark (bench/)
 # libcli11-dev           : CLI11, header-only argument parser for the `qkv` command
 # clang-14, libclang-rt-14-dev, libfuzzer-14-dev, libomp-14-dev : libFuzzer target, ThreadSanitizer build
+# git                    : its French and Simplified Chinese .mo catalogs are the translation experiment's corpus
 APT_PACKAGES=(
+  git
   build-essential pkg-config
   libopenblas-openmp-dev
   libgtest-dev
