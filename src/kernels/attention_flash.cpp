@@ -289,13 +289,14 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
   }
 }
 
-// out rows (bq x Dv, contiguous) = o / l; lse = ln(2)·(m + log2 l); a row that saw no key: out 0, lse -inf.
+// out rows (bq x Dv, contiguous) = o / l; lse = ln(2)·(m + log2 l); a row that saw no key: out 0, lse -inf;
+// a row where a NaN score took part (l NaN): out NaN, lse NaN, as in PyTorch.
 void fwd_finish(const FwdWork& w, int64_t bq, int64_t dv, float* out, float* lse) {
   for (int64_t i = 0; i < bq; ++i) {
     const float l = w.l[static_cast<size_t>(i)];
     float* orow = out + i * dv;
     const float* src = w.o.data() + i * dv;
-    if (l > 0.0f) {
+    if (l > 0.0f || l != l) {  // l is NaN when a NaN score took part: out and lse become NaN below
       const float inv = 1.0f / l;
       for (int64_t c = 0; c < dv; ++c) orow[c] = src[c] * inv;
       lse[i] = static_cast<float>((static_cast<double>(w.m[static_cast<size_t>(i)]) + std::log2(double{l})) * kLn2);
@@ -403,7 +404,7 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
             for (int64_t c = 0; c < dv; ++c) orow[c] += wgt * src[c];
           }
         }
-        if (l > 0.0f) {
+        if (l > 0.0f || l != l) {  // NaN l: a NaN score took part, out and lse become NaN
           const float inv = 1.0f / l;
           for (int64_t c = 0; c < dv; ++c) orow[c] *= inv;
           lse[b * tq + i0 + i] = static_cast<float>((double{mx} + std::log2(double{l})) * kLn2);

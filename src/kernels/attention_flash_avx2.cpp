@@ -12,9 +12,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 2^x for x <= 127, to about 2 ulp; 0 for x < -125 (and for -inf). Cephes exp2f: 2^x = 2^n * P(x - n).
+// 2^x for x <= 127, to about 2 ulp; 0 for x < -125 (and for -inf); NaN for NaN. Cephes exp2f: 2^x = 2^n * P(x - n).
+// NaN in, NaN out (a NaN score must reach the output, as in PyTorch, not vanish like a masked one).
 inline __m256 exp2_ps(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_NLT_UQ);  // x >= -125 or NaN
+  const __m256 x_in = x;
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-125.0f)), _mm256_set1_ps(127.0f));
   // Round to nearest by adding 1.5·2^23: the low mantissa bits of t then hold n in two's complement.
   const __m256 magic = _mm256_set1_ps(12582912.0f);
@@ -30,7 +33,7 @@ inline __m256 exp2_ps(__m256 x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);  // n << 23; t's exponent bits shift out
   const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-  return _mm256_and_ps(r, keep);
+  return _mm256_blendv_ps(_mm256_and_ps(r, keep), x_in, nan);
 }
 
 inline __m256i tail_mask(int64_t n) {  // lanes [0, n) on, 0 < n < 8
@@ -222,22 +225,39 @@ void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows,
     const __m256 nl = _mm256_set1_ps(-lse2[r]);
     const __m256 dl = _mm256_set1_ps(delta[r]);
     int64_t j = 0;
+    // A blocked pair (score or bias -inf) gives p = 0, and p = 0 gives dS = 0, even when its score or the row's lse/delta
+    // is NaN: the reference's rule.
+    const __m256 ninf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
     for (; j + 8 <= cols; j += 8) {
-      __m256 x = _mm256_add_ps(_mm256_loadu_ps(sr + j), nl);
-      if (br) x = _mm256_add_ps(x, _mm256_loadu_ps(br + j));
-      const __m256 p = exp2_ps(x);
+      const __m256 sj = _mm256_loadu_ps(sr + j);
+      __m256 x = _mm256_add_ps(sj, nl);
+      __m256 blocked = _mm256_cmp_ps(sj, ninf, _CMP_EQ_OQ);
+      if (br) {
+        const __m256 bj = _mm256_loadu_ps(br + j);
+        x = _mm256_add_ps(x, bj);
+        blocked = _mm256_or_ps(blocked, _mm256_cmp_ps(bj, ninf, _CMP_EQ_OQ));
+      }
+      const __m256 p = _mm256_blendv_ps(exp2_ps(x), zero, blocked);
       _mm256_storeu_ps(sr + j, p);
       const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(dr + j), dl);
-      _mm256_storeu_ps(dr + j, _mm256_mul_ps(_mm256_mul_ps(p, vscale), d));
+      const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(p, vscale), d);
+      _mm256_storeu_ps(dr + j, _mm256_blendv_ps(ds, zero, _mm256_cmp_ps(p, zero, _CMP_EQ_OQ)));
     }
     if (j < cols) {
       const __m256i mk = tail_mask(cols - j);
-      __m256 x = _mm256_add_ps(_mm256_maskload_ps(sr + j, mk), nl);
-      if (br) x = _mm256_add_ps(x, _mm256_maskload_ps(br + j, mk));
-      const __m256 p = exp2_ps(x);
+      const __m256 sj = _mm256_maskload_ps(sr + j, mk);
+      __m256 x = _mm256_add_ps(sj, nl);
+      __m256 blocked = _mm256_cmp_ps(sj, ninf, _CMP_EQ_OQ);
+      if (br) {
+        const __m256 bj = _mm256_maskload_ps(br + j, mk);
+        x = _mm256_add_ps(x, bj);
+        blocked = _mm256_or_ps(blocked, _mm256_cmp_ps(bj, ninf, _CMP_EQ_OQ));
+      }
+      const __m256 p = _mm256_blendv_ps(exp2_ps(x), zero, blocked);
       _mm256_maskstore_ps(sr + j, mk, p);
       const __m256 d = _mm256_sub_ps(_mm256_maskload_ps(dr + j, mk), dl);
-      _mm256_maskstore_ps(dr + j, mk, _mm256_mul_ps(_mm256_mul_ps(p, vscale), d));
+      const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(p, vscale), d);
+      _mm256_maskstore_ps(dr + j, mk, _mm256_blendv_ps(ds, zero, _mm256_cmp_ps(p, zero, _CMP_EQ_OQ)));
     }
   }
 }

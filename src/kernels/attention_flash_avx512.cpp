@@ -17,8 +17,10 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // 2^x for x <= 127, to about 2 ulp; 0 for x < -125 (and for -inf). The polynomial of the AVX2 set.
-inline __m512 exp2_ps(__m512 x) {
+inline __m512 exp2_ps(__m512 x) {  // NaN in, NaN out, as in the AVX2 version
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __m512 x_in = x;
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-125.0f)), _mm512_set1_ps(127.0f));
   const __m512 magic = _mm512_set1_ps(12582912.0f);  // 1.5·2^23: round to nearest, n in the low mantissa bits
   const __m512 t = _mm512_add_ps(x, magic);
@@ -33,7 +35,7 @@ inline __m512 exp2_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
   const __m512 r = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-  return _mm512_maskz_mov_ps(keep, r);
+  return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, r), nan, x_in);
 }
 
 inline __mmask16 tail_mask(int64_t n) {  // lanes [0, n) on, 0 < n <= 16
@@ -206,14 +208,24 @@ void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows,
     const float* br = bias ? bias + r * ld : nullptr;
     const __m512 nl = _mm512_set1_ps(-lse2[r]);
     const __m512 dl = _mm512_set1_ps(delta[r]);
+    // A blocked pair (score or bias -inf) gives p = 0, and p = 0 gives dS = 0, even when the row's lse/delta is
+    // NaN: the reference's rule.
+    const __m512 ninf = _mm512_set1_ps(kNegInf);
     for (int64_t j = 0; j < cols; j += 16) {
       const __mmask16 mk = tail_mask(std::min<int64_t>(16, cols - j));
-      __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, sr + j), nl);
-      if (br) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mk, br + j));
-      const __m512 p = exp2_ps(x);
+      const __m512 sj = _mm512_maskz_loadu_ps(mk, sr + j);
+      __m512 x = _mm512_add_ps(sj, nl);
+      __mmask16 open = _mm512_cmp_ps_mask(sj, ninf, _CMP_NEQ_UQ);
+      if (br) {
+        const __m512 bj = _mm512_maskz_loadu_ps(mk, br + j);
+        x = _mm512_add_ps(x, bj);
+        open &= _mm512_cmp_ps_mask(bj, ninf, _CMP_NEQ_UQ);
+      }
+      const __m512 p = _mm512_maskz_mov_ps(open, exp2_ps(x));
       _mm512_mask_storeu_ps(sr + j, mk, p);
       const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dr + j), dl);
-      _mm512_mask_storeu_ps(dr + j, mk, _mm512_mul_ps(_mm512_mul_ps(p, vscale), d));
+      const __mmask16 live = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      _mm512_mask_storeu_ps(dr + j, mk, _mm512_maskz_mul_ps(live, _mm512_mul_ps(p, vscale), d));
     }
   }
 }

@@ -57,9 +57,12 @@ void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows,
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t x = r * ld + j;
-      const float p = std::exp2(s[x] + (bias ? bias[x] : 0.0f) - lse2[r]);
+      // A blocked pair (score or bias -inf) gives p = 0 and dS = 0 even when its score or the row's lse/delta is NaN (the reference's
+      // rule: dS = 0 wherever P = 0).
+      const bool blocked = s[x] == kNegInf || (bias && bias[x] == kNegInf);
+      const float p = blocked ? 0.0f : std::exp2(s[x] + (bias ? bias[x] : 0.0f) - lse2[r]);
       s[x] = p;
-      dp[x] = scale * p * (dp[x] - delta[r]);
+      dp[x] = p == 0.0f ? 0.0f : scale * p * (dp[x] - delta[r]);
     }
 }
 

@@ -78,15 +78,6 @@ void merge_heads(const Tensor& out, float* rows, int64_t e) {
       std::memcpy(rows + ti * e + hi * d, src + (hi * t + ti) * d, sizeof(float) * static_cast<size_t>(d));
 }
 
-// True when the contiguous tensor t holds a NaN: one vectorisable pass.
-bool has_nan(const Tensor& t) {
-  const float* p = t.data();
-  const int64_t n = t.numel();
-  int any = 0;
-  for (int64_t i = 0; i < n; ++i) any |= p[i] != p[i];
-  return any != 0;
-}
-
 }  // namespace
 
 // --- embeddings ----------------------------------------------------------------------------------------------
@@ -207,10 +198,6 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
     nn::MultiheadAttention& sa = layer->self_attn;
     const Tensor qkv = linear(x, sa.in_proj_weight, sa.in_proj_bias);  // (N, 3E): one GEMM for all tokens
     Tensor ctx = Tensor::empty({n, e});
-    // attention() scans its strided inputs for NaN on every call (they go to the reference path, which propagates
-    // them), row by row: that scan cost as much as the attention itself for these short sequences. One contiguous
-    // scan of the whole qkv buffer decides instead; NaN-free inputs go straight to the fused kernel it would run.
-    const bool direct = !has_nan(qkv);
     const float scale = attention_scale({}, d);
     // Each sequence is its own attention problem (H, T, D) over views of qkv: no mask, no padding.
     std::exception_ptr error;  // an exception must not escape the parallel region
@@ -220,9 +207,8 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
         const Tensor rows = qkv.slice(0, offsets[s], offsets[s] + lengths[s]).view({lengths[s], 3, h, d});
         const Tensor q = rows.select(1, 0).transpose(0, 1), k = rows.select(1, 1).transpose(0, 1),
                      v = rows.select(1, 2).transpose(0, 1);  // (H, T, D) views, last dim contiguous
-        const Tensor out = (direct ? kernels::attention_flash_forward(q, k, v, {}, Shape{h}, scale).out
-                                   : attention(q, k, v).out)
-                               .contiguous();
+        // The fused kernel straight away (what attention() runs without weights; it propagates NaN).
+        const Tensor out = kernels::attention_flash_forward(q, k, v, {}, Shape{h}, scale).out.contiguous();
         merge_heads(out, ctx.data() + offsets[s] * e, e);
       } catch (...) {
 #pragma omp critical(qkv_bert_error)

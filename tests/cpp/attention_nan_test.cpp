@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops_testing.h"
+#include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
 
 namespace qkv {
@@ -65,6 +66,34 @@ TEST(AttentionNaN, BackwardPropagatesLikeTheReference) {
   ExpectSameNaNPattern(f.dq, r.dq, "dq");
   ExpectSameNaNPattern(f.dk, r.dk, "dk");
   ExpectSameNaNPattern(f.dv, r.dv, "dv");
+}
+
+// Each instruction set's kernels directly (auto dispatch above covers only the widest one), forward and backward.
+TEST(AttentionNaN, EveryKernelSetPropagatesLikeTheReference) {
+  using kernels::FlashIsa;
+  const Tensor q = with_nan(randn({2, 19, 16}, 15), {1, 3, 5}), v = randn({2, 23, 16}, 17);
+  const Tensor k = with_nan(randn({2, 23, 16}, 16), {0, 20, 2}), d_out = randn({2, 19, 16}, 18);
+  for (Causal c : {Causal::kNone, Causal::kTopLeft}) {
+    AttentionOptions o;
+    o.causal = c;
+    const Tensor ref = attention_reference(q, k, v, o).out;
+    const AttentionGrads gref = attention_backward_reference(q, k, v, Tensor(), Tensor(), d_out, o);
+    for (FlashIsa isa : {FlashIsa::kPortable, FlashIsa::kAvx2, FlashIsa::kAvx512}) {
+      kernels::FlashConfig cfg;
+      cfg.isa = isa;
+      AttentionResult f;
+      try {
+        f = kernels::attention_flash_forward(q, k, v, o, Shape{2}, 0.25f, cfg);
+      } catch (const std::runtime_error&) {
+        continue;  // this CPU lacks the set (attention_flash_isa_test checks the dispatch)
+      }
+      ExpectSameNaNPattern(f.out, ref, kernels::flash_isa_name(isa));
+      const AttentionGrads g = kernels::attention_flash_backward(q, k, v, f.out, f.lse, d_out, o, Shape{2}, 0.25f, cfg);
+      ExpectSameNaNPattern(g.dq, gref.dq, "dq");
+      ExpectSameNaNPattern(g.dk, gref.dk, "dk");
+      ExpectSameNaNPattern(g.dv, gref.dv, "dv");
+    }
+  }
 }
 
 TEST(AttentionNaN, FiniteInputsStayOnTheFusedPathAndFinite) {
