@@ -49,6 +49,7 @@ class Pool {
       if (it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
+        if (it->second.empty()) free_.erase(it);  // evict_locked relies on there being no empty lists
         cached_ -= cls;
         --blocks_;
         ++hits_;

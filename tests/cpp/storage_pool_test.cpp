@@ -114,6 +114,19 @@ TEST_F(StoragePool, LimitEvictsLargestBlocksFirst) {
   EXPECT_LE(pool::stats().cached_bytes, pool::limit());
 }
 
+// A class emptied by reuse must not be left behind as an empty list: eviction takes the largest class and would
+// read from the empty one (found as a heap overflow in a long training run).
+TEST_F(StoragePool, EvictionAfterTheLargestClassWasReusedEmpty) {
+  const size_t small = pool::size_class(kPooledFloats * sizeof(float));
+  { const Tensor big = Tensor::empty({4 * kPooledFloats}), a = Tensor::empty({kPooledFloats}); }
+  const Tensor held = Tensor::empty({4 * kPooledFloats});  // takes the only big block: its class is now empty
+  pool::set_limit(0);  // evicts everything cached: must stop after the small block
+  EXPECT_EQ(pool::stats().cached_bytes, 0u);
+  pool::set_limit(small * 4);
+  { const Tensor a = Tensor::empty({kPooledFloats}); }
+  EXPECT_EQ(pool::stats().cached_bytes, small);
+}
+
 TEST_F(StoragePool, ConcurrentAllocateAndFreeKeepContentsAndBounds) {
   pool::set_limit(size_t{8} << 20);
   constexpr int kThreads = 4, kRounds = 200;
