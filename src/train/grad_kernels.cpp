@@ -2,7 +2,6 @@
 // Contiguous same-layout operands take flat OpenMP loops; everything else walks strides.
 #include "grad_kernels.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
