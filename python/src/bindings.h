@@ -28,6 +28,12 @@ Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg);
 Tensor to_tensor_or_none(const py::handle& obj, const char* fn, const char* arg);
 // Copies a Tensor into a new float32 ndarray.
 py::array_t<float> to_numpy(const Tensor& t);
+// A float32 ndarray viewed in place with its own strides when they are non-negative multiples of 4 bytes and the data
+// is aligned (a torch tensor's transposed or expanded view through .numpy()); anything else as to_tensor.
+// For inputs of the attention kernels, which read strided Q/K/V/masks whose last dimension is contiguous.
+Tensor to_tensor_strided(const py::handle& obj, const char* fn, const char* arg);
+// Hands a Tensor to NumPy without a copy: the array views the Tensor's storage and keeps it alive.
+py::array_t<float> to_numpy_shared(const Tensor& t);
 
 // A PyTorch mask argument: a bool array is read with `bool_kind` (kKeep for SDPA, kBlock for nn.MultiheadAttention),
 // a floating array is additive (-inf blocks). Integer dtypes raise TypeError, as PyTorch's masks accept only bool

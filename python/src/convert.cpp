@@ -58,6 +58,27 @@ Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg) {
   return Tensor::from_blob(data, shape, {}, owner);
 }
 
+Tensor to_tensor_strided(const py::handle& obj, const char* fn, const char* arg) {
+  py::array a = as_real_array(obj, fn, arg);
+  using F32 = py::array_t<float>;
+  if (!py::isinstance<F32>(a) || a.size() == 0 || reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0) {
+    return to_tensor(a, fn, arg);
+  }
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  Shape strides(static_cast<size_t>(a.ndim()));
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) {
+    const py::ssize_t s = a.strides()[d];
+    if (s < 0 || s % static_cast<py::ssize_t>(sizeof(float)) != 0) return to_tensor(a, fn, arg);
+    strides[static_cast<size_t>(d)] = s / static_cast<py::ssize_t>(sizeof(float));
+  }
+  auto* keep = new py::object(a);
+  std::shared_ptr<void> owner(keep, [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+  return Tensor::from_blob(const_cast<float*>(static_cast<const float*>(a.data())), shape, strides, owner);
+}
+
 Tensor to_tensor_or_none(const py::handle& obj, const char* fn, const char* arg) {
   if (obj.is_none()) return Tensor();
   return to_tensor(obj, fn, arg);
@@ -69,6 +90,18 @@ py::array_t<float> to_numpy(const Tensor& t) {
   Tensor c = t.contiguous();
   if (t.numel()) std::memcpy(out.mutable_data(), c.data(), sizeof(float) * t.numel());
   return out;
+}
+
+py::array_t<float> to_numpy_shared(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  std::vector<py::ssize_t> shape(c.shape().begin(), c.shape().end());
+  std::vector<py::ssize_t> strides;
+  for (int64_t s : c.strides()) strides.push_back(static_cast<py::ssize_t>(s * static_cast<int64_t>(sizeof(float))));
+  auto* keep = new Tensor(c);
+  py::capsule owner(keep, [](void* p) { delete static_cast<Tensor*>(p); });
+  static float dummy = 0.0f;
+  float* data = c.numel() ? keep->data() : &dummy;
+  return py::array_t<float>(shape, strides, data, owner);
 }
 
 MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind bool_kind) {

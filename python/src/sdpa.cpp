@@ -44,9 +44,76 @@ Shape out_shape(const Shape& batch, const Tensor& q, const Tensor& v) {
   return s;
 }
 
+// The private kernels behind qkv.torch: strided float32 inputs read in place (numpy views of torch tensors), results
+// handed back without a copy. A bool mask keeps (SDPA), a floating one is added; is_causal is top-left and combines
+// with the mask (both must allow a pair), as torch 2.13 does.
+AttentionOptions strided_options(const py::object& attn_mask, bool is_causal, std::optional<double> scale,
+                                 const char* fn) {
+  AttentionOptions o = sdpa_options(py::none(), is_causal, scale, fn);
+  if (py::isinstance<py::array_t<float>>(attn_mask)) {
+    o.mask = to_tensor_strided(attn_mask, fn, "attn_mask");
+    o.mask_kind = MaskKind::kAdditive;
+  } else if (!attn_mask.is_none()) {
+    const MaskArg m = to_mask(attn_mask, fn, "attn_mask", MaskKind::kKeep);
+    o.mask = m.t;
+    o.mask_kind = m.kind;
+  }
+  return o;
+}
+
+void bind_strided(py::module_& m) {
+  constexpr const char* kFwd = "_sdpa_forward";
+  constexpr const char* kBwd = "_sdpa_backward";
+  m.def(
+      kFwd,
+      [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
+         bool is_causal, std::optional<double> scale) {
+        AttentionOptions o = strided_options(attn_mask, is_causal, scale, kFwd);
+        o.return_lse = true;
+        const Tensor q = to_tensor_strided(query, kFwd, "query");
+        const Tensor k = to_tensor_strided(key, kFwd, "key");
+        const Tensor v = to_tensor_strided(value, kFwd, "value");
+        attention_check(q, k, v, o, kFwd);
+        AttentionResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = qkv::attention_fused(q, k, v, o);
+        }
+        return py::make_tuple(to_numpy_shared(r.out), to_numpy_shared(r.lse));
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("is_causal"),
+      py::arg("scale"),
+      "qkv.torch's forward: (out (..., Tq, Dv), lse (..., Tq)) of the fused kernel; strided float32 inputs are read "
+      "in place and the results are not copied.");
+  m.def(
+      kBwd,
+      [](const py::object& grad_out, const py::object& query, const py::object& key, const py::object& value,
+         const py::object& out, const py::object& lse, const py::object& attn_mask, bool is_causal,
+         std::optional<double> scale) {
+        const AttentionOptions o = strided_options(attn_mask, is_causal, scale, kBwd);
+        const Tensor g = to_tensor_strided(grad_out, kBwd, "grad_out");
+        const Tensor q = to_tensor_strided(query, kBwd, "query");
+        const Tensor k = to_tensor_strided(key, kBwd, "key");
+        const Tensor v = to_tensor_strided(value, kBwd, "value");
+        const Tensor o_ = to_tensor_strided(out, kBwd, "out");
+        const Tensor l = to_tensor_strided(lse, kBwd, "lse");
+        AttentionGrads grads;
+        {
+          py::gil_scoped_release nogil;
+          grads = qkv::attention_backward(q, k, v, o_, l, g, o);
+        }
+        return py::make_tuple(to_numpy_shared(grads.dq), to_numpy_shared(grads.dk), to_numpy_shared(grads.dv));
+      },
+      py::arg("grad_out"), py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"),
+      py::arg("attn_mask"), py::arg("is_causal"), py::arg("scale"),
+      "qkv.torch's backward: (grad_query, grad_key, grad_value) from the forward's out and lse through the fused "
+      "kernel, summed over broadcast axes; strided inputs are read in place.");
+}
+
 }  // namespace
 
 void bind_sdpa(py::module_& m) {
+  bind_strided(m);
   m.def(
       kSdpa,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
