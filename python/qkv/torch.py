@@ -76,7 +76,8 @@ def _sdpa_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
 
 @_sdpa_backward_op.register_fake
 def _sdpa_backward_fake(grad_out, q, k, v, out, lse, attn_mask, is_causal, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Fresh contiguous tensors, as the real kernel returns (not the strides of q, k, v).
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -171,8 +172,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     query (..., Hq, Tq, D), key (..., Hk, Tk, D), value (..., Hk, Tk, Dv) -> (..., Hq, Tq, Dv). Leading dims
     broadcast. attn_mask broadcasts to (..., Hq, Tq, Tk): bool True takes part, a float mask is added (-inf blocks).
-    is_causal is top-left (query i sees keys j <= i) and combines with attn_mask as torch 2.13 does (a pair must be
-    allowed by both). scale defaults to 1/sqrt(D). enable_gqa: Hq a multiple of Hk; query head h reads key head
+    is_causal is top-left (query i sees keys j <= i) and combines with attn_mask as torch 2.13's fused CPU kernel
+    does (a pair must be allowed by both; torch's math fallback raises there). scale defaults to 1/sqrt(D). enable_gqa: Hq a multiple of Hk; query head h reads key head
     h // (Hq/Hk). GQA runs as a broadcast of k and v over the group axis (views, no copy), and grad_key/grad_value
     are summed over each group. A query row whose every key is masked gives 0 and gradient 0, as torch 2.13's math
     backend. No gradient flows to attn_mask: a mask that requires grad goes to torch's SDPA, as do CPU-float32-less

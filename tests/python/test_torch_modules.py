@@ -17,9 +17,11 @@ RTOL = 1e-4
 
 
 def assert_close(name, got, ref, rtol=RTOL):
+    """|got - ref| <= rtol * |ref| + rtol * 0.1 * max|ref|: the floor covers entries that are sums of many terms
+    cancelling to ~0 (a weight gradient), where float32's error is relative to the terms, not to the sum."""
     got, ref = got.detach().double(), ref.detach().double()
     assert got.shape == ref.shape, f"{name}: shapes {tuple(got.shape)} vs {tuple(ref.shape)}"
-    floor = rtol * 1e-2 * max(1.0, float(ref.abs().max()))
+    floor = rtol * 0.1 * max(1.0, float(ref.abs().max()))
     diff = (got - ref).abs()
     assert bool((diff <= rtol * ref.abs() + floor).all()), f"{name}: max |diff| {float(diff.max()):.3g}"
 
@@ -232,7 +234,11 @@ class CompiledAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, E))
 
 
-def test_torch_compile_of_a_model_using_qkv_runs_and_matches_eager(counted):
+def test_torch_compile_of_a_model_using_qkv_runs_and_matches_eager(counted, monkeypatch):
+    import torch._inductor.config
+
+    # Compile for real each run: a cached graph would hide a change in the op's fake kernel.
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     torch.manual_seed(0)
     model = CompiledAttention()
     x = torch.randn(2, 9, 16, requires_grad=True)

@@ -33,13 +33,13 @@ def leaf(gen, *shape, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).requires_grad_(True)
 
 
-def run_both(q, k, v, g, **kw):
-    """(qkv out, grads), (torch out, grads) for the same leaves."""
+def run_both(q, k, v, g, prep=lambda t: t, **kw):
+    """(qkv out, grads), (torch out, grads) for the same leaves; prep maps k and v to the views passed."""
     results = []
     for fn in (qt.scaled_dot_product_attention, F.scaled_dot_product_attention):
         for t in (q, k, v):
             t.grad = None
-        out = fn(q, k, v, **kw)
+        out = fn(q, prep(k), prep(v), **kw)
         out.backward(g)
         results.append((out.detach().clone(), [t.grad.clone() for t in (q, k, v)]))
     return results
@@ -142,11 +142,10 @@ def test_expanded_mask_and_kv_are_not_copied_and_match():
     q = leaf(gen, 2, 4, 6, 8)
     k = leaf(gen, 1, 1, 6, 8)
     v = leaf(gen, 1, 1, 6, 8)
-    ke, ve = k.expand(2, 4, 6, 8), v.expand(2, 4, 6, 8)  # stride-0 views
-    mask = (torch.rand(6, 6, generator=gen) < 0.6).expand(2, 4, 6, 6)
-    mask = mask | torch.eye(6, dtype=torch.bool)
+    mask = (torch.rand(6, 6, generator=gen) < 0.6) | torch.eye(6, dtype=torch.bool)
+    mask = mask.expand(2, 4, 6, 6)  # stride-0 views, as the expanded k and v
     g = torch.randn(2, 4, 6, 8, generator=gen)
-    (o1, g1), (o2, g2) = run_both(q, ke, ve, g, attn_mask=mask)
+    (o1, g1), (o2, g2) = run_both(q, k, v, g, prep=lambda t: t.expand(2, 4, 6, 8), attn_mask=mask)
     assert_close("expanded out", o1, o2)
     for a, b in zip(g1, g2):
         assert_close("expanded grad", a, b)
