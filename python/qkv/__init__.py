@@ -1,14 +1,32 @@
-"""qkv: attention from Seq2Seq to self-attention, with a PyTorch-shaped API over NumPy arrays.
+"""qkv: attention from Seq2Seq to self-attention, with PyTorch's API and defaults over arrays.
+
+Inputs are anything NumPy can read (NumPy arrays, torch tensors through DLPack or __array__, nested lists); float32
+in memory is used without a copy. Results are NumPy arrays. `import qkv.torch` puts qkv's kernels inside torch
+models (autograd included); `import qkv` alone never imports torch.
 
 Shapes use one alphabet: B batch, H heads, T (Tq/Tk) sequence, D (Dk/Dv) head dim, E model width.
 """
+from . import _calls
+from . import _qkv
 from ._qkv import __version__  # noqa: F401
-from ._qkv import attention  # noqa: F401
-from ._qkv import manual_seed  # noqa: F401
-from ._qkv import scaled_dot_product_attention, scaled_dot_product_attention_backward  # noqa: F401
-from ._qkv import MultiheadAttention  # noqa: F401
-from ._qkv import TransformerDecoderLayer, TransformerEncoderLayer  # noqa: F401
-from ._qkv import GRU, LSTM  # noqa: F401
 from . import positional  # noqa: F401
-from ._qkv import load_safetensors, save_safetensors  # noqa: F401
 from ._qkv import SentenceEncoder, WordPieceTokenizer  # noqa: F401
+
+# Calls whose arguments match no signature raise a one-line TypeError (never a dump of the arrays passed).
+attention = _calls.function(_qkv.attention, "attention")
+manual_seed = _calls.function(_qkv.manual_seed, "manual_seed")
+set_num_threads = _calls.function(_qkv.set_num_threads, "set_num_threads")
+get_num_threads = _qkv.get_num_threads
+scaled_dot_product_attention = _calls.function(_qkv.scaled_dot_product_attention, "scaled_dot_product_attention")
+scaled_dot_product_attention_backward = _calls.function(_qkv.scaled_dot_product_attention_backward,
+                                                        "scaled_dot_product_attention_backward")
+load_safetensors = _calls.function(_qkv.load_safetensors, "load_safetensors")
+save_safetensors = _calls.function(_qkv.save_safetensors, "save_safetensors")
+MultiheadAttention = _calls.patch_class(_qkv.MultiheadAttention)
+TransformerEncoderLayer = _calls.patch_class(_qkv.TransformerEncoderLayer)
+TransformerDecoderLayer = _calls.patch_class(_qkv.TransformerDecoderLayer)
+TransformerEncoder = _calls.patch_class(_qkv.TransformerEncoder)
+TransformerDecoder = _calls.patch_class(_qkv.TransformerDecoder)
+Transformer = _calls.patch_class(_qkv.Transformer)
+GRU = _calls.patch_class(_qkv.GRU)
+LSTM = _calls.patch_class(_qkv.LSTM)

@@ -20,9 +20,13 @@ namespace qkv::python {
 
 namespace py = pybind11;
 
+// obj as an ndarray: an ndarray itself, an object with __dlpack__ (a CPU torch tensor) through numpy.from_dlpack,
+// anything else NumPy can read (lists, __array__, buffers) through numpy.asarray; no copy where the memory already
+// fits. None, str, bytes, dicts and unreadable objects raise a one-line TypeError naming `fn` and `arg`.
+py::array to_array(const py::handle& obj, const char* fn, const char* arg);
 // Borrows a float32 C-contiguous aligned array without copying (the Tensor keeps the array alive).
 // Other real dtypes (bool, ints, float16/64, ...) and layouts are converted to a float32 C-contiguous copy;
-// anything that is not a numpy.ndarray of a real dtype raises TypeError naming `fn` and `arg`.
+// input that is not array-like (to_array) or not of a real dtype raises TypeError naming `fn` and `arg`.
 Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg);
 // Same, but None gives an undefined Tensor.
 Tensor to_tensor_or_none(const py::handle& obj, const char* fn, const char* arg);
@@ -52,6 +56,9 @@ py::dict state_dict_to_python(nn::Module& module);
 // Seed of a new module's Rng: `seed` when it is an int, else the next draw of the process-wide generator
 // (reseeded by qkv.manual_seed), so two modules built in a row get different weights, as in PyTorch.
 uint64_t module_seed(const py::object& seed);
+// The process-wide generator qkv.manual_seed reseeds: module seeds and SDPA's dropout draw from it. Use it only
+// while holding the GIL.
+Rng& process_rng();
 
 // Throws ValueError "[fn] ..." unless every size is >= min_size and their product is <= 2^40 elements: stops absurd
 // size arguments (MultiheadAttention(2**40, 1), sinusoidal_table(2**31, 2**31)) before any allocation.
@@ -71,7 +78,7 @@ void register_errors(py::module_& m);  // std::invalid_argument -> ValueError; q
 void bind_attention(py::module_& m);
 void bind_sdpa(py::module_& m);        // scaled_dot_product_attention[_backward] (python/src/sdpa.cpp)
 void bind_mha(py::module_& m);         // MultiheadAttention (python/src/mha.cpp)
-void bind_transformer(py::module_& m);  // TransformerEncoderLayer / DecoderLayer (python/src/transformer.cpp)
+void bind_transformer(py::module_& m);  // Transformer layers, stacks and Transformer (python/src/transformer.cpp)
 void bind_rnn(py::module_& m);         // GRU, LSTM (python/src/rnn.cpp)
 void bind_positional(py::module_& m);  // submodule _qkv.positional (python/src/positional.cpp)
 void bind_bert(py::module_& m);         // WordPieceTokenizer, SentenceEncoder (python/src/bert.cpp)

@@ -1,4 +1,5 @@
-// NumPy <-> Tensor conversion with zero-copy for float32 C-contiguous input, PyTorch-style mask arguments, state
+// NumPy <-> Tensor conversion (anything NumPy can read, torch tensors through DLPack) with zero-copy for float32
+// C-contiguous input, PyTorch-style mask arguments, state
 // dicts, module seeds and the C++ -> Python error mapping.
 #include <pybind11/stl.h>
 
@@ -14,11 +15,49 @@ namespace {
 
 std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
-py::array as_real_array(const py::handle& obj, const char* fn, const char* arg) {
-  if (!py::isinstance<py::array>(obj)) {
-    throw py::type_error(std::string(fn) + ": " + arg + " must be a numpy.ndarray, got " + type_name(obj));
+// The first line of the pending Python error's message, at most 160 characters: never an array dump.
+std::string short_error(py::error_already_set& e) {
+  std::string msg = py::str(e.value());
+  msg = msg.substr(0, msg.find('\n'));
+  if (msg.size() > 160) msg = msg.substr(0, 157) + "...";
+  return msg;
+}
+
+}  // namespace
+
+// obj as an ndarray: an ndarray itself; an object with __dlpack__ (a CPU torch tensor, ...) through
+// numpy.from_dlpack; anything else numpy can read (lists, __array__, the buffer protocol) through numpy.asarray.
+// None, str, bytes and dicts are refused. None of these copies when the data is already float32 in memory.
+py::array to_array(const py::handle& obj, const char* fn, const char* arg) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  if (obj.is_none() || py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
+      py::isinstance<py::dict>(obj)) {
+    throw py::type_error(std::string(fn) + ": " + arg + " must be array-like (a numpy.ndarray, a torch tensor, "
+                         "nested lists...), got " + type_name(obj));
   }
-  py::array a = py::reinterpret_borrow<py::array>(obj);
+  // Leaked on purpose: no decref after finalisation.
+  static auto* np = new py::object(py::module_::import("numpy"));
+  try {
+    if (py::hasattr(obj, "__dlpack__")) {
+      try {
+        return py::reinterpret_borrow<py::array>(np->attr("from_dlpack")(obj));
+      } catch (py::error_already_set&) {
+        // Not exportable as is (a tensor that requires grad, another device, ...): __array__ may still work.
+        if (!py::hasattr(obj, "__array__")) throw;
+      }
+    }
+    return py::reinterpret_borrow<py::array>(np->attr("asarray")(obj));
+  } catch (py::error_already_set& e) {
+    if (e.matches(PyExc_MemoryError)) throw;
+    throw py::type_error(std::string(fn) + ": " + arg + " (" + type_name(obj) +
+                         ") could not be read as an array: " + short_error(e));
+  }
+}
+
+namespace {
+
+py::array as_real_array(const py::handle& obj, const char* fn, const char* arg) {
+  py::array a = to_array(obj, fn, arg);
   const char kind = a.dtype().kind();
   if (kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b') {
     throw py::type_error(std::string(fn) + ": " + arg + " has dtype " + std::string(py::str(a.dtype())) +
@@ -27,12 +66,12 @@ py::array as_real_array(const py::handle& obj, const char* fn, const char* arg) 
   return a;
 }
 
+}  // namespace
+
 Rng& process_rng() {
-  static Rng rng(0);  // guarded by the GIL
+  static Rng rng(0);  // guarded by the GIL (or, while compute runs without it, by the caller holding it first)
   return rng;
 }
-
-}  // namespace
 
 Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg) {
   py::array a = as_real_array(obj, fn, arg);
@@ -117,7 +156,7 @@ MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind
 
 nn::StateDict to_state_dict(const py::handle& obj, const char* fn) {
   if (!py::isinstance<py::dict>(obj)) {
-    throw py::type_error(std::string(fn) + ": state_dict must be a dict of numpy arrays, got " + type_name(obj));
+    throw py::type_error(std::string(fn) + ": state_dict must be a dict of arrays (NumPy or torch), got " + type_name(obj));
   }
   nn::StateDict out;
   for (auto item : py::reinterpret_borrow<py::dict>(obj)) {

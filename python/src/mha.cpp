@@ -29,7 +29,6 @@ int64_t optional_int(const py::object& obj, int64_t fallback, const char* fn, co
 std::unique_ptr<PyMha> make_mha(int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
                                 bool add_zero_attn, const py::object& kdim_obj, const py::object& vdim_obj,
                                 bool batch_first, const py::object& seed) {
-  require_batch_first(batch_first, kName);
   if (add_bias_kv || add_zero_attn) {
     throw py::value_error("[MultiheadAttention] add_bias_kv and add_zero_attn are not supported");
   }
@@ -39,6 +38,7 @@ std::unique_ptr<PyMha> make_mha(int64_t embed_dim, int64_t num_heads, double dro
   check_sizes(kName, {{"3 * embed_dim", 3 * embed_dim}, {"max(embed_dim, kdim, vdim)", std::max({embed_dim, kdim, vdim})}});
   Rng rng(module_seed(seed));
   auto w = std::make_unique<PyMha>();
+  w->batch_first = batch_first;
   w->m = std::make_unique<nn::MultiheadAttention>(embed_dim, num_heads, rng, static_cast<float>(dropout), bias,
                                                    kdim, vdim);
   return w;
@@ -48,9 +48,10 @@ py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, 
                    const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
                    bool average_attn_weights, bool is_causal) {
   // The same array passed twice becomes the same Tensor, so the module takes its fused-projection paths.
-  const Tensor q = to_tensor(query, kName, "query");
-  const Tensor k = key.is(query) ? q : to_tensor(key, kName, "key");
-  const Tensor v = value.is(key) ? k : value.is(query) ? q : to_tensor(value, kName, "value");
+  const bool bf = self.batch_first;
+  const Tensor q = to_batch_first(to_tensor(query, kName, "query"), bf);
+  const Tensor k = key.is(query) ? q : to_batch_first(to_tensor(key, kName, "key"), bf);
+  const Tensor v = value.is(key) ? k : value.is(query) ? q : to_batch_first(to_tensor(value, kName, "value"), bf);
   nn::MhaForwardOptions o;
   const MaskArg kpm = to_mask(key_padding_mask, kName, "key_padding_mask", MaskKind::kBlock);
   const MaskArg am = to_mask(attn_mask, kName, "attn_mask", MaskKind::kBlock);
@@ -62,29 +63,30 @@ py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, 
   o.need_weights = need_weights;
   o.average_attn_weights = average_attn_weights;
   nn::MhaOutput r = locked_nogil(self.mu, [&] { return self.m->forward(q, k, v, o); });
-  return py::make_tuple(to_numpy(r.out), r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
+  return py::make_tuple(to_numpy(from_batch_first(r.out, bf)), r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
 }
 
 }  // namespace
 
 void bind_mha(py::module_& m) {
-  py::class_<PyMha> cls(m, kName, R"doc(torch.nn.MultiheadAttention, batch-first, over NumPy arrays.
+  py::class_<PyMha> cls(m, kName, R"doc(torch.nn.MultiheadAttention over arrays (NumPy, torch tensors, anything NumPy reads).
 
 Parameters (PyTorch's names and packing): in_proj_weight (3E, E) when kdim == vdim == E, else q_proj_weight (E, E),
 k_proj_weight (E, kdim), v_proj_weight (E, vdim); in_proj_bias (3E); out_proj.weight (E, E); out_proj.bias (E).
 bias=False drops the biases. Initialised as PyTorch (xavier-uniform, zero biases) from `seed`, or from the
-generator qkv.manual_seed reseeds. Supported: dropout (training mode only), bias, kdim, vdim. Not supported
-(ValueError): add_bias_kv, add_zero_attn, batch_first=False.)doc");
+generator qkv.manual_seed reseeds. Supported: dropout (training mode only), bias, kdim, vdim, batch_first (default
+False as in PyTorch: inputs (T, B, E); True: (B, T, E)). Not supported (ValueError): add_bias_kv, add_zero_attn.)doc");
   cls.def(py::init(&make_mha), py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0,
           py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
-          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = true, py::kw_only(),
+          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = false, py::kw_only(),
           py::arg("seed") = py::none());
   cls.def("__call__", &mha_call, py::arg("query"), py::arg("key"), py::arg("value"),
           py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
           R"doc(Attention of query over key/value -> (out, weights or None).
 
-query (B, Tq, E), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, E); unbatched (T, dim) inputs work too.
+query (Tq, B, E), key (Tk, B, kdim), value (Tk, B, vdim) -> out (Tq, B, E); with batch_first=True (B, Tq, E),
+(B, Tk, kdim), (B, Tk, vdim) -> (B, Tq, E). Unbatched (T, dim) inputs work too.
 key_padding_mask (B, Tk): bool True = that key is padding and ignored; float = added.
 attn_mask (Tq, Tk) or (B*H, Tq, Tk) (row b*H + h): bool True = the pair is NOT allowed; float = added.
 need_weights: also return the attention weights, (B, Tq, Tk) averaged over heads when average_attn_weights,
@@ -102,7 +104,7 @@ A query row whose every key is masked gives 0 (out = out_proj.bias there) and we
   cls.def("__repr__", [](PyMha& s) {
     return "MultiheadAttention(embed_dim=" + std::to_string(s.m->embed_dim()) +
            ", num_heads=" + std::to_string(s.m->num_heads()) + ", kdim=" + std::to_string(s.m->kdim()) +
-           ", vdim=" + std::to_string(s.m->vdim()) + ", batch_first=True)";
+           ", vdim=" + std::to_string(s.m->vdim()) + ", batch_first=" + (s.batch_first ? "True" : "False") + ")";
   });
 }
 

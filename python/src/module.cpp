@@ -1,12 +1,34 @@
 // Entry point of the _qkv extension: each area registers its bindings from its own file.
+#include <omp.h>
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"
+
+namespace py = pybind11;
 
 PYBIND11_MODULE(_qkv, m) {
   m.doc() = "qkv: attention from Seq2Seq to self-attention (C++ core)";
   m.attr("__version__") = "0.1.0";
   qkv::python::register_errors(m);
+  m.def(
+      "set_num_threads",
+      [](const py::object& n) {
+        if (!py::isinstance<py::int_>(n) || py::isinstance<py::bool_>(n)) {
+          throw py::type_error("set_num_threads: n must be an int, got " +
+                               std::string(py::str(py::type::of(n).attr("__name__"))));
+        }
+        const long long v = n.cast<long long>();
+        if (v < 1 || v > 4096) {
+          throw py::value_error("[set_num_threads] n must be in [1, 4096], got " + std::to_string(v));
+        }
+        omp_set_num_threads(static_cast<int>(v));
+      },
+      py::arg("n"),
+      "Threads of qkv's parallel kernels for calls from this thread (like torch.set_num_threads); the default "
+      "is OMP_NUM_THREADS or the number of cores.");
+  m.def(
+      "get_num_threads", [] { return omp_get_max_threads(); },
+      "Threads qkv's kernels use for calls from this thread (like torch.get_num_threads).");
   qkv::python::bind_attention(m);
   qkv::python::bind_sdpa(m);
   qkv::python::bind_mha(m);

@@ -7,6 +7,8 @@
 
 #include "bindings.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/dropout.h"
+#include "qkv/ops/matmul.h"
 
 namespace qkv::python {
 
@@ -19,12 +21,7 @@ AttentionOptions sdpa_options(const py::object& attn_mask, bool is_causal, std::
                               const char* fn) {
   AttentionOptions o;
   const MaskArg m = to_mask(attn_mask, fn, "attn_mask", MaskKind::kKeep);
-  if (m.t.defined() && is_causal) {
-    throw py::value_error(std::string("[") + fn +
-                          "] attn_mask and is_causal=True cannot both be set (as PyTorch documents); fold the "
-                          "causal mask into attn_mask, or use qkv.attention(mask=..., causal='top_left')");
-  }
-  o.mask = m.t;
+  o.mask = m.t;  // with is_causal too: a pair must be allowed by both, as torch 2.13 combines them
   o.mask_kind = m.kind;
   o.causal = is_causal ? Causal::kTopLeft : Causal::kNone;
   if (scale) {
@@ -42,6 +39,109 @@ Shape out_shape(const Shape& batch, const Tensor& q, const Tensor& v) {
   s.push_back(q.size(-2));
   s.push_back(v.size(-1));
   return s;
+}
+
+Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
+
+// enable_gqa: q (..., Hk*G, Tq, D) -> (..., Hk, G, Tq, D); k, v (..., Hk, Tk, D) -> (..., Hk, 1, Tk, D); a mask
+// with a head axis of Hq likewise. Views: query head h reads key head h / G (torch's repeat_interleave), and the
+// backward sums grad_key / grad_value over the G axis they were broadcast along. False when the heads are equal.
+bool gqa_views(Tensor& q, Tensor& k, Tensor& v, AttentionOptions& o, const char* fn) {
+  if (q.dim() < 3 || k.dim() < 3 || v.dim() < 3) {
+    throw py::value_error(std::string("[") + fn + "] enable_gqa needs a head axis (dim -3) in query " +
+                          str(q.shape()) + ", key " + str(k.shape()) + " and value " + str(v.shape()));
+  }
+  const int64_t hq = q.size(-3), hk = k.size(-3);
+  if (hq == hk && v.size(-3) == hk) return false;
+  if (hk == 0 || v.size(-3) != hk || hq % hk != 0) {
+    throw py::value_error(std::string("[") + fn + "] enable_gqa: query heads (dim -3 of " + str(q.shape()) +
+                          ") must be a multiple of key heads (" + str(k.shape()) + "), and value " +
+                          str(v.shape()) + " must have the key's heads");
+  }
+  const int64_t g = hq / hk;
+  auto split = [&](const Tensor& t) {
+    Shape s(t.shape().begin(), t.shape().end() - 3);
+    s.push_back(hk);
+    s.push_back(g);
+    s.push_back(t.size(-2));
+    s.push_back(t.size(-1));
+    return t.view(s);
+  };
+  q = split(q);
+  k = k.unsqueeze(-3);
+  v = v.unsqueeze(-3);
+  if (o.mask.defined() && o.mask.dim() >= 3) {
+    if (o.mask.size(-3) == hq && hq != 1) {
+      o.mask = split(o.mask.contiguous());
+    } else if (o.mask.size(-3) == 1) {
+      o.mask = o.mask.unsqueeze(-3);
+    } else {
+      throw py::value_error(std::string("[") + fn + "] enable_gqa: attn_mask " + str(o.mask.shape()) +
+                            " must have 1 or " + std::to_string(hq) + " heads (dim -3), as query " + str(q.shape()));
+    }
+  }
+  return true;
+}
+
+// Merges the group axis back: (..., Hk, G, T, D) -> (..., Hk*G, T, D). Rank >= 4 (gqa_views made it so).
+Shape merged_heads_shape(const Shape& s) {
+  const size_t n = s.size();
+  if (n < 4) return s;
+  Shape out;
+  for (size_t i = 0; i + 4 < n; ++i) out.push_back(s[i]);
+  out.push_back(s[n - 4] * s[n - 3]);
+  out.push_back(s[n - 2]);
+  out.push_back(s[n - 1]);
+  return out;
+}
+Tensor merge_heads(const Tensor& t) { return t.reshape(merged_heads_shape(t.shape())); }
+
+// torch's rules for empty sequences: Tq == 0, a zero batch or Dv == 0 give an empty output; Tk == 0 gives zeros
+// (no key to attend to). The other shape rules still apply.
+bool is_empty_case(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2) return false;
+  return q.numel() == 0 || k.numel() == 0 || v.numel() == 0;
+}
+
+Shape empty_batch(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const char* fn) {
+  const std::string shapes = "query " + str(q.shape()) + ", key " + str(k.shape()) + ", value " + str(v.shape());
+  if (q.size(-1) != k.size(-1)) {
+    throw py::value_error(std::string("[") + fn + "] " + shapes + ": query and key must have the same last dim");
+  }
+  if (k.size(-2) != v.size(-2)) {
+    throw py::value_error(std::string("[") + fn + "] " + shapes + ": key and value must have the same Tk");
+  }
+  Shape batch;
+  try {
+    batch = broadcast_shapes(broadcast_shapes(leading(q), leading(k), fn), leading(v), fn);
+  } catch (const std::invalid_argument&) {
+    throw py::value_error(std::string("[") + fn + "] the leading (batch) dims of " + shapes + " do not broadcast");
+  }
+  if (o.mask.defined()) {
+    Shape full = batch;
+    full.push_back(q.size(-2));
+    full.push_back(k.size(-2));
+    if (!broadcastable_to(o.mask.shape(), full)) {
+      throw py::value_error(std::string("[") + fn + "] attn_mask " + str(o.mask.shape()) +
+                            " does not broadcast to (batch..., Tq, Tk) = " + str(full) + " of " + shapes);
+    }
+  }
+  return batch;
+}
+
+// Reference-path SDPA with torch's dropout semantics: softmax weights, inverted dropout on them, then weights·v.
+// The draws come from the generator qkv.manual_seed reseeds, taken with the GIL held; the math runs without it.
+// A fully masked row stays 0.
+Tensor sdpa_dropout(const Tensor& q, const Tensor& k, const Tensor& v, AttentionOptions o, float p) {
+  o.return_weights = true;
+  Tensor w;
+  {
+    py::gil_scoped_release nogil;
+    w = qkv::attention_reference(q, k, v, o).weights;
+  }
+  w = qkv::dropout(w, p, true, process_rng()).y;
+  py::gil_scoped_release nogil;
+  return qkv::matmul(w, v);
 }
 
 // The private kernels behind qkv.torch: strided float32 inputs read in place (numpy views of torch tensors), results
@@ -117,65 +217,90 @@ void bind_sdpa(py::module_& m) {
   m.def(
       kSdpa,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
-         double dropout_p, bool is_causal, std::optional<double> scale) {
-        if (dropout_p != 0.0) {
-          throw py::value_error(std::string("[") + kSdpa + "] dropout_p must be 0.0 (qkv has no attention dropout "
-                                "here), got " + std::to_string(dropout_p));
+         double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+        if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+          throw py::value_error(std::string("[") + kSdpa + "] dropout_p must be in [0, 1), got " +
+                                std::to_string(dropout_p));
         }
-        const AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpa);
-        const Tensor q = to_tensor(query, kSdpa, "query");
-        const Tensor k = key.is(query) ? q : to_tensor(key, kSdpa, "key");
-        const Tensor v = value.is(key) ? k : to_tensor(value, kSdpa, "value");
+        AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpa);
+        Tensor q = to_tensor(query, kSdpa, "query");
+        Tensor k = key.is(query) ? q : to_tensor(key, kSdpa, "key");
+        Tensor v = value.is(key) ? k : to_tensor(value, kSdpa, "value");
+        if (is_empty_case(q, k, v)) {
+          const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpa);
+          const Tensor out = Tensor::zeros(out_shape(empty_batch(q, k, v, o, kSdpa), q, v));
+          return to_numpy(grouped ? merge_heads(out) : out);
+        }
+        const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpa);
         attention_check(q, k, v, o, kSdpa);
         Tensor out;
-        {
+        if (dropout_p > 0.0) {
+          out = sdpa_dropout(q, k, v, o, static_cast<float>(dropout_p));
+        } else {
           py::gil_scoped_release nogil;
           out = qkv::attention(q, k, v, o).out;
         }
-        return to_numpy(out);
+        return to_numpy(grouped ? merge_heads(out) : out);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
       py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(),
+      py::arg("enable_gqa") = false,
       R"doc(torch.nn.functional.scaled_dot_product_attention on NumPy arrays (float32 compute).
 
-query (..., Tq, D), key (..., Tk, D), value (..., Tk, Dv) -> out (..., Tq, Dv); typically (B, H, T, D).
-Leading dims broadcast together. attn_mask broadcasts to (..., Tq, Tk): a bool mask's True means the pair takes
-part, a float mask is added to the scaled scores (-inf blocks). is_causal applies PyTorch's top-left causal mask
-(query i sees keys j <= i) and, as PyTorch documents, cannot be combined with attn_mask. scale defaults to
-1/sqrt(D). dropout_p must be 0.0. A query row with every key masked gives 0 (as PyTorch 2.5+'s math backend;
+query (..., Hq, Tq, D), key (..., Hk, Tk, D), value (..., Hk, Tk, Dv) -> out (..., Hq, Tq, Dv); typically
+(B, H, T, D). Leading dims broadcast together. attn_mask broadcasts to (..., Tq, Tk): a bool mask's True means the
+pair takes part, a float mask is added to the scaled scores (-inf blocks). is_causal applies PyTorch's top-left
+causal mask (query i sees keys j <= i); with attn_mask too, a pair must be allowed by both, as torch 2.13 does.
+scale defaults to 1/sqrt(D). enable_gqa: Hq a multiple of Hk, query head h reads key head h // (Hq/Hk) (K/V are
+broadcast over each group, not copied). dropout_p > 0 drops attention weights as torch does (inverted scaling), on
+the reference path, with draws from the generator qkv.manual_seed reseeds. Empty sequences as torch: Tq == 0 gives
+an empty output, Tk == 0 gives zeros. A query row with every key masked gives 0 (as PyTorch 2.5+'s math backend;
 never NaN). Runs the fused FlashAttention-style kernel with the GIL released.)doc");
 
   m.def(
       kSdpaBackward,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& grad_out,
-         const py::object& attn_mask, bool is_causal, std::optional<double> scale) {
-        const AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpaBackward);
-        const Tensor q = to_tensor(query, kSdpaBackward, "query");
-        const Tensor k = to_tensor(key, kSdpaBackward, "key");
-        const Tensor v = to_tensor(value, kSdpaBackward, "value");
+         const py::object& attn_mask, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+        AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpaBackward);
+        Tensor q = to_tensor(query, kSdpaBackward, "query");
+        Tensor k = to_tensor(key, kSdpaBackward, "key");
+        Tensor v = to_tensor(value, kSdpaBackward, "value");
         const Tensor g = to_tensor(grad_out, kSdpaBackward, "grad_out");
-        const Shape batch = attention_check(q, k, v, o, kSdpaBackward);
-        const Shape want = out_shape(batch, q, v);
+        const Shape q_shape = q.shape(), k_shape = k.shape(), v_shape = v.shape();
+        const bool empty = is_empty_case(q, k, v);
+        const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpaBackward);
+        const Shape batch =
+            empty ? empty_batch(q, k, v, o, kSdpaBackward) : attention_check(q, k, v, o, kSdpaBackward);
+        const Shape inner = out_shape(batch, q, v);  // with the group axis when grouped
+        const Shape want = grouped ? merged_heads_shape(inner) : inner;
         if (g.shape() != want) {
           throw py::value_error(std::string("[") + kSdpaBackward + "] grad_out " + str(g.shape()) +
-                                " must have the shape of the output " + str(want) + " (query " + str(q.shape()) +
-                                ", key " + str(k.shape()) + ", value " + str(v.shape()) + ")");
+                                " must have the shape of the output " + str(want) + " (query " + str(q_shape) +
+                                ", key " + str(k_shape) + ", value " + str(v_shape) + ")");
         }
+        if (empty) {
+          return py::make_tuple(to_numpy(Tensor::zeros(q_shape)), to_numpy(Tensor::zeros(k_shape)),
+                                to_numpy(Tensor::zeros(v_shape)));
+        }
+        const Tensor gg = grouped ? g.view(inner) : g;
         AttentionGrads grads;
         {
           py::gil_scoped_release nogil;
-          grads = qkv::attention_backward(q, k, v, Tensor(), Tensor(), g, o);
+          grads = qkv::attention_backward(q, k, v, Tensor(), Tensor(), gg, o);
         }
-        return py::make_tuple(to_numpy(grads.dq), to_numpy(grads.dk), to_numpy(grads.dv));
+        return py::make_tuple(to_numpy(grads.dq.reshape(q_shape)), to_numpy(grads.dk.reshape(k_shape)),
+                              to_numpy(grads.dv.reshape(v_shape)));
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
-      py::arg("is_causal") = false, py::arg("scale") = py::none(),
+      py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("enable_gqa") = false,
       R"doc(Gradients of scaled_dot_product_attention: (grad_query, grad_key, grad_value).
 
 query (..., Tq, D), key (..., Tk, D), value (..., Tk, Dv), grad_out (..., Tq, Dv) = dL/d(out) with the broadcast
 leading dims -> grad_query, grad_key, grad_value with the shapes of query, key and value (summed over the axes each
 was broadcast along, as autograd does). Masks, is_causal and scale as in scaled_dot_product_attention; no gradient
-flows to the mask, and a fully masked row contributes 0. The fused kernel recomputes the forward block by block.)doc");
+flows to the mask, and a fully masked row contributes 0. enable_gqa as in the forward: grad_key and grad_value are
+summed over each group of query heads. Empty sequences give zero gradients. The fused kernel recomputes the forward
+block by block.)doc");
 }
 
 }  // namespace qkv::python

@@ -48,6 +48,21 @@ def test_shape_error_is_value_error_naming_the_op():
         qkv.attention(q, k, k)
 
 
-def test_non_array_is_type_error():
-    with pytest.raises(TypeError):
-        qkv.attention([[1.0]], np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32))
+def test_non_array_is_type_error_and_lists_are_arrays():
+    with pytest.raises(TypeError, match="query must be array-like"):
+        qkv.attention(None, np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32))
+    out = qkv.attention([[1.0]], np.zeros((1, 1), np.float32), np.ones((1, 1), np.float32))
+    np.testing.assert_array_equal(out, np.ones((1, 1), np.float32))
+
+
+def test_mask_kind_defaults_to_additive_for_float_masks_and_is_required_otherwise():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 5, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((5, 5)).astype(np.float32)
+    np.testing.assert_array_equal(qkv.attention(q, k, v, mask=bias), qkv.attention(q, k, v, mask=bias,
+                                                                                     mask_kind="additive"))
+    for mask in (np.ones((5, 5), bool), np.ones((5, 5), np.int64)):
+        with pytest.raises(ValueError, match=r"\[attention\] mask of dtype .* needs mask_kind"):
+            qkv.attention(q, k, v, mask=mask)
+    np.testing.assert_array_equal(qkv.attention(q, k, v, mask=np.ones((5, 5), bool), mask_kind="keep"),
+                                  qkv.attention(q, k, v))

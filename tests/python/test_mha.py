@@ -81,7 +81,7 @@ def torch_and_qkv(cfg, seed=0):
         with torch.no_grad():
             ref.in_proj_bias.normal_()
             ref.out_proj.bias.normal_()
-    mine = qkv.MultiheadAttention(**cfg)
+    mine = qkv.MultiheadAttention(**cfg, batch_first=True)
     mine.load_state_dict(state_dict_numpy(ref))
     return ref, mine
 
@@ -178,16 +178,40 @@ def test_load_state_dict_rejects_missing_unexpected_and_misshapen_entries():
         mine.load_state_dict(bad)
     # Nothing changed on error; strict=False ignores unknown and missing names.
     np.testing.assert_array_equal(mine.state_dict()["out_proj.weight"], good["out_proj.weight"])
-    mine.load_state_dict({"extra": np.zeros(3, np.float32)}, strict=False)
-    with pytest.raises(TypeError, match="numpy"):
-        mine.load_state_dict({**good, "in_proj_bias": [0.0] * 24})
+    missing_keys, unexpected_keys = mine.load_state_dict({"extra": np.zeros(3, np.float32)}, strict=False)
+    assert missing_keys == list(good) and unexpected_keys == ["extra"]
+    with pytest.raises(TypeError, match="in_proj_bias'] must be array-like"):
+        mine.load_state_dict({**good, "in_proj_bias": "zeros"})
     with pytest.raises(TypeError, match="dict"):
         mine.load_state_dict([("in_proj_bias", good["in_proj_bias"])])
 
 
+def test_batch_first_defaults_to_false_and_both_layouts_match_torch():
+    rng = np.random.default_rng(11)
+    torch.manual_seed(3)
+    ref_tbe = torch.nn.MultiheadAttention(8, 2).eval()  # torch's default: (T, B, E)
+    mine_tbe = qkv.MultiheadAttention(8, 2)
+    assert mine_tbe.batch_first is False
+    mine_tbe.load_state_dict(ref_tbe.state_dict())
+    mine_bte = qkv.MultiheadAttention(8, 2, batch_first=True)
+    assert mine_bte.batch_first is True
+    mine_bte.load_state_dict(ref_tbe.state_dict())
+    q, kv = rand(rng, 5, 3, 8), rand(rng, 7, 3, 8)  # (T, B, E)
+    kpm = np.zeros((3, 7), bool)
+    kpm[1, -2:] = True
+    with torch.no_grad():
+        ref_out, ref_w = ref_tbe(torch.from_numpy(q), torch.from_numpy(kv), torch.from_numpy(kv),
+                                 key_padding_mask=torch.from_numpy(kpm))
+    out, w = mine_tbe(q, kv, kv, key_padding_mask=kpm)
+    assert out.shape == (5, 3, 8) and w.shape == (3, 5, 7)
+    np.testing.assert_allclose(out, ref_out.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w, ref_w.numpy(), rtol=1e-5, atol=1e-6)
+    out_bf, w_bf = mine_bte(q.transpose(1, 0, 2), kv.transpose(1, 0, 2), kv.transpose(1, 0, 2), key_padding_mask=kpm)
+    np.testing.assert_allclose(out_bf.transpose(1, 0, 2), out, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(w_bf, w, rtol=1e-6, atol=1e-7)
+
+
 def test_unsupported_options_raise_value_error():
-    with pytest.raises(ValueError, match="only batch_first=True"):
-        qkv.MultiheadAttention(8, 2, batch_first=False)
     with pytest.raises(ValueError, match="add_bias_kv"):
         qkv.MultiheadAttention(8, 2, add_bias_kv=True)
     with pytest.raises(ValueError, match=r"\[MultiheadAttention\] embed_dim 8 must be divisible by num_heads 3"):
@@ -196,7 +220,7 @@ def test_unsupported_options_raise_value_error():
 
 def test_dropout_acts_only_in_training_mode():
     rng = np.random.default_rng(7)
-    mine = qkv.MultiheadAttention(8, 2, dropout=0.5, seed=3)
+    mine = qkv.MultiheadAttention(8, 2, dropout=0.5, batch_first=True, seed=3)
     x = rand(rng, 2, 6, 8)
     assert mine.training
     out_train, _ = mine(x, x, x)

@@ -31,7 +31,7 @@ def test_matches_torch(kind, num_layers, bias, with_state):
     torch.manual_seed(seed)
     E, H, B, T = 5, 7, 3, 9
     ref = getattr(torch.nn, kind)(E, H, num_layers=num_layers, bias=bias, batch_first=True)
-    mine = getattr(qkv, kind)(E, H, num_layers=num_layers, bias=bias)
+    mine = getattr(qkv, kind)(E, H, num_layers=num_layers, bias=bias, batch_first=True)
     mine.load_state_dict(state_dict_numpy(ref))
     x = rand(rng, B, T, E)
     h0 = rand(rng, num_layers, B, H) if with_state else None
@@ -50,7 +50,7 @@ def test_matches_torch(kind, num_layers, bias, with_state):
 def test_unbatched_input_matches_torch():
     rng = np.random.default_rng(6)
     ref = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
-    mine = qkv.LSTM(4, 6, num_layers=2)
+    mine = qkv.LSTM(4, 6, num_layers=2, batch_first=True)
     mine.load_state_dict(state_dict_numpy(ref))
     x, h0, c0 = rand(rng, 5, 4), rand(rng, 2, 6), rand(rng, 2, 6)
     out, (h, c) = mine(x, (h0, c0))
@@ -73,20 +73,37 @@ def test_parameter_names_and_gate_packing_are_pytorch_s():
         assert list(no_bias.state_dict()) == ["weight_ih_l0", "weight_hh_l0"]
 
 
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_batch_first_defaults_to_false_as_torch_and_both_layouts_agree(kind):
+    rng = np.random.default_rng(8)
+    ref = getattr(torch.nn, kind)(4, 6, num_layers=2)  # torch's default layout: (T, B, E)
+    seq_first = getattr(qkv, kind)(4, 6, num_layers=2)
+    batch_first = getattr(qkv, kind)(4, 6, num_layers=2, batch_first=True)
+    assert seq_first.batch_first is False and batch_first.batch_first is True
+    seq_first.load_state_dict(ref.state_dict())
+    batch_first.load_state_dict(ref.state_dict())
+    x = rand(rng, 5, 3, 4)  # (T, B, E)
+    with torch.no_grad():
+        t_out = ref(torch.from_numpy(x))[0].numpy()
+    out = seq_first(x)[0]
+    assert out.shape == (5, 3, 6)
+    np.testing.assert_allclose(out, t_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batch_first(x.transpose(1, 0, 2))[0].transpose(1, 0, 2), out, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(seq_first(x[:, 0])[0], out[:, 0], rtol=1e-5, atol=1e-6)  # unbatched (T, E)
+
+
 def test_unsupported_options_and_bad_states_raise():
-    with pytest.raises(ValueError, match="only batch_first=True"):
-        qkv.GRU(4, 6, batch_first=False)
     with pytest.raises(ValueError, match="bidirectional"):
         qkv.LSTM(4, 6, bidirectional=True)
     with pytest.raises(ValueError, match="dropout"):
         qkv.GRU(4, 6, num_layers=2, dropout=0.2)
     with pytest.raises(ValueError, match="proj_size"):
         qkv.LSTM(4, 6, proj_size=2)
-    gru = qkv.GRU(4, 6)
+    gru = qkv.GRU(4, 6, batch_first=True)
     with pytest.raises(ValueError, match=r"\[GRU\]"):
         gru(np.zeros((2, 3, 5), np.float32))
     with pytest.raises(ValueError, match=r"\[GRU\]"):
         gru(np.zeros((2, 3, 4), np.float32), np.zeros((1, 3, 6), np.float32))
-    lstm = qkv.LSTM(4, 6)
+    lstm = qkv.LSTM(4, 6, batch_first=True)
     with pytest.raises(TypeError, match=r"LSTM: hx must be"):
         lstm(np.zeros((2, 3, 4), np.float32), np.zeros((1, 2, 6), np.float32))

@@ -108,19 +108,32 @@ def test_fully_masked_row_is_zero_not_nan_in_output_and_gradients(mask_dtype):
     np.testing.assert_allclose(out, np.nan_to_num(ref, nan=0.0), atol=1e-5)
 
 
-def test_dropout_p_other_than_zero_raises_value_error():
+def test_dropout_p_outside_zero_one_raises_value_error():
     q = np.zeros((1, 2, 4), np.float32)
-    with pytest.raises(ValueError, match=r"scaled_dot_product_attention.*dropout_p"):
-        qkv.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    for p in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"\[scaled_dot_product_attention\] dropout_p must be in \[0, 1\)"):
+            qkv.scaled_dot_product_attention(q, q, q, dropout_p=p)
     assert qkv.scaled_dot_product_attention(q, q, q, dropout_p=0.0).shape == (1, 2, 4)
+    assert qkv.scaled_dot_product_attention(q, q, q, dropout_p=0.1).shape == (1, 2, 4)
 
 
-def test_attn_mask_with_is_causal_raises_as_pytorch_documents():
-    q = np.zeros((1, 3, 4), np.float32)
-    with pytest.raises(ValueError, match=r"\[scaled_dot_product_attention\] attn_mask and is_causal"):
-        qkv.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((3, 3), bool), is_causal=True)
-    with pytest.raises(ValueError, match=r"\[scaled_dot_product_attention_backward\] attn_mask and is_causal"):
-        qkv.scaled_dot_product_attention_backward(q, q, q, q, attn_mask=np.ones((3, 3), bool), is_causal=True)
+def test_attn_mask_with_is_causal_combines_both_as_torch_forward_and_backward():
+    rng = np.random.default_rng(8)
+    q, k, v, g = rand(rng, 2, 5, 4), rand(rng, 2, 7, 4), rand(rng, 2, 7, 3), rand(rng, 2, 5, 3)
+    for mask in (rng.random((5, 7)) < 0.6, rng.standard_normal((2, 5, 7)).astype(np.float32)):
+        mask[..., 0] = True if mask.dtype == bool else 0.0
+        tq, tk, tv = (t64(x).requires_grad_(True) for x in (q, k, v))
+        # torch 2.13's fused CPU kernel folds the top-left causal mask into attn_mask (its math path raises).
+        causal = torch.ones(5, 7, dtype=torch.bool).tril()
+        tm = tmask(mask, torch.float64)
+        tm = tm & causal if tm.dtype == torch.bool else tm.masked_fill(~causal, float("-inf"))
+        ref = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
+        ref.backward(t64(g))
+        out = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+        np.testing.assert_allclose(out, ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+        grads = qkv.scaled_dot_product_attention_backward(q, k, v, g, attn_mask=mask, is_causal=True)
+        for got, t in zip(grads, (tq, tk, tv)):
+            np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_bool_mask_true_takes_part_and_float_mask_is_added():

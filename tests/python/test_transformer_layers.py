@@ -59,7 +59,8 @@ def test_encoder_layer_matches_torch(norm_first, activation, mask_kind):
     ref = torch.nn.TransformerEncoderLayer(E, H, F, dropout=0.1, activation=activation, batch_first=True,
                                            norm_first=norm_first).eval()
     randomise_biases_and_norms(ref)
-    mine = qkv.TransformerEncoderLayer(E, H, F, dropout=0.1, activation=activation, norm_first=norm_first).eval()
+    mine = qkv.TransformerEncoderLayer(E, H, F, dropout=0.1, activation=activation, batch_first=True,
+                                       norm_first=norm_first).eval()
     mine.load_state_dict(state_dict_numpy(ref))
     x = rand(rng, B, T, E)
     am, kpm, causal = masks(rng, mask_kind, B, T, T, H)
@@ -81,7 +82,7 @@ def test_decoder_layer_matches_torch(norm_first, activation, mask_kind):
     ref = torch.nn.TransformerDecoderLayer(E, H, F, dropout=0.1, activation=activation, batch_first=True,
                                            norm_first=norm_first).eval()
     randomise_biases_and_norms(ref)
-    mine = qkv.TransformerDecoderLayer(E, H, F, activation=activation, norm_first=norm_first).eval()
+    mine = qkv.TransformerDecoderLayer(E, H, F, activation=activation, batch_first=True, norm_first=norm_first).eval()
     mine.load_state_dict(state_dict_numpy(ref))
     tgt, mem = rand(rng, B, Tt, E), rand(rng, B, Ts, E)
     tm, tkpm, causal = masks(rng, mask_kind, B, Tt, Tt, H)
@@ -109,7 +110,7 @@ def test_state_dict_names_are_pytorch_names():
 
 def test_train_mode_applies_dropout_and_eval_mode_is_deterministic():
     rng = np.random.default_rng(5)
-    layer = qkv.TransformerEncoderLayer(8, 2, 16, dropout=0.5, seed=0)
+    layer = qkv.TransformerEncoderLayer(8, 2, 16, dropout=0.5, batch_first=True, seed=0)
     x = rand(rng, 2, 5, 8)
     assert layer.training
     a, b = layer(x), layer(x)
@@ -117,14 +118,14 @@ def test_train_mode_applies_dropout_and_eval_mode_is_deterministic():
     assert layer.eval() is layer and not layer.training
     np.testing.assert_array_equal(layer(x), layer(x))
     assert layer.train() is layer and layer.training
-    no_dropout = qkv.TransformerEncoderLayer(8, 2, 16, dropout=0.0, seed=0)
+    no_dropout = qkv.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, seed=0)
     np.testing.assert_array_equal(no_dropout(x), no_dropout.eval()(x))
 
 
 def test_unbatched_input_matches_batch_of_one():
     rng = np.random.default_rng(6)
-    enc = qkv.TransformerEncoderLayer(8, 2, 16, seed=1).eval()
-    dec = qkv.TransformerDecoderLayer(8, 2, 16, seed=2).eval()
+    enc = qkv.TransformerEncoderLayer(8, 2, 16, batch_first=True, seed=1).eval()
+    dec = qkv.TransformerDecoderLayer(8, 2, 16, batch_first=True, seed=2).eval()
     x, m = rand(rng, 5, 8), rand(rng, 3, 8)
     kpm = np.array([False, False, True, False, False])
     np.testing.assert_allclose(enc(x, src_key_padding_mask=kpm), enc(x[None], src_key_padding_mask=kpm[None])[0],
@@ -132,18 +133,82 @@ def test_unbatched_input_matches_batch_of_one():
     np.testing.assert_allclose(dec(x, m), dec(x[None], m[None])[0], atol=1e-6)
 
 
+def test_batch_first_defaults_to_false_as_torch_and_both_layouts_agree():
+    rng = np.random.default_rng(9)
+    torch.manual_seed(4)
+    ref_enc = torch.nn.TransformerEncoderLayer(8, 2, 16).eval()  # torch's default layout: (T, B, E)
+    ref_dec = torch.nn.TransformerDecoderLayer(8, 2, 16).eval()
+    enc, dec = qkv.TransformerEncoderLayer(8, 2, 16).eval(), qkv.TransformerDecoderLayer(8, 2, 16).eval()
+    enc_bf = qkv.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    dec_bf = qkv.TransformerDecoderLayer(8, 2, 16, batch_first=True).eval()
+    assert enc.batch_first is False and dec_bf.batch_first is True
+    for m in (enc, enc_bf):
+        m.load_state_dict(ref_enc.state_dict())
+    for m in (dec, dec_bf):
+        m.load_state_dict(ref_dec.state_dict())
+    src, tgt = rand(rng, 6, 2, 8), rand(rng, 4, 2, 8)  # (T, B, E)
+    kpm = np.zeros((2, 6), bool)
+    kpm[0, -2:] = True
+    with torch.no_grad():
+        t_enc = ref_enc(torch.from_numpy(src), src_key_padding_mask=torch.from_numpy(kpm)).numpy()
+        t_dec = ref_dec(torch.from_numpy(tgt), torch.from_numpy(src)).numpy()
+    y = enc(src, src_key_padding_mask=kpm)
+    assert y.shape == (6, 2, 8)
+    np.testing.assert_allclose(y, t_enc, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(enc_bf(src.transpose(1, 0, 2), src_key_padding_mask=kpm).transpose(1, 0, 2), y,
+                               rtol=1e-6, atol=1e-6)
+    z = dec(tgt, src)
+    assert z.shape == (4, 2, 8)
+    np.testing.assert_allclose(z, t_dec, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dec_bf(tgt.transpose(1, 0, 2), src.transpose(1, 0, 2)).transpose(1, 0, 2), z,
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_constructor_and_call_errors_name_the_layer():
-    with pytest.raises(ValueError, match="only batch_first=True"):
-        qkv.TransformerEncoderLayer(8, 2, batch_first=False)
     with pytest.raises(ValueError, match=r"\[TransformerDecoderLayer\].*divisible"):
         qkv.TransformerDecoderLayer(10, 3)
     with pytest.raises(ValueError, match=r"TransformerEncoderLayer.*activation"):
         qkv.TransformerEncoderLayer(8, 2, activation="swish")
     with pytest.raises(TypeError, match="activation"):
         qkv.TransformerEncoderLayer(8, 2, activation=torch.nn.functional.relu)
-    enc = qkv.TransformerEncoderLayer(8, 2, 16)
+    enc = qkv.TransformerEncoderLayer(8, 2, 16, batch_first=True)
     with pytest.raises(ValueError, match=r"\[TransformerEncoderLayer\] src \(2, 5, 7\)"):
         enc(np.zeros((2, 5, 7), np.float32))
-    dec = qkv.TransformerDecoderLayer(8, 2, 16)
+    dec = qkv.TransformerDecoderLayer(8, 2, 16, batch_first=True)
     with pytest.raises(ValueError, match=r"\[TransformerDecoderLayer\]"):
         dec(np.zeros((2, 5, 8), np.float32), np.zeros((3, 5, 8), np.float32))
+
+
+def test_encoder_decoder_stacks_and_transformer_match_torch():
+    rng = np.random.default_rng(12)
+    torch.manual_seed(5)
+    E, H, F = 8, 2, 16
+    t_layer = torch.nn.TransformerEncoderLayer(E, H, F)
+    t_enc = torch.nn.TransformerEncoder(t_layer, 2, norm=torch.nn.LayerNorm(E), enable_nested_tensor=False).eval()
+    t_dec = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(E, H, F), 3).eval()
+    t_tr = torch.nn.Transformer(E, H, 1, 2, F).eval()
+    layer = qkv.TransformerEncoderLayer(E, H, F)
+    layer.load_state_dict(t_layer.state_dict())
+    enc = qkv.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(E)).eval()
+    assert list(enc.state_dict()) == list(t_enc.state_dict()) and enc.num_layers == 2
+    # Each layer starts as a copy of the given one, as torch's deep copies.
+    for name, t in t_enc.state_dict().items():
+        np.testing.assert_array_equal(enc.state_dict()[name], t.numpy(), err_msg=name)
+    dec = qkv.TransformerDecoder(qkv.TransformerDecoderLayer(E, H, F), 3).eval()
+    assert dec.load_state_dict(t_dec.state_dict()) == ([], [])
+    tr = qkv.Transformer(E, H, 1, 2, F).eval()
+    assert list(tr.state_dict()) == list(t_tr.state_dict())
+    assert tr.load_state_dict(t_tr.state_dict()) == ([], [])
+    src, tgt = rand(rng, 6, 2, E), rand(rng, 4, 2, E)  # (T, B, E): torch's default layout
+    mask = qkv.Transformer.generate_square_subsequent_mask(4)
+    np.testing.assert_array_equal(mask, torch.nn.Transformer.generate_square_subsequent_mask(4).numpy())
+    with torch.no_grad():
+        s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+        ref_enc = t_enc(s).numpy()
+        ref_dec = t_dec(t, s, tgt_mask=torch.from_numpy(mask)).numpy()
+        ref_tr = t_tr(s, t, tgt_mask=torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(enc(src), ref_enc, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dec(tgt, src, tgt_mask=mask), ref_dec, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tr(src, tgt, tgt_mask=mask), ref_tr, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"\[Transformer\] custom_encoder"):
+        qkv.Transformer(E, H, custom_encoder=object())
