@@ -147,10 +147,21 @@ def training_rows(cfg, repeats):
     return [row]
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main():
     repeats = 1 if args.quick else args.repeats
-    print(f"torch {torch.__version__}, qkv {qkv.__version__}, {args.threads} threads, {platform.processor() or ''}"
-          f" {platform.machine()}; median of {repeats}, sides interleaved", flush=True)
+    print(f"torch {torch.__version__}, qkv {qkv.__version__}, {args.threads} threads, {cpu_name()}; "
+          f"median of {repeats}, sides interleaved", flush=True)
     if args.quick:
         rows = sdpa_rows(2, 2, 16, [64, 128], repeats)
         rows += training_rows((50, 32, 4, 64, 2, 2, 32), repeats)
@@ -160,7 +171,7 @@ def main():
     if args.json:
         tmp = args.json + ".tmp"  # written whole, then renamed: never a half-written file
         with open(tmp, "w") as f:
-            json.dump({"threads": args.threads, "repeats": repeats, "quick": args.quick,
+            json.dump({"cpu": cpu_name(), "threads": args.threads, "repeats": repeats, "quick": args.quick,
                        "torch": torch.__version__, "rows": rows}, f, indent=1)
         os.replace(tmp, args.json)
     return 0
