@@ -170,6 +170,24 @@ def test_row_set_num_threads():
         qkv.set_num_threads(1.5)
 
 
+def test_row_transformer_stacks():
+    torch.manual_seed(3)
+    t_layer = nn.TransformerEncoderLayer(8, 2, 16)
+    t_enc = nn.TransformerEncoder(t_layer, 2, norm=nn.LayerNorm(8), enable_nested_tensor=False).eval()
+    layer = qkv.TransformerEncoderLayer(8, 2, 16)
+    layer.load_state_dict(t_layer.state_dict())
+    enc = qkv.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8)).eval()
+    x = randn(5, 2, 8, seed=27)
+    with torch.no_grad():
+        close(enc(x), t_enc(x), 1e-5, 1e-5)
+    t_tr = nn.Transformer(8, 2, 1, 1, 16).eval()
+    tr = qkv.Transformer(8, 2, 1, 1, 16).eval()
+    assert tr.load_state_dict(t_tr.state_dict()) == ([], [])
+    y = randn(3, 2, 8, seed=28)
+    with torch.no_grad():
+        close(tr(x, y), t_tr(x, y), 1e-5, 1e-5)
+
+
 def test_row_backward_through_qkv_in_torch():
     import qkv.torch as qt
 
