@@ -251,3 +251,10 @@ def test_custom_op_passes_opcheck():
     mask[:, 0] = True
     torch.library.opcheck(torch.ops.qkv.sdpa.default, (q, k, v, mask, True, None),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_double_backward_raises_instead_of_a_silent_zero():
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    (g,) = torch.autograd.grad(qt.scaled_dot_product_attention(q, q, q).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="qkv.sdpa_backward"):
+        g.sum().backward()
