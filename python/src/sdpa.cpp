@@ -229,7 +229,7 @@ void bind_sdpa(py::module_& m) {
         if (is_empty_case(q, k, v)) {
           const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpa);
           const Tensor out = Tensor::zeros(out_shape(empty_batch(q, k, v, o, kSdpa), q, v));
-          return to_numpy(grouped ? merge_heads(out) : out);
+          return to_numpy_shared(grouped ? merge_heads(out) : out);
         }
         const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpa);
         attention_check(q, k, v, o, kSdpa);
@@ -240,7 +240,7 @@ void bind_sdpa(py::module_& m) {
           py::gil_scoped_release nogil;
           out = qkv::attention(q, k, v, o).out;
         }
-        return to_numpy(grouped ? merge_heads(out) : out);
+        return to_numpy_shared(grouped ? merge_heads(out) : out);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
       py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(),
@@ -288,8 +288,9 @@ never NaN). Runs the fused FlashAttention-style kernel with the GIL released.)do
           py::gil_scoped_release nogil;
           grads = qkv::attention_backward(q, k, v, Tensor(), Tensor(), gg, o);
         }
-        return py::make_tuple(to_numpy(grads.dq.reshape(q_shape)), to_numpy(grads.dk.reshape(k_shape)),
-                              to_numpy(grads.dv.reshape(v_shape)));
+        return py::make_tuple(to_numpy_shared(grads.dq.reshape(q_shape)),
+                              to_numpy_shared(grads.dk.reshape(k_shape)),
+                              to_numpy_shared(grads.dv.reshape(v_shape)));
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
       py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("enable_gqa") = false,

@@ -139,6 +139,16 @@ def test_row_torch_tensors_are_inputs():
     assert isinstance(out, np.ndarray)
     close(out, F.scaled_dot_product_attention(x, x, x))
     close(qkv.scaled_dot_product_attention(x.tolist(), x.numpy(), x), out, 0, 0)  # lists too
+    # Read in place through DLPack, result not copied: NumPy allocates (tracemalloc traces it) far less than one
+    # input's size.
+    import tracemalloc
+
+    big = randn(2, 4, 128, 32, seed=29)
+    tracemalloc.start()
+    qkv.scaled_dot_product_attention(big, big, big, is_causal=True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < big.numel() * 4 // 8, f"numpy allocated {peak} bytes"
     with pytest.raises(TypeError, match="detach"):
         qkv.scaled_dot_product_attention(x.requires_grad_(True), x, x)
 

@@ -258,3 +258,22 @@ def test_double_backward_raises_instead_of_a_silent_zero():
     (g,) = torch.autograd.grad(qt.scaled_dot_product_attention(q, q, q).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="qkv.sdpa_backward"):
         g.sum().backward()
+
+
+def test_inputs_are_read_in_place_not_copied():
+    """NumPy's allocations (which tracemalloc traces) stay far below one input's size: the strided views of the
+    torch tensors reach the kernel as they are. A copy of q, k or v would show as 512 KiB."""
+    import tracemalloc
+
+    x = torch.randn(2, 256, 3, 4, 64)  # (B, T, 3, H, D): q, k, v as (B, H, T, D) transposed views
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    mask = torch.zeros(256, 256).expand(2, 4, 256, 256)  # stride-0 float mask, 2 MiB if materialised
+    arrays = [qt._np(t) for t in (q, k, v, mask)]
+    one_input = q.numel() * 4
+    qkv._qkv._sdpa_forward(*arrays, True, None)  # warm-up
+    tracemalloc.start()
+    out, lse = qkv._qkv._sdpa_forward(*arrays, True, None)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert out.shape == (2, 4, 256, 64) and lse.shape == (2, 4, 256)
+    assert peak < one_input // 8, f"numpy allocated {peak} bytes during the call (one input: {one_input})"
