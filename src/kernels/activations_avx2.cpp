@@ -1,5 +1,5 @@
-// AVX2+FMA build of the GELU loops in activations_impl.h (compiled with -mavx2 -mfma; called only when the CPU
-// has both, see activations.cpp).
+// AVX2+FMA build of the GELU, tanh and sigmoid loops in activations_impl.h (compiled with -mavx2 -mfma; called
+// only when active_isa() allows AVX2, see activations.cpp).
 #include "qkv/kernels/activations.h"
 
 #define QKV_ACT_LANES 8

@@ -1,6 +1,7 @@
-// Private (not installed): branch-free float32 GELU forward/backward loops written once over GCC/Clang vector
-// extensions and plain float (the tail), included by activations.cpp (baseline ISA, 4 lanes) and
-// activations_avx2.cpp (-mavx2 -mfma, 8 lanes: define QKV_ACT_LANES 8 first) inside different namespaces.
+// Private (not installed): branch-free float32 GELU forward/backward, tanh, sigmoid and RNN gate loops written
+// once over GCC/Clang vector extensions and plain float (the tail), included by activations.cpp (baseline ISA,
+// 4 lanes) and activations_avx2.cpp (-mavx2 -mfma, 8 lanes: define QKV_ACT_LANES 8 first; GCC contracts a*b+c
+// into FMA there, so the two builds differ in the last bits).
 // erf is Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula PyTorch's vectorised CPU GELU uses;
 // exp is a Cephes-style polynomial (~1 ulp). No libm calls.
 #include <cstdint>
@@ -52,7 +53,7 @@ template <class T> T erf_with_exp(T z, T e) {
 }
 
 // tanh: Cephes' odd polynomial for |u| < 0.625 (relative accuracy near 0), else sign(u)·(1 - 2/(exp(2|u|) + 1));
-// ~2 ulp. The same recipe as the RNN cells (src/nn/rnn_common.h).
+// ~2 ulp.
 template <class T> T tanh_poly(T u) {
   const T a = fabs_(u);
   const T z = u * u;
@@ -120,6 +121,41 @@ void tanh_fwd(const float* x, float* y, int64_t n) {
 
 void sigmoid_fwd(const float* x, float* y, int64_t n) {
   for_lanes(n, [&]<class T>(int64_t i) { store(y + i, sigmoid_poly<T>(load<T>(x + i))); });
+}
+
+// GRU gates of one batch row (qkv/kernels/rnn_cells.h; only the 4-lane build uses them):
+// r, z, n, hn = hh_n, out = (1 - z)·n + z·hp.
+inline void gru_row(int64_t hs, const float* xi, const float* hh, const float* hp, float* r, float* z, float* n,
+                    float* hn, float* out) {
+  for_lanes(hs, [&]<class T>(int64_t j) {
+    const T rv = sigmoid_poly<T>(load<T>(xi + j) + load<T>(hh + j));
+    const T zv = sigmoid_poly<T>(load<T>(xi + hs + j) + load<T>(hh + hs + j));
+    const T hnv = load<T>(hh + 2 * hs + j);
+    const T nv = tanh_poly<T>(load<T>(xi + 2 * hs + j) + rv * hnv);
+    store(r + j, rv);
+    store(z + j, zv);
+    store(hn + j, hnv);
+    store(n + j, nv);
+    store(out + j, (1.0f - zv) * nv + zv * load<T>(hp + j));
+  });
+}
+
+// LSTM gates of one batch row: i, f, g, o, c' = f·cp + i·g, h' = o·tanh(c').
+inline void lstm_row(int64_t hs, const float* xi, const float* hh, const float* cp, float* ig, float* fg,
+                     float* gg, float* og, float* cn, float* hn) {
+  for_lanes(hs, [&]<class T>(int64_t j) {
+    const T iv = sigmoid_poly<T>(load<T>(xi + j) + load<T>(hh + j));
+    const T fv = sigmoid_poly<T>(load<T>(xi + hs + j) + load<T>(hh + hs + j));
+    const T gv = tanh_poly<T>(load<T>(xi + 2 * hs + j) + load<T>(hh + 2 * hs + j));
+    const T ov = sigmoid_poly<T>(load<T>(xi + 3 * hs + j) + load<T>(hh + 3 * hs + j));
+    const T cv = fv * load<T>(cp + j) + iv * gv;
+    store(ig + j, iv);
+    store(fg + j, fv);
+    store(gg + j, gv);
+    store(og + j, ov);
+    store(cn + j, cv);
+    store(hn + j, ov * tanh_poly<T>(cv));
+  });
 }
 
 }  // namespace

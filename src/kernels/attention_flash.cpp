@@ -11,6 +11,7 @@
 
 #include "attention_flash_kernels.h"
 #include "qkv/core/error.h"
+#include "qkv/kernels/cpu.h"
 
 namespace qkv::kernels {
 namespace {
@@ -43,29 +44,24 @@ constexpr int64_t kShortTile = 32;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-bool cpu_has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
-
-bool cpu_has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return ok;
-}
-
 const Kernels& pick(FlashIsa isa) {
   if (isa == FlashIsa::kPortable) return flash::portable_kernels();
   if (isa == FlashIsa::kAvx2) {
-    QKV_CHECK_RUNTIME(cpu_has_avx2_fma(), "[attention] the AVX2+FMA kernels were requested but this CPU lacks them");
+    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx2),
+                      "[attention] the AVX2+FMA kernels were requested but this CPU lacks them");
     return flash::avx2_kernels();
   }
   if (isa == FlashIsa::kAvx512) {
-    QKV_CHECK_RUNTIME(cpu_has_avx512(), "[attention] the AVX-512 kernels were requested but this CPU lacks them");
+    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512),
+                      "[attention] the AVX-512 kernels were requested but this CPU lacks them");
     return flash::avx512_kernels();
   }
-  if (cpu_has_avx512()) return flash::avx512_kernels();
-  return cpu_has_avx2_fma() ? flash::avx2_kernels() : flash::portable_kernels();
+  switch (active_isa()) {  // kAuto: the widest path QKV_ISA allows
+    case Isa::kAvx512: return flash::avx512_kernels();
+    case Isa::kAvx2: return flash::avx2_kernels();
+    case Isa::kPortable: break;
+  }
+  return flash::portable_kernels();
 }
 
 int thread_count(const FlashConfig& config) {

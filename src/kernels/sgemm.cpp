@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/cpu.h"
 #include "sgemm_kernels.h"
 
 namespace qkv::kernels {
@@ -189,13 +190,9 @@ bool force_openblas() {
 
 }  // namespace
 
-bool sgemm_avx512_supported() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return ok;
-}
+bool sgemm_avx512_supported() { return cpu_supports(Isa::kAvx512); }
 
-const char* sgemm_backend() { return sgemm_avx512_supported() && !force_openblas() ? "avx512" : "openblas"; }
+const char* sgemm_backend() { return active_isa() == Isa::kAvx512 && !force_openblas() ? "avx512" : "openblas"; }
 
 void sgemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {

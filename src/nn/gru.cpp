@@ -1,6 +1,7 @@
 // GRU: the fused single-step cell (gates r, z, n as torch.nn.GRU) and the multi-layer layer that runs it,
 // with the input projection of every time step done as one GEMM per layer.
 #include "qkv/core/error.h"
+#include "qkv/kernels/rnn_cells.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/ops/matmul.h"
 #include "rnn_common.h"
@@ -21,28 +22,8 @@ GruCellResult gru_cell_step(const Tensor& gi_in, const Tensor& h_in, const Tenso
   res.z = Tensor::empty({nb, hs});
   res.n = Tensor::empty({nb, hs});
   res.hn = Tensor::empty({nb, hs});
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xi = gi.data() + b * gi_rs;
-    const float* hh = gh.data() + b * 3 * hs;
-    const float* hp = h.data() + b * hs;
-    float* r = res.r.data() + b * hs;
-    float* z = res.z.data() + b * hs;
-    float* n = res.n.data() + b * hs;
-    float* hn = res.hn.data() + b * hs;
-    float* out = res.h.data() + b * hs;
-    detail::for_lanes(hs, [&]<class T>(int64_t j) {
-      using detail::load;
-      const T rv = detail::sigmoid_fast(load<T>(xi + j) + load<T>(hh + j));
-      const T zv = detail::sigmoid_fast(load<T>(xi + hs + j) + load<T>(hh + hs + j));
-      const T hnv = load<T>(hh + 2 * hs + j);
-      const T nv = detail::tanh_fast(load<T>(xi + 2 * hs + j) + rv * hnv);
-      detail::store(r + j, rv);
-      detail::store(z + j, zv);
-      detail::store(hn + j, hnv);
-      detail::store(n + j, nv);
-      detail::store(out + j, (1.0f - zv) * nv + zv * load<T>(hp + j));
-    });
-  }
+  kernels::gru_cell_rows(nb, hs, gi.data(), gi_rs, gh.data(), h.data(), res.r.data(), res.z.data(), res.n.data(),
+                         res.hn.data(), res.h.data());
   return res;
 }
 

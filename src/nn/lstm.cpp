@@ -3,6 +3,7 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/rnn_cells.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/ops/matmul.h"
 #include "rnn_common.h"
@@ -23,31 +24,8 @@ LstmCellResult lstm_cell_step(const Tensor& gi_in, const Tensor& h_in, const Ten
 
   LstmCellResult res;
   for (Tensor* t : {&res.h, &res.c, &res.i, &res.f, &res.g, &res.o}) *t = Tensor::empty({nb, hs});
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xi = gi.data() + b * gi_rs;
-    const float* hh = gh.data() + b * 4 * hs;
-    const float* cp = c.data() + b * hs;
-    float* ig = res.i.data() + b * hs;
-    float* fg = res.f.data() + b * hs;
-    float* gg = res.g.data() + b * hs;
-    float* og = res.o.data() + b * hs;
-    float* cn = res.c.data() + b * hs;
-    float* hn = res.h.data() + b * hs;
-    detail::for_lanes(hs, [&]<class T>(int64_t j) {
-      using detail::load;
-      const T iv = detail::sigmoid_fast(load<T>(xi + j) + load<T>(hh + j));
-      const T fv = detail::sigmoid_fast(load<T>(xi + hs + j) + load<T>(hh + hs + j));
-      const T gv = detail::tanh_fast(load<T>(xi + 2 * hs + j) + load<T>(hh + 2 * hs + j));
-      const T ov = detail::sigmoid_fast(load<T>(xi + 3 * hs + j) + load<T>(hh + 3 * hs + j));
-      const T cv = fv * load<T>(cp + j) + iv * gv;
-      detail::store(ig + j, iv);
-      detail::store(fg + j, fv);
-      detail::store(gg + j, gv);
-      detail::store(og + j, ov);
-      detail::store(cn + j, cv);
-      detail::store(hn + j, ov * detail::tanh_fast(cv));
-    });
-  }
+  kernels::lstm_cell_rows(nb, hs, gi.data(), gi_rs, gh.data(), c.data(), res.i.data(), res.f.data(), res.g.data(),
+                          res.o.data(), res.c.data(), res.h.data());
   return res;
 }
 

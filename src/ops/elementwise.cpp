@@ -152,21 +152,7 @@ void add_bias_gelu_(Tensor& x, const Tensor& bias_in, GeluApprox approx) {
   const Tensor bias = !bias_in.defined()           ? Tensor()
                       : bias_in.shares_storage(x) ? bias_in.clone()
                                                   : bias_in.contiguous();
-  const float* pb = bias.defined() ? bias.data() : nullptr;
-  float* px = x.data();
-  const bool tanh_approx = approx == GeluApprox::kTanh;
-  // Blocks of rows (about 16K elements: cache-resident between the two steps) spread over the threads.
-  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 14) / f);
-  const int64_t blocks = (rows + block - 1) / block;
-#pragma omp parallel for schedule(static) if (blocks > 1 && rows * f >= kParallelMin)
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t r0 = k * block, n = std::min(block, rows - r0);
-    float* p = px + r0 * f;
-    if (pb)
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t j = 0; j < f; ++j) p[r * f + j] += pb[j];
-    kernels::gelu_forward(p, p, n * f, tanh_approx);
-  }
+  kernels::add_bias_gelu_rows(x.data(), bias.defined() ? bias.data() : nullptr, rows, f, approx == GeluApprox::kTanh);
 }
 
 Tensor tanh(const Tensor& x) {

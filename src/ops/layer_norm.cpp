@@ -1,13 +1,12 @@
 // LayerNorm over the last dimension, double-accumulated, biased variance as PyTorch; the forward returns mean and
 // rstd for the backward (llm.c's formula). add_layer_norm_: the fused in-place inference step, beside its twin.
+// Validation and layout here; the row loops are qkv/kernels/layer_norm.h.
 #include "qkv/ops/layer_norm.h"
 
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
-#include "layer_norm_rows.h"
 #include "qkv/core/error.h"
+#include "qkv/kernels/layer_norm.h"
 #include "qkv/ops/elementwise.h"
 
 namespace qkv {
@@ -34,78 +33,9 @@ LayerNormResult layer_norm(const Tensor& x_in, const Tensor& weight_in, const Te
   const float* px = x.data();
   const float* pw = w.defined() ? w.data() : nullptr;
   const float* pb = b.defined() ? b.data() : nullptr;
-  float* py = r.y.data();
-  float* pm = r.mean.data();
-  float* ps = r.rstd.data();
-#pragma omp parallel for schedule(static) if (rows * e >= (int64_t{1} << 15) && rows > 1)
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = px + i * e;
-    double sum = 0.0;
-    for (int64_t j = 0; j < e; ++j) sum += xr[j];
-    const double mean = sum / static_cast<double>(e);
-    double var = 0.0;
-    for (int64_t j = 0; j < e; ++j) {
-      const double d = xr[j] - mean;
-      var += d * d;
-    }
-    var /= static_cast<double>(e);
-    const double rsd = 1.0 / std::sqrt(var + static_cast<double>(eps));
-    pm[i] = static_cast<float>(mean);
-    ps[i] = static_cast<float>(rsd);
-    float* yr = py + i * e;
-    // Centre in double: a float mean would cost |mean| * 2^-24 absolute on every element.
-    for (int64_t j = 0; j < e; ++j) {
-      float v = static_cast<float>((xr[j] - mean) * rsd);
-      if (pw) v *= pw[j];
-      if (pb) v += pb[j];
-      yr[j] = v;
-    }
-  }
+  kernels::layer_norm_rows_reference(px, pw, pb, eps, rows, e, r.y.data(), r.mean.data(), r.rstd.data());
   return r;
 }
-
-namespace layer_norm_rows {
-
-void portable(float* y, const float* x, int64_t x_stride, const float* c, const float* w, const float* b,
-              int64_t rows, int64_t e, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* yr = y + r * e;
-    const float* xr = x ? x + r * x_stride : nullptr;
-    double sum = 0.0;
-    for (int64_t j = 0; j < e; ++j) {
-      float v = yr[j];
-      if (c) v += c[j];
-      if (xr) v = xr[j] + v;
-      yr[j] = v;
-      sum += v;
-    }
-    const double mean = sum / static_cast<double>(e);
-    double var = 0.0;
-    for (int64_t j = 0; j < e; ++j) {
-      const double d = yr[j] - mean;
-      var += d * d;
-    }
-    var /= static_cast<double>(e);
-    const double rsd = 1.0 / std::sqrt(var + static_cast<double>(eps));
-    for (int64_t j = 0; j < e; ++j) {
-      float v = static_cast<float>((yr[j] - mean) * rsd);
-      if (w) v *= w[j];
-      if (b) v += b[j];
-      yr[j] = v;
-    }
-  }
-}
-
-}  // namespace layer_norm_rows
-
-namespace {
-
-bool cpu_has_avx2() {
-  static const bool on = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return on;
-}
-
-}  // namespace
 
 void add_layer_norm_(Tensor& y, const Tensor& x_in, const Tensor& y_bias, const Tensor& weight_in,
                      const Tensor& bias_in, float eps) {
@@ -152,15 +82,7 @@ void add_layer_norm_(Tensor& y, const Tensor& x_in, const Tensor& y_bias, const 
   const float* pc = c.defined() ? c.data() : nullptr;
   const float* pw = w.defined() ? w.data() : nullptr;
   const float* pb = b.defined() ? b.data() : nullptr;
-  const auto kernel = cpu_has_avx2() ? layer_norm_rows::avx2 : layer_norm_rows::portable;
-  // Blocks of rows (about 16K elements each) spread over the threads.
-  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 14) / e);
-  const int64_t blocks = (rows + block - 1) / block;
-#pragma omp parallel for schedule(static) if (blocks > 1)
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t r0 = k * block, n = std::min(block, rows - r0);
-    kernel(py + r0 * e, px ? px + r0 * x_stride : nullptr, x_stride, pc, pw, pb, n, e, eps);
-  }
+  kernels::add_layer_norm_rows(py, px, x_stride, pc, pw, pb, rows, e, eps);
 }
 
 Tensor add_layer_norm_reference(const Tensor& y, const Tensor& x, const Tensor& y_bias, const Tensor& weight,
@@ -197,43 +119,8 @@ LayerNormGrads layer_norm_backward(const Tensor& x_in, const Tensor& weight_in, 
   const float* pm = mean.data();
   const float* ps = rstd.data();
   const float* pw = w.defined() ? w.data() : nullptr;
-  float* pdx = g.dx.data();
-  // dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)),  dnorm = dy * weight.
-#pragma omp parallel for schedule(static) if (rows * e >= (int64_t{1} << 15) && rows > 1)
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = px + i * e;
-    const float* gr = pg + i * e;
-    const double m = pm[i], rs = ps[i];
-    double sum_dn = 0.0, sum_dn_xhat = 0.0;
-    for (int64_t j = 0; j < e; ++j) {
-      const double dn = pw ? static_cast<double>(gr[j]) * pw[j] : gr[j];
-      sum_dn += dn;
-      sum_dn_xhat += dn * (xr[j] - m) * rs;
-    }
-    const double mean_dn = sum_dn / static_cast<double>(e), mean_dn_xhat = sum_dn_xhat / static_cast<double>(e);
-    float* dr = pdx + i * e;
-    for (int64_t j = 0; j < e; ++j) {
-      const double dn = pw ? static_cast<double>(gr[j]) * pw[j] : gr[j];
-      dr[j] = static_cast<float>(rs * (dn - mean_dn - (xr[j] - m) * rs * mean_dn_xhat));
-    }
-  }
-  // Parameter gradients: column sums over rows, in double.
-  std::vector<double> dw(static_cast<size_t>(e), 0.0), db(static_cast<size_t>(e), 0.0);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = px + i * e;
-    const float* gr = pg + i * e;
-    const double m = pm[i], rs = ps[i];
-    for (int64_t j = 0; j < e; ++j) {
-      db[static_cast<size_t>(j)] += gr[j];
-      dw[static_cast<size_t>(j)] += static_cast<double>(gr[j]) * (xr[j] - m) * rs;
-    }
-  }
-  float* pdb = g.dbias.data();
-  for (int64_t j = 0; j < e; ++j) pdb[j] = static_cast<float>(db[static_cast<size_t>(j)]);
-  if (g.dweight.defined()) {
-    float* pdw = g.dweight.data();
-    for (int64_t j = 0; j < e; ++j) pdw[j] = static_cast<float>(dw[static_cast<size_t>(j)]);
-  }
+  kernels::layer_norm_rows_backward_reference(px, pw, pm, ps, pg, rows, e, g.dx.data(),
+                                              g.dweight.defined() ? g.dweight.data() : nullptr, g.dbias.data());
   return g;
 }
 

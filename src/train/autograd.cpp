@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "grad_kernels.h"
+#include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 
 namespace qkv::train {
@@ -132,7 +132,7 @@ void Tape::accumulate(const Var& v, const Tensor& g) {
   QKV_CHECK_ARG(g.shape() == v.value.shape(), "[Tape] gradient ", str(g.shape()), " does not match its value ",
                 str(v.value.shape()));
   if (s.param) {
-    detail::add_into(s.param->grad, g, !s.param->has_grad);
+    kernels::add_into(s.param->grad, g, !s.param->has_grad);
     s.param->has_grad = true;
     return;
   }
@@ -142,11 +142,11 @@ void Tape::accumulate(const Var& v, const Tensor& g) {
     return;
   }
   if (!s.owned) {  // the shared gradient so far and g, summed into a private buffer in one pass
-    s.grad = detail::sum_of(s.grad, g);
+    s.grad = kernels::sum_of(s.grad, g);
     s.owned = true;
     return;
   }
-  detail::add_into(s.grad, g);
+  kernels::add_into(s.grad, g);
 }
 
 void Tape::accumulate_owned(const Var& v, const Tensor& g) {
@@ -159,11 +159,11 @@ void Tape::accumulate_owned(const Var& v, const Tensor& g) {
   QKV_CHECK_ARG(g.shape() == v.value.shape(), "[Tape] gradient ", str(g.shape()), " does not match its value ",
                 str(v.value.shape()));
   if (s.grad.defined() && s.owned) {
-    detail::add_into(s.grad, g);
+    kernels::add_into(s.grad, g);
     return;
   }
   Tensor mine = g;
-  if (s.grad.defined()) detail::add_into(mine, s.grad);  // the shared gradient so far joins the private buffer
+  if (s.grad.defined()) kernels::add_into(mine, s.grad);  // the shared gradient so far joins the private buffer
   s.grad = mine;
   s.owned = true;
 }

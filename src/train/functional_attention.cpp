@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "functional_internal.h"
-#include "grad_kernels.h"
+#include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 #include "qkv/kernels/attention_reference.h"
 #include "qkv/nn/positional/relative.h"

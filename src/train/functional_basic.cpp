@@ -7,8 +7,8 @@
 
 #include "qkv/kernels/activations.h"
 #include "functional_internal.h"
-#include "grad_kernels.h"
-#include "norm_kernels.h"
+#include "qkv/kernels/grad.h"
+#include "qkv/kernels/layer_norm.h"
 #include "qkv/core/error.h"
 #include "qkv/ops/dropout.h"
 #include "qkv/ops/matmul.h"
@@ -39,7 +39,8 @@ void batched_gemm(bool ta, bool tb, int64_t nb, int64_t m, int64_t n, int64_t k,
   const int64_t sa = m * k, sb = k * n, sc = m * n;
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
 #pragma omp parallel for schedule(static) if (nb >= 2 && nb * m * n * k >= kParallelBatchWork)
-  for (int64_t i = 0; i < nb; ++i) detail::gemm(ta, tb, m, n, k, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, n);
+  for (int64_t i = 0; i < nb; ++i)
+    kernels::gemm(ta, tb, m, n, k, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, n);
 }
 
 }  // namespace
@@ -89,7 +90,7 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
   detail::check_defined(weight, "linear", "weight");
   Tensor out;
   {
-    const detail::SmallBlasGuard guard(static_cast<double>(x.numel()) * static_cast<double>(weight.size(0)));
+    const kernels::SmallBlasGuard guard(static_cast<double>(x.numel()) * static_cast<double>(weight.size(0)));
     out = qkv::linear(x.value, weight.value, bias.value);
   }
   return record(out, {&x, &weight, &bias}, [x, weight, bias](Tape& t, Douts d) {
@@ -98,24 +99,24 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
     const int64_t rows = outf ? dy.numel() / outf : 0;
     if (t.needs(x)) {
       int64_t wr = 0, ldw = 0;
-      const Tensor W = detail::as_rows(weight.value, wr, ldw);
+      const Tensor W = kernels::as_rows(weight.value, wr, ldw);
       bool fresh = false;
       Tensor gx = t.accumulator(x, fresh);
-      detail::gemm(false, false, rows, in, outf, dy.data(), outf, W.data(), ldw, fresh ? 0.0f : 1.0f, gx.data(),
-                   in);
+      kernels::gemm(false, false, rows, in, outf, dy.data(), outf, W.data(), ldw, fresh ? 0.0f : 1.0f, gx.data(),
+                    in);
     }
     if (t.needs(weight)) {
       int64_t xr = 0, ldx = 0;
-      const Tensor X = detail::as_rows(x.value, xr, ldx);
+      const Tensor X = kernels::as_rows(x.value, xr, ldx);
       bool fresh = false;
       Tensor gw = t.accumulator(weight, fresh);
-      detail::gemm(true, false, outf, in, rows, dy.data(), outf, X.data(), ldx, fresh ? 0.0f : 1.0f, gw.data(),
-                   in);
+      kernels::gemm(true, false, outf, in, rows, dy.data(), outf, X.data(), ldx, fresh ? 0.0f : 1.0f, gw.data(),
+                    in);
     }
     if (t.needs(bias)) {
       bool fresh = false;
       Tensor gb = t.accumulator(bias, fresh);
-      detail::column_sums(dy.data(), rows, outf, gb.data(), fresh);
+      kernels::column_sums(dy.data(), rows, outf, gb.data(), fresh);
     }
   });
 }
@@ -177,7 +178,7 @@ Var gelu(const Var& x, GeluApprox approx) {
     }
     Tensor g = Tensor::empty(xc.shape());
     kernels::gelu_backward(xc.data(), dy.data(), g.data(), xc.numel(), th);
-    detail::add_into(acc, g);
+    kernels::add_into(acc, g);
   });
 }
 
@@ -242,7 +243,7 @@ Var log_softmax(const Var& x, int64_t axis) {
   return record(y, {&x}, [x, y, axis](Tape& t, Douts d) { t.accumulate_owned(x, log_softmax_backward(y, d[0], axis)); });
 }
 
-// Validation and shapes as qkv::layer_norm; the math is the float32 kernels of norm_kernels.cpp (the forward
+// Validation and shapes as qkv::layer_norm; the math is the float32 kernels of qkv/kernels/layer_norm.h (the forward
 // agrees with qkv::layer_norm to ~1e-7 relative).
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
   detail::check_defined(x, "layer_norm", "x");
@@ -259,8 +260,8 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
   const int64_t rows = xc.numel() / e;
   Tensor y = Tensor::empty(xc.shape());
   Tensor mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
-  detail::layer_norm_rows(xc.data(), w.defined() ? w.data() : nullptr, b.defined() ? b.data() : nullptr, eps, rows,
-                          e, y.data(), mean.data(), rstd.data());
+  kernels::layer_norm_rows(xc.data(), w.defined() ? w.data() : nullptr, b.defined() ? b.data() : nullptr, eps, rows,
+                           e, y.data(), mean.data(), rstd.data());
   return record(y, {&x, &weight, &bias}, [x, xc, weight, w, bias, mean, rstd, rows, e](Tape& t, Douts d) {
     const Tensor dy = d[0].contiguous();
     Tensor dw = t.needs(weight) ? Tensor::empty({e}) : Tensor();
@@ -269,9 +270,9 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
     Tensor base;  // a shared gradient of x so far (a residual branch): summed in by the kernel, not copied first
     Tensor dx = t.needs(x) ? t.accumulator_or_base(x, fresh, base) : Tensor::empty(xc.shape());
     const float* dx_in = base.defined() ? base.data() : (t.needs(x) && !fresh ? dx.data() : nullptr);
-    detail::layer_norm_rows_backward(xc.data(), w.defined() ? w.data() : nullptr, mean.data(), rstd.data(), dy.data(),
-                                     rows, e, dx.data(), dx_in, dw.defined() ? dw.data() : nullptr,
-                                     db.defined() ? db.data() : nullptr);
+    kernels::layer_norm_rows_backward(xc.data(), w.defined() ? w.data() : nullptr, mean.data(), rstd.data(),
+                                      dy.data(), rows, e, dx.data(), dx_in, dw.defined() ? dw.data() : nullptr,
+                                      db.defined() ? db.data() : nullptr);
     if (dw.defined()) t.accumulate(weight, dw);
     if (db.defined()) t.accumulate(bias, db);
   });

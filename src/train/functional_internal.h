@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/grad.h"
+#include "qkv/ops/elementwise.h"
 #include "qkv/ops/embedding.h"
 #include "qkv/train/autograd.h"
 
@@ -32,6 +34,13 @@ inline void check_ids(const Ids& ids, const char* op, const char* name) {
                 str(ids.shape), " must be a non-empty (B, T)");
   QKV_CHECK_ARG(static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1], "[", op, "] ", name,
                 " ids hold ", ids.data.size(), " values for shape ", str(ids.shape));
+}
+
+// qkv::sum_to(g, shape), with the common case (shape = g's trailing dims, or those with leading 1s) done as one
+// sgemv over contiguous rows (kernels::sum_to_trailing). Returns g itself when the shapes are equal.
+inline Tensor sum_to(const Tensor& g, const Shape& shape) {
+  Tensor fast = kernels::sum_to_trailing(g, shape);
+  return fast.defined() ? fast : qkv::sum_to(g, shape);
 }
 
 inline void check_defined(const Var& v, const char* op, const char* name) {

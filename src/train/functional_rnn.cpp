@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "functional_internal.h"
-#include "grad_kernels.h"
+#include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/train/functional.h"
@@ -38,20 +38,20 @@ void recurrent_backward(Tape& t, const Var& h, const Tensor& hval, const Var& w_
   if (t.needs(h)) {
     bool fresh = false;
     Tensor acc = t.accumulator(h, fresh);
-    detail::add_into(acc, dh_direct, fresh);
+    kernels::add_into(acc, dh_direct, fresh);
     int64_t wr = 0, ldw = 0;
-    const Tensor W = detail::as_rows(w_hh.value, wr, ldw);
-    detail::gemm(false, false, nb, hs, gh, dgh.data(), gh, W.data(), ldw, 1.0f, acc.data(), hs);
+    const Tensor W = kernels::as_rows(w_hh.value, wr, ldw);
+    kernels::gemm(false, false, nb, hs, gh, dgh.data(), gh, W.data(), ldw, 1.0f, acc.data(), hs);
   }
   if (t.needs(w_hh)) {
     bool fresh = false;
     Tensor acc = t.accumulator(w_hh, fresh);
-    detail::gemm(true, false, gh, hs, nb, dgh.data(), gh, hval.data(), hs, fresh ? 0.0f : 1.0f, acc.data(), hs);
+    kernels::gemm(true, false, gh, hs, nb, dgh.data(), gh, hval.data(), hs, fresh ? 0.0f : 1.0f, acc.data(), hs);
   }
   if (t.needs(b_hh)) {
     bool fresh = false;
     Tensor acc = t.accumulator(b_hh, fresh);
-    detail::column_sums(dgh.data(), nb, gh, acc.data(), fresh);
+    kernels::column_sums(dgh.data(), nb, gh, acc.data(), fresh);
   }
 }
 
@@ -63,7 +63,7 @@ Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh, cons
   detail::check_defined(w_hh, "gru_cell", "w_hh");
   nn::GruCellResult r;
   {
-    const detail::SmallBlasGuard guard(static_cast<double>(h.numel()) * static_cast<double>(w_hh.size(0)));
+    const kernels::SmallBlasGuard guard(static_cast<double>(h.numel()) * static_cast<double>(w_hh.size(0)));
     r = nn::gru_cell_step(gi.value, h.value, w_hh.value, b_hh.value);
   }
   const int64_t nb = h.size(0), hs = h.size(1);
@@ -117,7 +117,7 @@ LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, c
   detail::check_defined(w_hh, "lstm_cell", "w_hh");
   nn::LstmCellResult r;
   {
-    const detail::SmallBlasGuard guard(static_cast<double>(h.numel()) * static_cast<double>(w_hh.size(0)));
+    const kernels::SmallBlasGuard guard(static_cast<double>(h.numel()) * static_cast<double>(w_hh.size(0)));
     r = nn::lstm_cell_step(gi.value, h.value, c.value, w_hh.value, b_hh.value);
   }
   const int64_t nb = h.size(0), hs = h.size(1);

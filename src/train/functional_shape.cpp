@@ -5,7 +5,7 @@
 #include <span>
 
 #include "functional_internal.h"
-#include "grad_kernels.h"
+#include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 #include "qkv/ops/shape_ops.h"
 #include "qkv/train/functional.h"
@@ -22,7 +22,7 @@ Var reshape(const Var& x, const Shape& shape) {
   try {
     y = x.value.view(shape);
   } catch (const std::invalid_argument&) {
-    y = detail::contiguous(x.value).view(shape);
+    y = kernels::contiguous(x.value).view(shape);
   }
   return record(y, {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0].reshape(x.shape())); });
 }
@@ -46,14 +46,14 @@ Var permute(const Var& x, const Shape& dims) {
 Var select(const Var& x, int64_t axis, int64_t index) {
   detail::check_defined(x, "select", "x");
   return record(x.value.select(axis, index), {&x}, [x, axis, index](Tape& t, Douts d) {
-    detail::add_into(t.accumulator_zeroed(x).select(axis, index), d[0]);
+    kernels::add_into(t.accumulator_zeroed(x).select(axis, index), d[0]);
   });
 }
 
 Var slice(const Var& x, int64_t axis, int64_t start, int64_t end, int64_t step) {
   detail::check_defined(x, "slice", "x");
   return record(x.value.slice(axis, start, end, step), {&x}, [x, axis, start, end, step](Tape& t, Douts d) {
-    detail::add_into(t.accumulator_zeroed(x).slice(axis, start, end, step), d[0]);
+    kernels::add_into(t.accumulator_zeroed(x).slice(axis, start, end, step), d[0]);
   });
 }
 
@@ -129,7 +129,7 @@ std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int64_t 
     Tensor acc = all ? t.accumulator(x, fresh) : t.accumulator_zeroed(x);
     int64_t start = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      if (d[i].defined()) detail::add_into(acc.slice(ax, start, start + sizes[i]), d[i], fresh);
+      if (d[i].defined()) kernels::add_into(acc.slice(ax, start, start + sizes[i]), d[i], fresh);
       start += sizes[i];
     }
   });

@@ -6,18 +6,13 @@
 #include <cmath>
 #include <limits>
 
-#include "adam_kernel.h"
 #include "qkv/core/error.h"
+#include "qkv/kernels/adam.h"
 
 namespace qkv::train {
 namespace {
 
 constexpr int64_t kParallelMin = int64_t{1} << 17;  // parameter elements per OpenMP region
-
-bool cpu_has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
 
 void check_lr(double lr, const char* op) {
   QKV_CHECK_ARG(std::isfinite(lr) && lr >= 0.0, "[", op, "] learning rate must be finite and >= 0, got ", lr);
@@ -172,18 +167,9 @@ void Adam::step() {
     const float* g = P.grad.data();
     float* m = s.exp_avg.data();
     float* v = s.exp_avg_sq.data();
-    detail::AdamScalars c{decay, wd, w1, b2, w2, eps, neg_step_size, bc2_sqrt, o.weight_decay != 0.0, decoupled_};
-    const bool fma_isa = cpu_has_avx2_fma();
-    // Chunks of the parameter over the threads; each element's update is independent (same bits for any split).
-    const int64_t chunks = n >= kParallelMin ? std::max<int64_t>(1, n / (kParallelMin / 4)) : 1;
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t b = n * ch / chunks, e = n * (ch + 1) / chunks;
-      if (fma_isa)
-        detail::adam_update_range_avx2(c, b, e, p, g, m, v);
-      else
-        detail::adam_update_range(c, b, e, p, g, m, v);
-    }
+    const kernels::AdamScalars c{decay, wd, w1, b2, w2, eps, neg_step_size, bc2_sqrt, o.weight_decay != 0.0,
+                                 decoupled_};
+    kernels::adam_update(c, n, p, g, m, v);
   }
 }
 

@@ -1,6 +1,7 @@
-// Vectorised float32 activation kernels (GELU forward/backward in erf and tanh forms, tanh, sigmoid) used by the
-// ops and the tape; dispatched at run time to an AVX2+FMA build when the CPU has both. Contiguous arrays (n elements);
-// OpenMP over chunks. The references are the libm formulas in ops (gelu_reference, ...).
+// Vectorised float32 activation kernels (GELU forward/backward in erf and tanh forms, the bias + GELU epilogue,
+// tanh, sigmoid) used by the ops and the tape; dispatched at run time to an AVX2+FMA build when active_isa() allows
+// it (qkv/kernels/cpu.h). Contiguous arrays (n elements); OpenMP over chunks. The references are the libm formulas
+// in ops (gelu_reference, ...).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,9 @@ namespace qkv::kernels {
 
 void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool tanh_approx);
+// The bias + GELU epilogue of a linear layer, in place: x (rows, f) contiguous, bias (f) or null;
+//   x = gelu(x + bias). Blocks of rows (~16K elements) over OpenMP threads. Its reference: ops add then gelu.
+void add_bias_gelu_rows(float* x, const float* bias, int64_t rows, int64_t f, bool tanh_approx);
 // y = tanh(x) / sigmoid(x), ~2 ulp, no libm.
 void tanh_forward(const float* x, float* y, int64_t n);
 void sigmoid_forward(const float* x, float* y, int64_t n);

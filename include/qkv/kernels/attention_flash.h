@@ -8,8 +8,9 @@
 
 namespace qkv::kernels {
 
-// Which microkernels run. kAuto picks AVX-512 (F, BW, DQ, VL) when the CPU has it, else AVX2+FMA when it has both
-// (checked once at run time), else portable.
+// Which microkernels run. kAuto picks the widest set active_isa() allows (qkv/kernels/cpu.h: AVX-512 F/BW/DQ/VL,
+// else AVX2+FMA, else portable; QKV_ISA caps it). A named set runs whatever QKV_ISA says, and throws
+// std::runtime_error when the CPU lacks it.
 enum class FlashIsa { kAuto, kPortable, kAvx2, kAvx512 };
 
 struct FlashConfig {

@@ -13,9 +13,10 @@ namespace qkv::kernels {
 // beta == 0: C is only written (NaN or garbage in C does not leak). k == 0 or alpha == 0: C = beta · C.
 // Deterministic: K is never split across threads, so for given inputs the result is bit-identical from run to run
 // and for any thread count. Multithreaded (omp_get_max_threads()) unless called inside an active parallel region.
-// Small products (m·n·k below 48^3) and CPUs without AVX-512 go to OpenBLAS. QKV_SGEMM=openblas in the
-// environment (read once) forces OpenBLAS everywhere. Throws std::invalid_argument "[sgemm] ..." on negative
-// sizes, too-small leading dimensions or null pointers with non-empty operands.
+// Small products (m·n·k below 48^3) and CPUs without AVX-512 go to OpenBLAS, as does QKV_ISA=avx2 or portable
+// (qkv/kernels/cpu.h). QKV_SGEMM=openblas in the environment (read once) forces OpenBLAS everywhere.
+// Throws std::invalid_argument "[sgemm] ..." on negative sizes, too-small leading dimensions or null pointers with
+// non-empty operands.
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
@@ -29,10 +30,11 @@ void sgemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// Whether this CPU has AVX-512 F, BW, DQ and VL (checked once).
+// Whether this CPU has AVX-512 F, BW, DQ and VL (cpu_supports(Isa::kAvx512)).
 bool sgemm_avx512_supported();
 
-// Backend that sgemm() uses for large products: "avx512" or "openblas" (no AVX-512, or QKV_SGEMM=openblas).
+// Backend that sgemm() uses for large products: "avx512" or "openblas" (no AVX-512, QKV_ISA below avx512, or
+// QKV_SGEMM=openblas).
 const char* sgemm_backend();
 
 }  // namespace qkv::kernels

@@ -1,13 +1,13 @@
-// The Adam element update of adam_kernel.h with AVX2+FMA intrinsics, 8 floats at a time: the same operations in
+// The Adam element update of adam_impl.h with AVX2+FMA intrinsics, 8 floats at a time: the same operations in
 // the same order (FMA, sqrt and division are exactly rounded), so the bits equal the scalar loop's.
 #include <immintrin.h>
 
-#include "adam_kernel.h"
+#include "adam_impl.h"
 
-namespace qkv::train::detail {
+namespace qkv::kernels::avx2 {
 
-void adam_update_range_avx2(const AdamScalars& c, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                            float* v) {
+void adam_update_range(const AdamScalars& c, int64_t begin, int64_t end, float* p, const float* g, float* m,
+                       float* v) {
   const bool lerp_low = c.w1 < 0.5f;
   const __m256 decay = _mm256_set1_ps(c.decay), wd = _mm256_set1_ps(c.wd), w1 = _mm256_set1_ps(c.w1);
   const __m256 one_minus_w1 = _mm256_set1_ps(1.0f - c.w1), b2 = _mm256_set1_ps(c.b2), w2 = _mm256_set1_ps(c.w2);
@@ -31,7 +31,7 @@ void adam_update_range_avx2(const AdamScalars& c, int64_t begin, int64_t end, fl
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vj), bc2_sqrt), eps);
     _mm256_storeu_ps(p + j, _mm256_add_ps(pj, _mm256_div_ps(_mm256_mul_ps(step, mj), denom)));
   }
-  adam_update_range(c, j, end, p, g, m, v);  // the tail, scalar (FMA instructions here too)
+  detail::adam_update_loop(c, j, end, p, g, m, v);  // the tail, scalar (FMA instructions here too)
 }
 
-}  // namespace qkv::train::detail
+}  // namespace qkv::kernels::avx2

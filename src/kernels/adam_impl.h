@@ -1,22 +1,21 @@
-// The Adam/AdamW element update in torch.optim's float32 operation order, as one inline loop shared by optim.cpp
-// (portable build) and optim_avx2.cpp (the same source compiled with FMA, so std::fma is one instruction).
+// Private (not installed): the Adam/AdamW element update in torch.optim's float32 operation order, as one inline
+// loop shared by adam.cpp (portable build) and adam_avx2.cpp (the tail there, compiled with FMA, so std::fma is one
+// instruction).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-namespace qkv::train::detail {
+#include "qkv/kernels/adam.h"
 
-// Per-parameter constants of one Adam step (see Adam::step).
-struct AdamScalars {
-  float decay, wd, w1, b2, w2, eps, neg_step_size, bc2_sqrt;
-  bool decay_on, decoupled;
-};
+// Internal linkage: each including file (compiled with different -m flags) keeps its own copy.
+namespace qkv::kernels::detail {
+namespace {
 
 // Elements [begin, end) of p, m, v updated from g. std::fma and IEEE sqrt/div are exactly rounded, so every build
 // gives the same bits.
-inline void adam_update_range(const AdamScalars& c, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                              float* v) {
+inline void adam_update_loop(const AdamScalars& c, int64_t begin, int64_t end, float* p, const float* g, float* m,
+                             float* v) {
   const bool lerp_low = c.w1 < 0.5f;
 #pragma omp simd
   for (int64_t j = begin; j < end; ++j) {
@@ -36,8 +35,5 @@ inline void adam_update_range(const AdamScalars& c, int64_t begin, int64_t end, 
   }
 }
 
-// The same loop compiled with AVX2+FMA (optim_avx2.cpp); call only when the CPU has both.
-void adam_update_range_avx2(const AdamScalars& c, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                            float* v);
-
-}  // namespace qkv::train::detail
+}  // namespace
+}  // namespace qkv::kernels::detail

@@ -1,7 +1,8 @@
-// Private helpers of the autograd ops: strided in-place accumulation and an sgemm wrapper with beta.
+// Gradient kernels of the tape: strided in-place accumulation, column sums, and an sgemm wrapper with beta.
 // Contiguous same-layout operands take flat OpenMP loops; everything else walks strides.
-#include "grad_kernels.h"
+#include "qkv/kernels/grad.h"
 
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,9 +11,8 @@
 
 #include "qkv/core/error.h"
 #include "qkv/kernels/sgemm.h"
-#include "qkv/ops/elementwise.h"
 
-namespace qkv::train::detail {
+namespace qkv::kernels {
 namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 18;  // elements: below this one thread copies faster
 }
@@ -84,7 +84,7 @@ void add_into(Tensor dst, const Tensor& src, bool overwrite) {
   }
 }
 
-Tensor sum_to(const Tensor& g, const Shape& shape) {
+Tensor sum_to_trailing(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   // Strip shape's leading 1s; what is left must be exactly g's trailing dims.
   size_t lead = 0;
@@ -92,7 +92,7 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   const Shape tail(shape.begin() + static_cast<int64_t>(lead), shape.end());
   const bool trailing = tail.size() <= static_cast<size_t>(g.dim()) &&
                         std::equal(tail.begin(), tail.end(), g.shape().end() - static_cast<int64_t>(tail.size()));
-  if (!trailing || !g.is_contiguous() || g.numel() == 0) return qkv::sum_to(g, shape);
+  if (!trailing || !g.is_contiguous() || g.numel() == 0) return Tensor();
   const int64_t cols = shape_numel(tail), rows = g.numel() / std::max<int64_t>(cols, 1);
   Tensor out = Tensor::empty(shape);
   column_sums(g.data(), rows, cols, out.data(), true);
@@ -128,7 +128,23 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int
   for (int64_t v : {M, N, K, lda, ldb, ldc})
     QKV_CHECK_RUNTIME(v <= INT_MAX, "[autograd] matrix size ", v, " exceeds the BLAS int range");
   const SmallBlasGuard guard(static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
-  kernels::sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+void column_sums(const float* g, int64_t rows, int64_t cols, float* out, bool overwrite) {
+  if (cols == 0) return;
+  if (rows == 0) {
+    if (overwrite) std::fill(out, out + cols, 0.0f);
+    return;
+  }
+  QKV_CHECK_RUNTIME(rows <= INT32_MAX && cols <= INT32_MAX, "[autograd] column sums of ", rows, " x ", cols,
+                    " exceed the BLAS int range");
+  thread_local std::vector<float> ones;
+  if (static_cast<int64_t>(ones.size()) < rows) ones.assign(static_cast<size_t>(rows), 1.0f);
+  // out = gᵀ·1 (+ out): one pass over g in BLAS's blocked order.
+  const SmallBlasGuard guard(static_cast<double>(rows) * static_cast<double>(cols) / 4.0);  // memory-bound
+  cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), 1.0f, g,
+              static_cast<int>(cols), ones.data(), 1, overwrite ? 0.0f : 1.0f, out, 1);
 }
 
 Tensor as_rows(const Tensor& x, int64_t& rows, int64_t& ld) {
@@ -161,4 +177,4 @@ Tensor as_rows(const Tensor& x, int64_t& rows, int64_t& ld) {
   return c;
 }
 
-}  // namespace qkv::train::detail
+}  // namespace qkv::kernels

@@ -1,12 +1,13 @@
 // AVX2+FMA build of the fused residual + bias + LayerNorm rows (compiled with -mavx2 -mfma; called only when the
-// CPU has both). Statistics in double, 4 lanes at a time, as the scalar layer_norm; the affine step in float.
+// CPU has both; the portable twin and the dispatcher are in layer_norm.cpp). Statistics in double, 4 lanes at a
+// time, as the scalar layer_norm; the affine step in float.
 #include <immintrin.h>
 
 #include <cmath>
 
-#include "layer_norm_rows.h"
+#include "qkv/kernels/layer_norm.h"
 
-namespace qkv::layer_norm_rows {
+namespace qkv::kernels::avx2 {
 namespace {
 
 double hsum(__m256d v) {
@@ -16,8 +17,8 @@ double hsum(__m256d v) {
 
 }  // namespace
 
-void avx2(float* y, const float* x, int64_t x_stride, const float* c, const float* w, const float* b, int64_t rows,
-          int64_t e, float eps) {
+void add_layer_norm_rows(float* y, const float* x, int64_t x_stride, const float* c, const float* w, const float* b,
+                         int64_t rows, int64_t e, float eps) {
   const int64_t e8 = e - e % 8;
   for (int64_t r = 0; r < rows; ++r) {
     float* yr = y + r * e;
@@ -81,4 +82,4 @@ void avx2(float* y, const float* x, int64_t x_stride, const float* c, const floa
   }
 }
 
-}  // namespace qkv::layer_norm_rows
+}  // namespace qkv::kernels::avx2

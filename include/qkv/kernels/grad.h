@@ -1,13 +1,12 @@
-// Private helpers of the autograd ops (not installed): in-place gradient accumulation into strided views,
-// a thin row-major sgemm wrapper with beta, and a row view helper (column sums live in norm_kernels.h).
+// Gradient kernels of the tape: in-place accumulation into strided views, column sums (bias gradients) as one
+// sgemv, a row-major sgemm wrapper with beta that keeps small products on one thread, and a row view helper.
 #pragma once
 
 #include <cstdint>
 
-#include "norm_kernels.h"
 #include "qkv/core/tensor.h"
 
-namespace qkv::train::detail {
+namespace qkv::kernels {
 
 // dst += src elementwise (same shape; any strides on both, dst not an expanded view). When `overwrite`, dst = src.
 void add_into(Tensor dst, const Tensor& src, bool overwrite = false);
@@ -19,9 +18,13 @@ Tensor sum_of(const Tensor& a, const Tensor& b);
 // instead of element by element.
 Tensor contiguous(const Tensor& x);
 
-// qkv::sum_to(g, shape), with the common case (shape = g's trailing dims, or those with leading 1s) done as one
-// sgemv over contiguous rows. Returns g itself when the shapes are equal.
-Tensor sum_to(const Tensor& g, const Shape& shape);
+// out[j] (+)= Σ_r g[r, j] for a contiguous (rows, cols) g, as one sgemv (written when `overwrite`, else added).
+void column_sums(const float* g, int64_t rows, int64_t cols, float* out, bool overwrite);
+
+// The fast case of sum_to(g, shape): when shape is g's trailing dims (with or without leading 1s) and g is
+// contiguous, the column sums as a fresh tensor of `shape`; g itself when the shapes are equal; otherwise an
+// undefined Tensor (the caller then runs the general ops sum_to).
+Tensor sum_to_trailing(const Tensor& g, const Shape& shape);
 
 // Keeps BLAS on the calling thread for products below ~8M multiply-adds (OpenBLAS shares our OpenMP pool and would
 // otherwise open a parallel region per small GEMM: hundreds per step of an RNN, each a stall when the machine is
@@ -46,4 +49,4 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int
 // stride: x itself when possible, else a contiguous copy. Returns the row stride in `ld`.
 Tensor as_rows(const Tensor& x, int64_t& rows, int64_t& ld);
 
-}  // namespace qkv::train::detail
+}  // namespace qkv::kernels

@@ -1,0 +1,34 @@
+// The one CPU-feature probe of the library: which instruction sets this CPU has (checked once with
+// __builtin_cpu_supports) and which the kernels' run-time dispatchers use. QKV_ISA in the environment caps the
+// widest path for tests and comparisons.
+#pragma once
+
+namespace qkv::kernels {
+
+// Kernel paths, narrowest to widest. kAvx2 means AVX2 + FMA; kAvx512 means AVX-512 F, BW, DQ and VL (every
+// AVX-512 kernel also uses AVX2 + FMA).
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// What the hardware has, probed once.
+struct CpuFeatures {
+  bool avx2 = false;     // AVX2 and FMA
+  bool avx512 = false;   // AVX-512 F, BW, DQ and VL (and AVX2 + FMA)
+};
+const CpuFeatures& cpu_features();
+
+// Whether this CPU can run `isa`'s kernels (kPortable: always).
+bool cpu_supports(Isa isa);
+
+// The widest path the dispatchers pick: the widest this CPU has, capped by QKV_ISA (read once, at the first call):
+//   QKV_ISA=portable | avx2 | avx512   (unset or empty: no cap)
+// QKV_ISA naming a path this CPU lacks, or any other value, throws std::runtime_error "[cpu] ..." from every call
+// (the path asked for can never silently become another one).
+Isa active_isa();
+
+// resolve_isa(QKV_ISA value or nullptr, features): the rule active_isa() applies, for tests.
+Isa resolve_isa(const char* env_value, const CpuFeatures& features);
+
+// "portable", "avx2", "avx512".
+const char* isa_name(Isa isa);
+
+}  // namespace qkv::kernels
