@@ -1,45 +1,49 @@
-// AVX2+FMA microkernels of the fused attention: a 6x16 register-blocked FMA product, a vectorised exp2 (Cephes
-// polynomial, <= 2 ulp), the column-wise online softmax and the backward probability step. Compiled with -mavx2 -mfma.
+// AVX2+FMA microkernels of the fused attention: a 6x16 register-blocked FMA product and dot-product scores, plus
+// the 8-lane instantiation of attention_flash_simd.h (exp2, online softmax, backward probabilities). Compiled with
+// -mavx2 -mfma.
 #include <immintrin.h>
 
-#include <cmath>
-#include <limits>
-
 #include "attention_flash_kernels.h"
+#include "attention_flash_simd.h"
 
 namespace qkv::kernels::flash {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// 2^x for x <= 127, to about 2 ulp; 0 for x < -125 (and for -inf); NaN for NaN. Cephes exp2f: 2^x = 2^n * P(x - n).
-// NaN in, NaN out (a NaN score must reach the output, as in PyTorch, not vanish like a masked one).
-inline __m256 exp2_ps(__m256 x) {
-  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_NLT_UQ);  // x >= -125 or NaN
-  const __m256 x_in = x;
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-125.0f)), _mm256_set1_ps(127.0f));
-  // Round to nearest by adding 1.5·2^23: the low mantissa bits of t then hold n in two's complement.
-  const __m256 magic = _mm256_set1_ps(12582912.0f);
-  const __m256 t = _mm256_add_ps(x, magic);
-  const __m256 n = _mm256_sub_ps(t, magic);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);  // n << 23; t's exponent bits shift out
-  const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-  return _mm256_blendv_ps(_mm256_and_ps(r, keep), x_in, nan);
-}
-
-inline __m256i tail_mask(int64_t n) {  // lanes [0, n) on, 0 < n < 8
+inline __m256i tail_mask(int64_t n) {  // lanes [0, n) on, 0 < n <= 8
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx);
 }
+
+// Lane traits of attention_flash_simd.h: 8 floats, masks as vectors.
+struct Avx2 {
+  using F = __m256;
+  using M = __m256;
+  using Tail = __m256i;
+  static constexpr int64_t kW = 8;
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F zero() { return _mm256_setzero_ps(); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static Tail tail(int64_t n) { return tail_mask(n); }
+  static F load_n(const float* p, Tail t) { return _mm256_maskload_ps(p, t); }
+  static void store_n(float* p, Tail t, F v) { _mm256_maskstore_ps(p, t, v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static M eq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+  static M ge(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M unord(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_UNORD_Q); }
+  static M or_(M a, M b) { return _mm256_or_ps(a, b); }
+  static F select(M m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
+  static F zero_unless(M m, F a) { return _mm256_and_ps(a, m); }
+  static F pow2n(F p, F t) {
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);  // n << 23; t's exponent bits shift out
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+  }
+};
 
 // R rows x NV vectors of C, with B loads masked by `mask` when kMasked (then NV == 1).
 template <int R, int NV, bool kMasked>
@@ -123,45 +127,6 @@ void gemm(const Gemm& g) {
   }
 }
 
-void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
-  const __m256 ninf = _mm256_set1_ps(kNegInf);
-  for (int64_t c = 0; c < ncols; c += 8) {
-    float* col = st + c;
-    const __m256 m_old = _mm256_loadu_ps(m + c);
-    __m256 mx0 = m_old, mx1 = ninf, mx2 = ninf, mx3 = ninf;
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-      mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + (j + 0) * ld));
-      mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(col + (j + 1) * ld));
-      mx2 = _mm256_max_ps(mx2, _mm256_loadu_ps(col + (j + 2) * ld));
-      mx3 = _mm256_max_ps(mx3, _mm256_loadu_ps(col + (j + 3) * ld));
-    }
-    for (; j < nk; ++j) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(col + j * ld));
-    const __m256 m_new = _mm256_max_ps(_mm256_max_ps(mx0, mx1), _mm256_max_ps(mx2, mx3));
-    // A column still fully masked uses base 0: 2^(-inf - 0) = 0 instead of NaN.
-    const __m256 base = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, ninf, _CMP_EQ_OQ));
-    const __m256 a = exp2_ps(_mm256_sub_ps(m_old, base));
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    j = 0;
-    for (; j + 2 <= nk; j += 2) {
-      const __m256 p0 = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(col + j * ld), base));
-      const __m256 p1 = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(col + (j + 1) * ld), base));
-      _mm256_storeu_ps(col + j * ld, p0);
-      _mm256_storeu_ps(col + (j + 1) * ld, p1);
-      s0 = _mm256_add_ps(s0, p0);
-      s1 = _mm256_add_ps(s1, p1);
-    }
-    if (j < nk) {
-      const __m256 p0 = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(col + j * ld), base));
-      _mm256_storeu_ps(col + j * ld, p0);
-      s0 = _mm256_add_ps(s0, p0);
-    }
-    _mm256_storeu_ps(alpha + c, a);
-    _mm256_storeu_ps(l + c, _mm256_fmadd_ps(a, _mm256_loadu_ps(l + c), _mm256_add_ps(s0, s1)));
-    _mm256_storeu_ps(m + c, m_new);
-  }
-}
-
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -215,51 +180,13 @@ void dot_scores(const float* q, int64_t nq, int64_t dk, const float* k, int64_t 
   }
 }
 
+void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
+  softmax_cols_impl<Avx2>(st, ld, nk, ncols, m, l, alpha);
+}
+
 void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
                const float* delta, float scale) {
-  const __m256 vscale = _mm256_set1_ps(scale);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * ld;
-    float* dr = dp + r * ld;
-    const float* br = bias ? bias + r * ld : nullptr;
-    const __m256 nl = _mm256_set1_ps(-lse2[r]);
-    const __m256 dl = _mm256_set1_ps(delta[r]);
-    int64_t j = 0;
-    // A blocked pair (score or bias -inf) gives p = 0, and p = 0 gives dS = 0, even when its score or the row's lse/delta
-    // is NaN: the reference's rule.
-    const __m256 ninf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
-    for (; j + 8 <= cols; j += 8) {
-      const __m256 sj = _mm256_loadu_ps(sr + j);
-      __m256 x = _mm256_add_ps(sj, nl);
-      __m256 blocked = _mm256_cmp_ps(sj, ninf, _CMP_EQ_OQ);
-      if (br) {
-        const __m256 bj = _mm256_loadu_ps(br + j);
-        x = _mm256_add_ps(x, bj);
-        blocked = _mm256_or_ps(blocked, _mm256_cmp_ps(bj, ninf, _CMP_EQ_OQ));
-      }
-      const __m256 p = _mm256_blendv_ps(exp2_ps(x), zero, blocked);
-      _mm256_storeu_ps(sr + j, p);
-      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(dr + j), dl);
-      const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(p, vscale), d);
-      _mm256_storeu_ps(dr + j, _mm256_blendv_ps(ds, zero, _mm256_cmp_ps(p, zero, _CMP_EQ_OQ)));
-    }
-    if (j < cols) {
-      const __m256i mk = tail_mask(cols - j);
-      const __m256 sj = _mm256_maskload_ps(sr + j, mk);
-      __m256 x = _mm256_add_ps(sj, nl);
-      __m256 blocked = _mm256_cmp_ps(sj, ninf, _CMP_EQ_OQ);
-      if (br) {
-        const __m256 bj = _mm256_maskload_ps(br + j, mk);
-        x = _mm256_add_ps(x, bj);
-        blocked = _mm256_or_ps(blocked, _mm256_cmp_ps(bj, ninf, _CMP_EQ_OQ));
-      }
-      const __m256 p = _mm256_blendv_ps(exp2_ps(x), zero, blocked);
-      _mm256_maskstore_ps(sr + j, mk, p);
-      const __m256 d = _mm256_sub_ps(_mm256_maskload_ps(dr + j, mk), dl);
-      const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(p, vscale), d);
-      _mm256_maskstore_ps(dr + j, mk, _mm256_blendv_ps(ds, zero, _mm256_cmp_ps(p, zero, _CMP_EQ_OQ)));
-    }
-  }
+  bwd_probs_impl<Avx2>(s, bias, dp, ld, rows, cols, lse2, delta, scale);
 }
 
 }  // namespace

@@ -1,46 +1,51 @@
-// AVX-512 microkernels of the fused attention: the same operations as attention_flash_avx2.cpp on 16-float vectors
-// (register-blocked FMA product up to 12x32, Cephes exp2, online softmax, backward probabilities). Compiled with
-// -mavx512f/bw/dq/vl; picked at run time only when the CPU has all four. Sums run in the same order as the AVX2 set.
+// AVX-512 microkernels of the fused attention: the register-blocked FMA product (up to 12x32), plus the 16-lane
+// instantiation of attention_flash_simd.h (exp2, online softmax, backward probabilities: the AVX2 set's operations
+// in the same order). Compiled with -mavx512f/bw/dq/vl; picked at run time only when the CPU has all four.
 #include <immintrin.h>
 
 // GCC 12 flags its own _mm512_undefined_ps inside the intrinsic headers (a known false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-#include <algorithm>
-#include <limits>
-
 #include "attention_flash_kernels.h"
+#include "attention_flash_simd.h"
 
 namespace qkv::kernels::flash {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// 2^x for x <= 127, to about 2 ulp; 0 for x < -125 (and for -inf). The polynomial of the AVX2 set.
-inline __m512 exp2_ps(__m512 x) {  // NaN in, NaN out, as in the AVX2 version
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
-  const __m512 x_in = x;
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-125.0f)), _mm512_set1_ps(127.0f));
-  const __m512 magic = _mm512_set1_ps(12582912.0f);  // 1.5·2^23: round to nearest, n in the low mantissa bits
-  const __m512 t = _mm512_add_ps(x, magic);
-  const __m512 n = _mm512_sub_ps(t, magic);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
-  const __m512 r = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-  return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, r), nan, x_in);
-}
-
 inline __mmask16 tail_mask(int64_t n) {  // lanes [0, n) on, 0 < n <= 16
   return static_cast<__mmask16>((1u << n) - 1u);
 }
+
+// Lane traits of attention_flash_simd.h: 16 floats, masks in mask registers.
+struct Avx512 {
+  using F = __m512;
+  using M = __mmask16;
+  using Tail = __mmask16;
+  static constexpr int64_t kW = 16;
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F zero() { return _mm512_setzero_ps(); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static Tail tail(int64_t n) { return tail_mask(n); }
+  static F load_n(const float* p, Tail t) { return _mm512_maskz_loadu_ps(t, p); }
+  static void store_n(float* p, Tail t, F v) { _mm512_mask_storeu_ps(p, t, v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static M eq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static M ge(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static M unord(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }
+  static M or_(M a, M b) { return static_cast<M>(a | b); }
+  static F select(M m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
+  static F zero_unless(M m, F a) { return _mm512_maskz_mov_ps(m, a); }
+  static F pow2n(F p, F t) {
+    const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+  }
+};
 
 // R rows x NV vectors of C; when kTail, the last vector's loads and stores are limited to `last` lanes (masked
 // stores are slow on some CPUs: full blocks never use them).
@@ -155,79 +160,16 @@ void gemm(const Gemm& g) {
     row_blocks<6>(g);
 }
 
-void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
-  const __m512 ninf = _mm512_set1_ps(kNegInf);
-  for (int64_t c = 0; c < ncols; c += 16) {
-    const __mmask16 mk = tail_mask(std::min<int64_t>(16, ncols - c));
-    float* col = st + c;
-    auto load = [&](int64_t j) { return _mm512_maskz_loadu_ps(mk, col + j * ld); };
-    const __m512 m_old = _mm512_maskz_loadu_ps(mk, m + c);
-    __m512 mx0 = m_old, mx1 = ninf, mx2 = ninf, mx3 = ninf;
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-      mx0 = _mm512_max_ps(mx0, load(j));
-      mx1 = _mm512_max_ps(mx1, load(j + 1));
-      mx2 = _mm512_max_ps(mx2, load(j + 2));
-      mx3 = _mm512_max_ps(mx3, load(j + 3));
-    }
-    for (; j < nk; ++j) mx0 = _mm512_max_ps(mx0, load(j));
-    const __m512 m_new = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
-    // A column still fully masked uses base 0: 2^(-inf - 0) = 0 instead of NaN.
-    const __m512 base = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ), _mm512_setzero_ps());
-    const __m512 a = exp2_ps(_mm512_sub_ps(m_old, base));
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    j = 0;
-    for (; j + 2 <= nk; j += 2) {
-      const __m512 p0 = exp2_ps(_mm512_sub_ps(load(j), base));
-      const __m512 p1 = exp2_ps(_mm512_sub_ps(load(j + 1), base));
-      _mm512_mask_storeu_ps(col + j * ld, mk, p0);
-      _mm512_mask_storeu_ps(col + (j + 1) * ld, mk, p1);
-      s0 = _mm512_add_ps(s0, p0);
-      s1 = _mm512_add_ps(s1, p1);
-    }
-    if (j < nk) {
-      const __m512 p0 = exp2_ps(_mm512_sub_ps(load(j), base));
-      _mm512_mask_storeu_ps(col + j * ld, mk, p0);
-      s0 = _mm512_add_ps(s0, p0);
-    }
-    _mm512_mask_storeu_ps(alpha + c, mk, a);
-    _mm512_mask_storeu_ps(l + c, mk, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mk, l + c), _mm512_add_ps(s0, s1)));
-    _mm512_mask_storeu_ps(m + c, mk, m_new);
-  }
-}
-
 // Decoding's dot-product scores use the AVX2 kernel (an AVX-512 CPU has AVX2 and FMA): it reduces several keys
 // together, where a 512-bit version summing one key at a time horizontally read K at half the speed.
 
+void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
+  softmax_cols_impl<Avx512>(st, ld, nk, ncols, m, l, alpha);
+}
+
 void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
                const float* delta, float scale) {
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * ld;
-    float* dr = dp + r * ld;
-    const float* br = bias ? bias + r * ld : nullptr;
-    const __m512 nl = _mm512_set1_ps(-lse2[r]);
-    const __m512 dl = _mm512_set1_ps(delta[r]);
-    // A blocked pair (score or bias -inf) gives p = 0, and p = 0 gives dS = 0, even when the row's lse/delta is
-    // NaN: the reference's rule.
-    const __m512 ninf = _mm512_set1_ps(kNegInf);
-    for (int64_t j = 0; j < cols; j += 16) {
-      const __mmask16 mk = tail_mask(std::min<int64_t>(16, cols - j));
-      const __m512 sj = _mm512_maskz_loadu_ps(mk, sr + j);
-      __m512 x = _mm512_add_ps(sj, nl);
-      __mmask16 open = _mm512_cmp_ps_mask(sj, ninf, _CMP_NEQ_UQ);
-      if (br) {
-        const __m512 bj = _mm512_maskz_loadu_ps(mk, br + j);
-        x = _mm512_add_ps(x, bj);
-        open &= _mm512_cmp_ps_mask(bj, ninf, _CMP_NEQ_UQ);
-      }
-      const __m512 p = _mm512_maskz_mov_ps(open, exp2_ps(x));
-      _mm512_mask_storeu_ps(sr + j, mk, p);
-      const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dr + j), dl);
-      const __mmask16 live = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-      _mm512_mask_storeu_ps(dr + j, mk, _mm512_maskz_mul_ps(live, _mm512_mul_ps(p, vscale), d));
-    }
-  }
+  bwd_probs_impl<Avx512>(s, bias, dp, ld, rows, cols, lse2, delta, scale);
 }
 
 }  // namespace

@@ -1,0 +1,147 @@
+// Private (not installed): the parts of the fused-attention microkernels written once over the vector width: the
+// Cephes exp2, the column-wise online-softmax step and the backward probability step. Included by
+// attention_flash_avx2.cpp and attention_flash_avx512.cpp, each after defining its lane traits V (below); only the
+// register-blocked products (and AVX2's dot-product scores) stay per ISA.
+//
+// V provides, for its vector type V::F (kW floats), mask type V::M and tail type V::Tail (lanes [0, n)):
+//   set1 zero load store tail(n) load_n(p, t) (other lanes 0) store_n(p, t, v)
+//   add sub mul fmadd(a, b, c) = a·b + c, max min (x86 semantics: the second operand when either is NaN)
+//   eq (ordered ==), ge (ordered >=), unord (either NaN), or_
+//   select(m, a, b) = m ? a : b, zero_unless(m, a) = m ? a : 0
+//   pow2n(p, t): p · 2^n where t = x + 1.5·2^23 holds n in its low mantissa bits (integer add of t << 23)
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "attention_flash_kernels.h"
+
+namespace qkv::kernels::flash {
+namespace {
+
+// 2^x for x <= 127, to about 2 ulp; 0 for x < -125 (and for -inf); NaN for NaN (a NaN score must reach the
+// output, as in PyTorch, not vanish like a masked one). Cephes exp2f: 2^x = 2^n · P(x - n).
+template <class V>
+inline typename V::F exp2v(typename V::F x) {
+  const typename V::M nan = V::unord(x, x);
+  const typename V::M keep = V::ge(x, V::set1(-125.0f));
+  const typename V::F x_in = x;
+  x = V::min(V::max(x, V::set1(-125.0f)), V::set1(127.0f));
+  // Round to nearest by adding 1.5·2^23: the low mantissa bits of t then hold n in two's complement.
+  const typename V::F magic = V::set1(12582912.0f);
+  const typename V::F t = V::add(x, magic);
+  const typename V::F n = V::sub(t, magic);
+  const typename V::F f = V::sub(x, n);
+  typename V::F p = V::set1(1.535336188319500e-4f);
+  p = V::fmadd(p, f, V::set1(1.339887440266574e-3f));
+  p = V::fmadd(p, f, V::set1(9.618437357674640e-3f));
+  p = V::fmadd(p, f, V::set1(5.550332471162809e-2f));
+  p = V::fmadd(p, f, V::set1(2.402264791363012e-1f));
+  p = V::fmadd(p, f, V::set1(6.931472028550421e-1f));
+  p = V::fmadd(p, f, V::set1(1.0f));
+  return V::select(nan, x_in, V::zero_unless(keep, V::pow2n(p, t)));
+}
+
+// One block of kW score columns (kPartial: the first lanes of `tail` only) of softmax_cols.
+template <class V, bool kPartial>
+inline void softmax_block(float* col, int64_t ld, int64_t nk, float* m, float* l, float* alpha,
+                          typename V::Tail tail) {
+  using F = typename V::F;
+  auto load = [&](const float* p) { return kPartial ? V::load_n(p, tail) : V::load(p); };
+  auto store = [&](float* p, F v) {
+    if constexpr (kPartial) V::store_n(p, tail, v);
+    else V::store(p, v);
+  };
+  const F ninf = V::set1(-std::numeric_limits<float>::infinity());
+  const F m_old = load(m);
+  F mx0 = m_old, mx1 = ninf, mx2 = ninf, mx3 = ninf;
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    mx0 = V::max(mx0, load(col + (j + 0) * ld));
+    mx1 = V::max(mx1, load(col + (j + 1) * ld));
+    mx2 = V::max(mx2, load(col + (j + 2) * ld));
+    mx3 = V::max(mx3, load(col + (j + 3) * ld));
+  }
+  for (; j < nk; ++j) mx0 = V::max(mx0, load(col + j * ld));
+  const F m_new = V::max(V::max(mx0, mx1), V::max(mx2, mx3));
+  // A column still fully masked uses base 0: 2^(-inf - 0) = 0 instead of NaN.
+  const F base = V::select(V::eq(m_new, ninf), V::zero(), m_new);
+  const F a = exp2v<V>(V::sub(m_old, base));
+  F s0 = V::zero(), s1 = V::zero();
+  j = 0;
+  for (; j + 2 <= nk; j += 2) {
+    const F p0 = exp2v<V>(V::sub(load(col + j * ld), base));
+    const F p1 = exp2v<V>(V::sub(load(col + (j + 1) * ld), base));
+    store(col + j * ld, p0);
+    store(col + (j + 1) * ld, p1);
+    s0 = V::add(s0, p0);
+    s1 = V::add(s1, p1);
+  }
+  if (j < nk) {
+    const F p0 = exp2v<V>(V::sub(load(col + j * ld), base));
+    store(col + j * ld, p0);
+    s0 = V::add(s0, p0);
+  }
+  store(alpha, a);
+  store(l, V::fmadd(a, load(l), V::add(s0, s1)));
+  store(m, m_new);
+}
+
+// Kernels::softmax_cols (see attention_flash_kernels.h).
+template <class V>
+void softmax_cols_impl(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
+  int64_t c = 0;
+  for (; c + V::kW <= ncols; c += V::kW)
+    softmax_block<V, false>(st + c, ld, nk, m + c, l + c, alpha + c, V::tail(V::kW));
+  if (c < ncols) softmax_block<V, true>(st + c, ld, nk, m + c, l + c, alpha + c, V::tail(ncols - c));
+}
+
+// kW entries (kPartial: the first lanes of `tail`) of one row of bwd_probs.
+template <class V, bool kPartial>
+inline void bwd_probs_block(float* sr, const float* br, float* dr, typename V::F nl, typename V::F dl,
+                            typename V::F vscale, typename V::Tail tail) {
+  using F = typename V::F;
+  auto load = [&](const float* p) { return kPartial ? V::load_n(p, tail) : V::load(p); };
+  auto store = [&](float* p, F v) {
+    if constexpr (kPartial) V::store_n(p, tail, v);
+    else V::store(p, v);
+  };
+  // A blocked pair (score or bias -inf) gives p = 0, and p = 0 gives dS = 0, even when its score or the row's
+  // lse/delta is NaN: the reference's rule.
+  const F ninf = V::set1(-std::numeric_limits<float>::infinity()), zero = V::zero();
+  const F sj = load(sr);
+  F x = V::add(sj, nl);
+  typename V::M blocked = V::eq(sj, ninf);
+  if (br) {
+    const F bj = load(br);
+    x = V::add(x, bj);
+    blocked = V::or_(blocked, V::eq(bj, ninf));
+  }
+  const F p = V::select(blocked, zero, exp2v<V>(x));
+  store(sr, p);
+  const F d = V::sub(load(dr), dl);
+  const F ds = V::mul(V::mul(p, vscale), d);
+  store(dr, V::select(V::eq(p, zero), zero, ds));
+}
+
+// Kernels::bwd_probs (see attention_flash_kernels.h).
+template <class V>
+void bwd_probs_impl(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
+                    const float* delta, float scale) {
+  const typename V::F vscale = V::set1(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * ld;
+    float* dr = dp + r * ld;
+    const float* br = bias ? bias + r * ld : nullptr;
+    const typename V::F nl = V::set1(-lse2[r]);
+    const typename V::F dl = V::set1(delta[r]);
+    int64_t j = 0;
+    for (; j + V::kW <= cols; j += V::kW)
+      bwd_probs_block<V, false>(sr + j, br ? br + j : nullptr, dr + j, nl, dl, vscale, V::tail(V::kW));
+    if (j < cols)
+      bwd_probs_block<V, true>(sr + j, br ? br + j : nullptr, dr + j, nl, dl, vscale, V::tail(cols - j));
+  }
+}
+
+}  // namespace
+}  // namespace qkv::kernels::flash
