@@ -173,11 +173,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     query (..., Hq, Tq, D), key (..., Hk, Tk, D), value (..., Hk, Tk, Dv) -> (..., Hq, Tq, Dv). Leading dims
     broadcast. attn_mask broadcasts to (..., Hq, Tq, Tk): bool True takes part, a float mask is added (-inf blocks).
     is_causal is top-left (query i sees keys j <= i) and combines with attn_mask as torch 2.13's fused CPU kernel
-    does (a pair must be allowed by both; torch's math fallback raises there). scale defaults to 1/sqrt(D). enable_gqa: Hq a multiple of Hk; query head h reads key head
-    h // (Hq/Hk). GQA runs as a broadcast of k and v over the group axis (views, no copy), and grad_key/grad_value
-    are summed over each group. A query row whose every key is masked gives 0 and gradient 0, as torch 2.13's math
-    backend. No gradient flows to attn_mask: a mask that requires grad goes to torch's SDPA, as do CPU-float32-less
-    inputs, dropout_p > 0 and empty sequences.
+    does (a pair must be allowed by both; torch's math fallback raises there). scale defaults to 1/sqrt(D).
+    enable_gqa: Hq a multiple of Hk; query head h reads key head h // (Hq/Hk). GQA runs as a broadcast of k and v
+    over the group axis (views, no copy), and grad_key/grad_value are summed over each group. A query row whose
+    every key is masked gives 0 and gradient 0, as torch 2.13's math backend. No gradient flows to attn_mask: a mask
+    that requires grad goes to torch's SDPA, as do inputs that are not CPU float32, dropout_p > 0 and empty
+    sequences.
     """
     if not _runs_on_qkv(query, key, value, attn_mask, dropout_p, scale):
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)

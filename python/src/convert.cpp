@@ -156,7 +156,8 @@ MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind
 
 nn::StateDict to_state_dict(const py::handle& obj, const char* fn) {
   if (!py::isinstance<py::dict>(obj)) {
-    throw py::type_error(std::string(fn) + ": state_dict must be a dict of arrays (NumPy or torch), got " + type_name(obj));
+    throw py::type_error(std::string(fn) + ": state_dict must be a dict of arrays (NumPy or torch), got " +
+                         type_name(obj));
   }
   nn::StateDict out;
   for (auto item : py::reinterpret_borrow<py::dict>(obj)) {

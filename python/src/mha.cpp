@@ -63,13 +63,14 @@ py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, 
   o.need_weights = need_weights;
   o.average_attn_weights = average_attn_weights;
   nn::MhaOutput r = locked_nogil(self.mu, [&] { return self.m->forward(q, k, v, o); });
-  return py::make_tuple(to_numpy(from_batch_first(r.out, bf)), r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
+  return py::make_tuple(to_numpy(from_batch_first(r.out, bf)),
+                        r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
 }
 
 }  // namespace
 
 void bind_mha(py::module_& m) {
-  py::class_<PyMha> cls(m, kName, R"doc(torch.nn.MultiheadAttention over arrays (NumPy, torch tensors, anything NumPy reads).
+  py::class_<PyMha> cls(m, kName, R"doc(torch.nn.MultiheadAttention over arrays (NumPy, torch tensors, ...).
 
 Parameters (PyTorch's names and packing): in_proj_weight (3E, E) when kdim == vdim == E, else q_proj_weight (E, E),
 k_proj_weight (E, kdim), v_proj_weight (E, vdim); in_proj_bias (3E); out_proj.weight (E, E); out_proj.bias (E).

@@ -83,7 +83,7 @@ void def_rnn_properties(py::class_<W>& cls) {
 }  // namespace
 
 void bind_rnn(py::module_& m) {
-  py::class_<PyGru> gru(m, kGru, R"doc(torch.nn.GRU, unidirectional, over arrays (NumPy, torch tensors, anything NumPy reads).
+  py::class_<PyGru> gru(m, kGru, R"doc(torch.nn.GRU, unidirectional, over arrays (NumPy, torch tensors, ...).
 
 Gates (r, z, n) packed along 3H as PyTorch: r = σ(W_ir x + b_ir + W_hr h + b_hr), z likewise,
 n = tanh(W_in x + b_in + r ∘ (W_hn h + b_hn)), h' = (1 − z) ∘ n + z ∘ h.
@@ -112,7 +112,7 @@ Unbatched input (T, E) with hx (L, H) gives output (T, H) and h_n (L, H).)doc");
   def_module_methods(gru, kGru);
   def_rnn_properties(gru);
 
-  py::class_<PyLstm> lstm(m, kLstm, R"doc(torch.nn.LSTM, unidirectional, over arrays (NumPy, torch tensors, anything NumPy reads).
+  py::class_<PyLstm> lstm(m, kLstm, R"doc(torch.nn.LSTM, unidirectional, over arrays (NumPy, torch tensors, ...).
 
 Gates (i, f, g, o) packed along 4H as PyTorch: c' = f ∘ c + i ∘ g, h' = o ∘ tanh(c').
 Parameters per layer k: weight_ih_l{k} (4H, E or H), weight_hh_l{k} (4H, H), bias_ih_l{k}, bias_hh_l{k} (4H).
@@ -135,7 +135,8 @@ Not supported (ValueError): dropout != 0, bidirectional=True, proj_size != 0.)do
            py::arg("proj_size") = 0, py::kw_only(), py::arg("seed") = py::none());
   lstm.def("__call__", &lstm_call, py::arg("input"), py::arg("hx") = py::none(),
            R"doc(input (T, B, E) (batch_first=True: (B, T, E)), hx (h_0, c_0) each (L, B, H), or None (zeros)
--> (output (T, B, H) (batch_first: (B, T, H)), (h_n, c_n) each (L, B, H)). Unbatched input (T, E) takes and gives states (L, H).)doc");
+-> (output (T, B, H) (batch_first: (B, T, H)), (h_n, c_n) each (L, B, H)).
+Unbatched input (T, E) takes and gives states (L, H).)doc");
   lstm.attr("forward") = lstm.attr("__call__");
   def_module_methods(lstm, kLstm);
   def_rnn_properties(lstm);

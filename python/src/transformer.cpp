@@ -142,7 +142,7 @@ void def_layer_properties(py::class_<W>& cls) {
 }  // namespace
 
 void bind_transformer(py::module_& m) {
-  py::class_<PyEnc> enc(m, kEnc, (std::string("torch.nn.TransformerEncoderLayer over arrays (NumPy, torch tensors, anything NumPy reads).\n\n"
+  py::class_<PyEnc> enc(m, kEnc, (std::string("torch.nn.TransformerEncoderLayer over arrays (NumPy, torch, ...).\n\n"
                                                "Parameters: self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*. ") +
                                    kConfigDoc)
                                       .c_str());
@@ -172,7 +172,7 @@ A query row with every key masked gets a zero attention output (PyTorch: NaN).)d
   def_module_methods(enc, kEnc);
   def_layer_properties(enc);
 
-  py::class_<PyDec> dec(m, kDec, (std::string("torch.nn.TransformerDecoderLayer over arrays (NumPy, torch tensors, anything NumPy reads).\n\n"
+  py::class_<PyDec> dec(m, kDec, (std::string("torch.nn.TransformerDecoderLayer over arrays (NumPy, torch, ...).\n\n"
                                               "Parameters: self_attn.*, multihead_attn.*, linear1.*, linear2.*, "
                                               "norm1.*, norm2.*, norm3.*. ") +
                                   kConfigDoc)
