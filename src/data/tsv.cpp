@@ -1,7 +1,8 @@
-// TSV parallel-corpus loader: strict about missing tabs (file:line in the error), lenient about CRLF and extra
-// columns.
+// TSV parallel-corpus loader: strict about missing tabs and extra fields (file:line in the error), lenient about
+// CRLF.
 #include "qkv/data/tsv.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -25,9 +26,10 @@ std::vector<TextPair> parse_tsv(std::string_view text, const std::string& name) 
     const size_t tab = line.find('\t');
     QKV_CHECK_ARG(tab != std::string_view::npos, "[tsv] ", name, ":", line_no,
                   ": line has no tab (expected source<TAB>target)");
-    std::string_view tgt = line.substr(tab + 1);
-    const size_t tab2 = tgt.find('\t');
-    if (tab2 != std::string_view::npos) tgt = tgt.substr(0, tab2);
+    const std::string_view tgt = line.substr(tab + 1);
+    QKV_CHECK_ARG(tgt.find('\t') == std::string_view::npos, "[tsv] ", name, ":", line_no, ": line has ",
+                  1 + std::count(line.begin(), line.end(), '\t'),
+                  " tab-separated fields (expected exactly source<TAB>target; keep two columns, e.g. cut -f1,2)");
     out.push_back({std::string(line.substr(0, tab)), std::string(tgt)});
   }
   QKV_CHECK_ARG(!out.empty(), "[tsv] ", name, ": empty corpus (no source<TAB>target lines)");

@@ -240,12 +240,18 @@ TEST(Sampler, SeekResumesTheSameStream) {
 
 // --- TSV --------------------------------------------------------------------------------------------------------
 
-TEST(Tsv, ParsesPairsSkipsBlankLinesAndCrlfAndExtraColumns) {
-  const auto pairs = parse_tsv("Go.\tVa !\tCC-BY 2.0\r\n\nHi.\tSalut.\n", "x.tsv");
+TEST(Tsv, ParsesPairsSkipsBlankLinesAndCrlf) {
+  const auto pairs = parse_tsv("Go.\tVa !\r\n\nHi.\tSalut.\n", "x.tsv");
   ASSERT_EQ(pairs.size(), 2u);
   EXPECT_EQ(pairs[0], (TextPair{"Go.", "Va !"}));
   EXPECT_EQ(pairs[1], (TextPair{"Hi.", "Salut."}));
   EXPECT_EQ(parse_tsv("\tempty source\n")[0].src, "");
+}
+
+TEST(Tsv, LineWithAThirdFieldIsAnErrorNamingFileAndLine) {
+  EXPECT_TRUE(ThrowsArg([] { parse_tsv("a\tb\nGo.\tVa !\tCC-BY 2.0\n", "t.tsv"); },
+                        "[tsv] t.tsv:2: line has 3 tab-separated fields"));
+  EXPECT_TRUE(ThrowsArg([] { parse_tsv("a\tb\t\n", "t.tsv"); }, "[tsv] t.tsv:1: line has 3"));
 }
 
 TEST(Tsv, LineWithNoTabNamesFileAndLine) {
