@@ -428,9 +428,33 @@ void check_utf8(std::string_view s, const char* what) {
                                                bad, ")"));
 }
 
+// One tensor to write: its bytes in C order, already in the file's dtype (little-endian).
+struct OutEntry {
+  const std::string* name;
+  SafeTensorsDtype dtype;
+  Shape shape;
+  const void* data;
+};
+
+// The file's byte count for `numel` elements of `dtype` (sub-byte dtypes must end on a byte boundary).
+uint64_t entry_bytes(const std::string& name, SafeTensorsDtype dtype, const Shape& shape) {
+  uint64_t numel = 1;
+  for (int64_t d : shape) {
+    QKV_CHECK_ARG(d >= 0, kOp, "tensor ", json_quote(name), " has a negative dimension in ", str(shape));
+    QKV_CHECK_ARG(!__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel), kOp, "tensor ",
+                  json_quote(name), " with shape ", str(shape), " makes the file too large");
+  }
+  uint64_t bits = 0;
+  QKV_CHECK_ARG(!__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_bits(dtype)), &bits), kOp, "tensor ",
+                json_quote(name), " with shape ", str(shape), " makes the file too large");
+  QKV_CHECK_ARG(bits % 8 == 0, kOp, "tensor ", json_quote(name), " of dtype ", dtype_name(dtype), " and shape ",
+                str(shape), " does not end on a byte boundary");
+  return bits / 8;
+}
+
 // Validates the arguments and returns the padded header; `data_size` receives the buffer size.
-std::string make_header(const std::map<std::string, Tensor>& tensors,
-                        const std::map<std::string, std::string>& metadata, uint64_t* data_size) {
+std::string make_header(const std::vector<OutEntry>& entries, const std::map<std::string, std::string>& metadata,
+                        uint64_t* data_size) {
   for (const auto& [k, v] : metadata) {
     check_utf8(k, "metadata key");
     check_utf8(v, "metadata value");
@@ -449,23 +473,24 @@ std::string make_header(const std::map<std::string, Tensor>& tensors,
     h += '}';
   }
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const OutEntry& e : entries) {
+    const std::string& name = *e.name;
     QKV_CHECK_ARG(name != "__metadata__", kOp, "the tensor name \"__metadata__\" is reserved for metadata");
     check_utf8(name, "tensor name");
-    QKV_CHECK_ARG(t.defined(), kOp, "tensor ", json_quote(name), " is undefined");
-    uint64_t bytes = 0;
-    QKV_CHECK_ARG(!__builtin_mul_overflow(static_cast<uint64_t>(t.numel()), uint64_t{4}, &bytes) &&
-                      !__builtin_add_overflow(offset, bytes, &bytes),
-                  kOp, "tensor ", json_quote(name), " with shape ", str(t.shape()), " makes the file too large");
+    uint64_t end = 0;
+    QKV_CHECK_ARG(!__builtin_add_overflow(offset, entry_bytes(name, e.dtype, e.shape), &end), kOp, "tensor ",
+                  json_quote(name), " with shape ", str(e.shape), " makes the file too large");
     if (h.size() > 1) h += ',';
     json::append_quoted(h, name);
-    h += ":{\"dtype\":\"F32\",\"shape\":[";
-    for (size_t i = 0; i < t.shape().size(); ++i) {
+    h += ":{\"dtype\":\"";
+    h += dtype_name(e.dtype);
+    h += "\",\"shape\":[";
+    for (size_t i = 0; i < e.shape.size(); ++i) {
       if (i) h += ',';
-      h += std::to_string(t.shape()[i]);
+      h += std::to_string(e.shape[i]);
     }
-    h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(bytes) + "]}";
-    offset = bytes;
+    h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
+    offset = end;
   }
   h += '}';
   h.append((8 - h.size() % 8) % 8, ' ');
@@ -473,16 +498,61 @@ std::string make_header(const std::map<std::string, Tensor>& tensors,
   return h;
 }
 
-void write_file_contents(const std::map<std::string, Tensor>& tensors, const std::string& header, const Sink& sink) {
+void write_file_contents(const std::vector<OutEntry>& entries, const std::string& header, const Sink& sink) {
   const uint64_t n = header.size();
   uint8_t size_field[8];
   std::memcpy(size_field, &n, 8);
   sink(size_field, 8);
   sink(header.data(), header.size());
+  for (const OutEntry& e : entries) {
+    const uint64_t bytes = entry_bytes(*e.name, e.dtype, e.shape);
+    if (bytes > 0) sink(e.data, static_cast<size_t>(bytes));
+  }
+}
+
+// float32 tensors as F32 entries; `keep` holds the contiguous copies the entries point into.
+std::vector<OutEntry> f32_entries(const std::map<std::string, Tensor>& tensors, std::vector<Tensor>& keep) {
+  std::vector<OutEntry> out;
+  keep.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
-    if (t.numel() == 0) continue;
-    const Tensor c = t.contiguous();
-    sink(c.data(), static_cast<size_t>(c.numel()) * sizeof(float));
+    QKV_CHECK_ARG(t.defined(), kOp, "tensor ", json_quote(name), " is undefined");
+    keep.push_back(t.contiguous());
+    out.push_back({&name, SafeTensorsDtype::F32, t.shape(), keep.back().numel() > 0 ? keep.back().data() : nullptr});
+  }
+  return out;
+}
+
+std::vector<OutEntry> raw_entries(const std::map<std::string, SafeTensorsRaw>& tensors) {
+  std::vector<OutEntry> out;
+  for (const auto& [name, t] : tensors) {
+    QKV_CHECK_ARG(t.data != nullptr || entry_bytes(name, t.dtype, t.shape) == 0, kOp, "tensor ", json_quote(name),
+                  " has no data");
+    out.push_back({&name, t.dtype, t.shape, t.data});
+  }
+  return out;
+}
+
+std::string serialize_entries(const std::vector<OutEntry>& entries, const std::map<std::string, std::string>& metadata) {
+  uint64_t data_size = 0;
+  const std::string header = make_header(entries, metadata, &data_size);
+  std::string out;
+  out.reserve(8 + header.size() + data_size);
+  write_file_contents(entries, header, [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
+  return out;
+}
+
+void save_entries(const std::string& path, const std::vector<OutEntry>& entries,
+                  const std::map<std::string, std::string>& metadata);
+
+// Checks the one rule the header cannot: BOOL bytes are 0 or 1.
+void check_bool_bytes(const uint8_t* data, const SafeTensorsHeader& h) {
+  for (const SafeTensorsEntry& e : h.entries) {
+    if (e.dtype != SafeTensorsDtype::BOOL) continue;
+    const uint8_t* src = data + e.begin;
+    for (uint64_t i = 0; i < e.end - e.begin; ++i)
+      if (src[i] > 1)
+        malformed(detail::concat("BOOL tensor ", json_quote(e.name), " holds byte ", static_cast<int>(src[i]),
+                                 " at element ", i, "; only 0 and 1 are valid"));
   }
 }
 
@@ -563,43 +633,131 @@ SafeTensorsFile load_safetensors_from_memory(const void* bytes, size_t size) {
   return build_tensors(static_cast<const uint8_t*>(bytes), h, nullptr);
 }
 
-SafeTensorsFile load_safetensors(const std::string& path) {
-  Fd f;
+namespace {
+
+// Opens a regular file for reading; `size` receives its length (>= 8, else the file is malformed).
+void open_for_reading(const std::string& path, Fd& f, size_t& size) {
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f.fd < 0) io_error(errno, detail::concat("cannot open ", json_quote(path)));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) io_error(errno, detail::concat("cannot stat ", json_quote(path)));
   if (S_ISDIR(st.st_mode)) io_error(EISDIR, detail::concat("cannot load ", json_quote(path)));
   if (!S_ISREG(st.st_mode)) io_error(EINVAL, detail::concat(json_quote(path), " is not a regular file"));
-  const auto size = static_cast<size_t>(st.st_size);
+  size = static_cast<size_t>(st.st_size);
   if (size < 8)
     malformed(detail::concat(json_quote(path), " is ", size, " bytes, shorter than the 8-byte header size field"));
+}
+
+// parse_safetensors_header with the file's name in the error: "[safetensors] \"PATH\": reason".
+SafeTensorsHeader parse_file_header(const std::string& path, const uint8_t* base, size_t size) {
+  try {
+    return parse_safetensors_header(base, size);
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    const std::string reason = what.rfind(kOp, 0) == 0 ? what.substr(std::strlen(kOp)) : what;
+    malformed(detail::concat(json_quote(path), ": ", reason));
+  }
+}
+
+std::shared_ptr<Mapping> map_file(const std::string& path, const Fd& f, size_t size) {
   auto m = std::make_shared<Mapping>();
   // MAP_PRIVATE + PROT_WRITE: copy-on-write, so callers may modify zero-copy tensors without touching the file.
   void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f.fd, 0);
   if (addr == MAP_FAILED) io_error(errno, detail::concat("cannot map ", json_quote(path)));
   m->addr = addr;
   m->size = size;
-  const auto* base = static_cast<const uint8_t*>(addr);
-  const SafeTensorsHeader h = parse_safetensors_header(base, size);
-  return build_tensors(base, h, std::static_pointer_cast<void>(m));
+  return m;
+}
+
+// The whole file in a heap buffer; a file that shrinks while it is read is an I/O error, never a short buffer.
+std::shared_ptr<uint8_t[]> read_all(const std::string& path, const Fd& f, size_t size) {
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[size]);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t r = ::pread(f.fd, buf.get() + done, size - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) io_error(errno, detail::concat("reading ", json_quote(path), " failed"));
+    if (r == 0) io_error(EIO, detail::concat(json_quote(path), " shrank to ", done, " bytes while it was read"));
+    done += static_cast<size_t>(r);
+  }
+  return buf;
+}
+
+}  // namespace
+
+SafeTensorsFile load_safetensors(const std::string& path) {
+  Fd f;
+  size_t size = 0;
+  open_for_reading(path, f, size);
+  const std::shared_ptr<Mapping> m = map_file(path, f, size);
+  const auto* base = static_cast<const uint8_t*>(m->addr);
+  const SafeTensorsHeader h = parse_file_header(path, base, size);
+  try {
+    return build_tensors(base, h, std::static_pointer_cast<void>(m));
+  } catch (const std::invalid_argument& e) {  // a BOOL byte other than 0/1
+    malformed(detail::concat(json_quote(path), ": ", std::string(e.what()).substr(std::strlen(kOp))));
+  }
+}
+
+void safetensors_to_float32(const SafeTensorsEntry& e, const void* src, float* dst) {
+  QKV_CHECK_RUNTIME(dtype_converts_to_float32(e.dtype), kOp, "tensor ", json_quote(e.name), " has dtype ",
+                    dtype_name(e.dtype), ", which is valid but has no float32 conversion in qkv");
+  const int64_t numel = shape_numel(e.shape);
+  if (numel > 0) convert(e, static_cast<const uint8_t*>(src), static_cast<size_t>(numel), dst);
+}
+
+SafeTensorsBytes read_safetensors_bytes(const std::string& path, bool map) {
+  Fd f;
+  size_t size = 0;
+  open_for_reading(path, f, size);
+  SafeTensorsBytes out;
+  if (map) {
+    const std::shared_ptr<Mapping> m = map_file(path, f, size);
+    out.file = std::shared_ptr<const uint8_t>(m, static_cast<const uint8_t*>(m->addr));
+  } else {
+    const std::shared_ptr<uint8_t[]> buf = read_all(path, f, size);
+    out.file = std::shared_ptr<const uint8_t>(buf, buf.get());
+  }
+  out.size = size;
+  out.header = parse_file_header(path, out.file.get(), size);
+  try {
+    check_bool_bytes(out.data(), out.header);
+  } catch (const std::invalid_argument& e) {
+    malformed(detail::concat(json_quote(path), ": ", std::string(e.what()).substr(std::strlen(kOp))));
+  }
+  return out;
 }
 
 std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
-  uint64_t data_size = 0;
-  const std::string header = make_header(tensors, metadata, &data_size);
-  std::string out;
-  out.reserve(8 + header.size() + data_size);
-  write_file_contents(tensors, header, [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
-  return out;
+  std::vector<Tensor> keep;
+  return serialize_entries(f32_entries(tensors, keep), metadata);
+}
+
+std::string serialize_safetensors_raw(const std::map<std::string, SafeTensorsRaw>& tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  return serialize_entries(raw_entries(tensors), metadata);
 }
 
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   QKV_CHECK_ARG(!path.empty(), kOp, "empty output path");
+  std::vector<Tensor> keep;
+  save_entries(path, f32_entries(tensors, keep), metadata);
+}
+
+void save_safetensors_raw(const std::string& path, const std::map<std::string, SafeTensorsRaw>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
+  QKV_CHECK_ARG(!path.empty(), kOp, "empty output path");
+  save_entries(path, raw_entries(tensors), metadata);
+}
+
+namespace {
+
+void save_entries(const std::string& path, const std::vector<OutEntry>& entries,
+                  const std::map<std::string, std::string>& metadata) {
   uint64_t data_size = 0;
-  const std::string header = make_header(tensors, metadata, &data_size);  // validates before touching disk
+  const std::string header = make_header(entries, metadata, &data_size);  // validates before touching disk
 
   static std::atomic<uint64_t> counter{0};
   const std::filesystem::path target(path);
@@ -614,7 +772,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   }
   if (f.fd < 0) io_error(errno, detail::concat("cannot create a temporary file for ", json_quote(path)));
   try {
-    write_file_contents(tensors, header, [&](const void* p, size_t n) {
+    write_file_contents(entries, header, [&](const void* p, size_t n) {
       const auto* c = static_cast<const char*>(p);
       while (n > 0) {
         const ssize_t w = ::write(f.fd, c, n);
@@ -639,5 +797,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     ::close(dfd);
   }
 }
+
+}  // namespace
 
 }  // namespace qkv

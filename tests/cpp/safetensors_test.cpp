@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -610,6 +611,99 @@ TEST(SafeTensorsFileIO, MalformedFileOnDiskIsInvalidArgumentNamingThePath) {
   }
   dir.write("bad.safetensors", file_bytes("{" + entry("a", "F32", "[2]", "[0,8]") + "}", zeros(4)));
   EXPECT_THROW(load_safetensors(dir.file("bad.safetensors")), std::invalid_argument);
+}
+
+TEST(SafeTensorsFileIO, ContentErrorsNameTheFile) {
+  TempDir dir;
+  dir.write("bad.safetensors", file_bytes("{" + entry("a", "F32", "[2]", "[0,8]") + "}", zeros(4)));
+  for (bool map : {false, true}) {
+    try {
+      read_safetensors_bytes(dir.file("bad.safetensors"), map);
+      FAIL() << "no throw";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("[safetensors] \"" + dir.file("bad.safetensors") + "\": ", 0), 0u)
+          << e.what();
+    }
+  }
+  try {
+    load_safetensors(dir.file("bad.safetensors"));
+    FAIL() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.safetensors\": "), std::string::npos) << e.what();
+  }
+}
+
+// --- raw dtypes: written and read back as they are ---------------------------------------------------------------
+
+TEST(SafeTensorsRaw, BoolI64F64F16Bf16AreWrittenAsTheyAreAndReadBackBitForBit) {
+  TempDir dir;
+  const uint8_t mask[4] = {1, 0, 0, 1};
+  const int64_t big[2] = {(int64_t{1} << 40) + 1, -(int64_t{1} << 62) - 3};  // not representable in float32
+  const double huge[2] = {1e300, -5e-324};                                    // float32 overflow / underflow
+  const uint16_t half[3] = {0x3c00, 0x7bff, 0x0001};                          // 1, 65504, smallest subnormal
+  const uint16_t bf16[2] = {0x3f80, 0xff80};                                  // 1, -inf
+  const std::map<std::string, SafeTensorsRaw> tensors = {
+      {"mask", {SafeTensorsDtype::BOOL, {2, 2}, mask}},   {"big", {SafeTensorsDtype::I64, {2}, big}},
+      {"huge", {SafeTensorsDtype::F64, {2}, huge}},       {"half", {SafeTensorsDtype::F16, {3}, half}},
+      {"bf16", {SafeTensorsDtype::BF16, {1, 2}, bf16}},   {"empty", {SafeTensorsDtype::I64, {0, 3}, nullptr}}};
+  save_safetensors_raw(dir.file("raw.safetensors"), tensors, {{"k", "v"}});
+  for (bool map : {false, true}) {
+    const SafeTensorsBytes f = read_safetensors_bytes(dir.file("raw.safetensors"), map);
+    ASSERT_EQ(f.header.entries.size(), tensors.size());
+    EXPECT_EQ(f.header.metadata.at("k"), "v");
+    for (const SafeTensorsEntry& e : f.header.entries) {
+      const SafeTensorsRaw& want = tensors.at(e.name);
+      EXPECT_EQ(e.dtype, want.dtype) << e.name;
+      EXPECT_EQ(e.shape, want.shape) << e.name;
+      const size_t n = static_cast<size_t>(e.end - e.begin);
+      if (n > 0) EXPECT_EQ(std::memcmp(f.data() + e.begin, want.data, n), 0) << e.name;
+    }
+  }
+  // The converting loader still gives float32 values (exact where float32 can hold them).
+  const SafeTensorsFile conv = load_safetensors(dir.file("raw.safetensors"));
+  EXPECT_EQ(conv.tensors.at("mask").to_vector(), (std::vector<float>{1, 0, 0, 1}));
+  EXPECT_EQ(conv.tensors.at("half").to_vector()[1], 65504.0f);
+  EXPECT_TRUE(std::isinf(conv.tensors.at("huge").to_vector()[0]));
+}
+
+TEST(SafeTensorsRaw, F32RawBytesMatchTheTensorWriterByteForByte) {
+  const std::vector<float> v = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  const Tensor t = Tensor::from_vector({2, 3}, v);
+  EXPECT_EQ(serialize_safetensors_raw({{"w", {SafeTensorsDtype::F32, {2, 3}, v.data()}}}, {{"a", "b"}}),
+            serialize_safetensors({{"w", t}}, {{"a", "b"}}));
+}
+
+TEST(SafeTensorsRaw, SubByteDtypeNotEndingOnAByteIsRefused) {
+  const uint8_t b = 0;
+  EXPECT_THROW(serialize_safetensors_raw({{"f4", {SafeTensorsDtype::F4, {3}, &b}}}), std::invalid_argument);
+}
+
+TEST(SafeTensorsRaw, ReadIntoMemoryIsIndependentOfLaterChangesToTheFile) {
+  TempDir dir;
+  const std::vector<float> v(64, 2.0f);
+  save_safetensors(dir.file("c.safetensors"), {{"x", Tensor::from_vector({64}, v)}});
+  const SafeTensorsBytes f = read_safetensors_bytes(dir.file("c.safetensors"), false);
+  // Rewrite in place, then truncate: a mapping would change or fault (SIGBUS); the copy must not.
+  {
+    const int fd = ::open(dir.file("c.safetensors").c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const std::string junk(300, '\x7f');
+    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+    ASSERT_EQ(::ftruncate(fd, 10), 0);
+    ::close(fd);
+  }
+  const SafeTensorsEntry& e = f.header.entries.at(0);
+  float first = 0;
+  std::memcpy(&first, f.data() + e.begin, 4);
+  EXPECT_EQ(first, 2.0f);
+  std::memcpy(&first, f.data() + e.end - 4, 4);
+  EXPECT_EQ(first, 2.0f);
+}
+
+TEST(SafeTensorsRaw, ReadBytesRefusesBoolBytesOtherThanZeroOrOne) {
+  TempDir dir;
+  dir.write("b.safetensors", file_bytes("{" + entry("b", "BOOL", "[2]", "[0,2]") + "}", std::string("\x01\x02", 2)));
+  EXPECT_THROW(read_safetensors_bytes(dir.file("b.safetensors")), std::invalid_argument);
 }
 
 // --- writing ------------------------------------------------------------------------------------------------------

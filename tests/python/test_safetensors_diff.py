@@ -1,7 +1,7 @@
 """Differential tests of qkv's safetensors reader/writer against the reference `safetensors` package.
 
-Valid files written by the reference load in qkv with identical values (as float32) and metadata; files qkv
-writes are byte-identical to the reference's. Broken files (one per validation rule) are rejected by both;
+Valid files written by the reference load in qkv with identical values, in the file's dtypes, and metadata; files
+qkv writes are byte-identical to the reference's, in every numpy dtype. Broken files (one per validation rule) are rejected by both;
 where the reference is lax, qkv is strict and the case below asserts and documents the difference.
 """
 import json
@@ -9,6 +9,7 @@ import os
 import struct
 import zlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 import safetensors
@@ -45,6 +46,13 @@ def assert_same_float32(got, want, what=""):
     g, w = got.view(np.uint32)[~got_nan], want.view(np.uint32)[~want_nan]
     bad = np.flatnonzero(g != w)
     assert bad.size == 0, f"{what}: {bad.size} values differ, first qkv={g[bad[0]]:#x} ref={w[bad[0]]:#x}"
+
+
+def assert_same(got, want, what=""):
+    """Same dtype, same shape, same bytes (NaN payloads included: nothing is converted)."""
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, what
+    assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), f"{what}: bytes differ"
 
 
 def random_array(rng, dtype, shape):
@@ -106,12 +114,14 @@ def test_numpy_dtypes_load_identically(tmp_path, dtype, shape):
     got = qkv.load_safetensors(path)
     want = ref_np_load_file(path)
     assert set(got) == set(want) == {"x"}
-    assert_same_float32(got["x"], want["x"], f"{dtype}{shape}")
+    assert_same(got["x"], want["x"], f"{dtype}{shape}")
+    assert_same(qkv.load_safetensors(path, mmap=True)["x"], want["x"], f"mmap {dtype}{shape}")
 
 
 @pytest.mark.parametrize("name", list(TORCH_DTYPES))
 def test_torch_only_dtypes_every_bit_pattern(tmp_path, name):
-    """BF16: all 65536 patterns; each F8 format: all 256. Reference values come from torch's own conversion."""
+    """BF16: all 65536 patterns, loaded as ml_dtypes.bfloat16 with the same bits; each F8 format: all 256, as
+    float32. Reference values come from torch's own conversion."""
     tdtype = TORCH_DTYPES[name]
     if tdtype.itemsize == 2:
         bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
@@ -121,15 +131,20 @@ def test_torch_only_dtypes_every_bit_pattern(tmp_path, name):
     path = str(tmp_path / "t.safetensors")
     ref_torch_save_file({"x": t}, path)
     assert header_of(path)["x"]["dtype"] == name
+    got = qkv.load_safetensors(path)["x"]
+    if name == "BF16":
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(got.view(np.int16), bits.reshape(-1, 8).numpy())
+        return
     want = ref_torch_load_file(path)["x"].float().numpy()
-    assert_same_float32(qkv.load_safetensors(path)["x"], want, name)
+    assert_same_float32(got, want, name)
 
 
 def test_float16_every_bit_pattern(tmp_path):
     arr = np.arange(2**16, dtype=np.uint16).view(np.float16).reshape(256, 256)
     path = str(tmp_path / "t.safetensors")
     ref_np_save_file({"h": arr}, path)
-    assert_same_float32(qkv.load_safetensors(path)["h"], arr.astype(np.float32), "F16")
+    assert_same(qkv.load_safetensors(path)["h"], arr, "F16")
 
 
 def test_many_tensors_mixed_dtypes_and_metadata(tmp_path):
@@ -149,7 +164,7 @@ def test_many_tensors_mixed_dtypes_and_metadata(tmp_path):
     want = ref_np_load_file(path)
     assert set(got) == set(want)
     for k in want:
-        assert_same_float32(got[k], want[k], k)
+        assert_same(got[k], want[k], k)
 
 
 def test_pytorch_state_dict_round_trips(tmp_path):
@@ -173,8 +188,9 @@ def test_misaligned_f32_and_zero_size_between_tensors(tmp_path):
     ref = safetensors.deserialize(read_bytes(path))
     assert {name for name, _ in ref} == {"u", "z", "m"}
     got = qkv.load_safetensors(path)
-    assert_same_float32(got["m"], np.float32([1.5, -2.0]))
-    assert_same_float32(got["u"], np.float32([5]))
+    assert_same(got["m"], np.float32([1.5, -2.0]))
+    assert_same(got["u"], np.uint8([5]))
+    assert_same(qkv.load_safetensors(path, mmap=True)["m"], np.float32([1.5, -2.0]))
     assert got["z"].shape == (0,)
 
 
@@ -203,14 +219,64 @@ def test_save_is_byte_identical_to_reference(tmp_path, seed):
         assert_same_float32(back[k], v, k)
 
 
-def test_save_converts_other_dtypes_and_layouts_to_f32(tmp_path):
-    a = np.arange(12, dtype=np.float64).reshape(3, 4).T  # non-contiguous float64
+def test_save_keeps_bool_int64_float64_float16_bfloat16_as_they_are(tmp_path):
+    a = np.arange(12, dtype=np.float64).reshape(3, 4).T * 1e300  # non-contiguous float64, beyond float32
+    tensors = {"a": a, "i": np.int64([2**40 + 1, -(2**62) - 3]), "b": np.array([[True, False], [False, True]]),
+               "h": np.float16([1.0, 65504.0, 6e-8]), "i32": np.int32([1, -2]), "u8": np.uint8([0, 255]),
+               "be": np.array([1.5, -2.25], dtype=">f8"), "bf": np.array([1.0, -3.5, np.inf], ml_dtypes.bfloat16)}
     path = str(tmp_path / "c.safetensors")
-    qkv.save_safetensors(path, {"a": a, "i": np.int32([1, -2])})
-    want = ref_np_load_file(path)
-    assert want["a"].dtype == np.float32 and want["i"].dtype == np.float32
-    np.testing.assert_array_equal(want["a"], a.astype(np.float32))
-    np.testing.assert_array_equal(want["i"], [1, -2])
+    qkv.save_safetensors(path, tensors)
+    hdr = header_of(path)
+    assert {k: hdr[k]["dtype"] for k in tensors} == {"a": "F64", "i": "I64", "b": "BOOL", "h": "F16", "i32": "I32",
+                                                    "u8": "U8", "be": "F64", "bf": "BF16"}
+    want = ref_np_load_file(path)  # the reference reads the same values back (it has no bfloat16 in numpy)
+    for k in ("a", "i", "b", "h", "i32", "u8"):
+        assert_same(want[k], np.ascontiguousarray(tensors[k]), k)
+    np.testing.assert_array_equal(want["be"], [1.5, -2.25])
+    got = qkv.load_safetensors(path)
+    for k, v in tensors.items():
+        assert_same(got[k], np.ascontiguousarray(v, dtype=v.dtype.newbyteorder("<")), k)
+    assert got["i"][0] == 2**40 + 1 and got["a"][1, 0] == 1e300
+
+
+def test_save_converts_dtypes_without_a_safetensors_dtype_to_f32(tmp_path):
+    path = str(tmp_path / "ld.safetensors")
+    qkv.save_safetensors(path, {"l": np.arange(3, dtype=np.longdouble)})
+    assert header_of(path)["l"]["dtype"] == "F32"
+    assert_same(qkv.load_safetensors(path)["l"], np.float32([0, 1, 2]))
+
+
+def test_load_copies_so_truncating_or_rewriting_the_file_changes_nothing(tmp_path):
+    path = str(tmp_path / "t.safetensors")
+    big = np.arange(1 << 16, dtype=np.float32)
+    qkv.save_safetensors(path, {"x": big, "y": np.ones(4, np.float32)})
+    x = qkv.load_safetensors(path)["x"]
+    with open(path, "r+b") as f:  # rewrite in place, then truncate
+        f.write(b"\x7f" * 4096)
+        f.truncate(16)
+    assert_same(x, big)  # neither SIGBUS nor changed values
+    os.remove(path)
+    assert float(x.sum()) == float(big.sum())
+
+
+def test_mmap_true_maps_and_truncation_then_kills_the_process(tmp_path):
+    """Documented: mmap=True arrays depend on the file. In a child, truncating the file then reading the array
+    dies with SIGBUS; the default (copy) mode survives the same sequence."""
+    path = str(tmp_path / "m.safetensors")
+    qkv.save_safetensors(path, {"x": np.arange(1 << 18, dtype=np.float32)})
+    code = (
+        "import os, sys, qkv\n"
+        "x = qkv.load_safetensors(sys.argv[1], mmap=sys.argv[2] == '1')['x']\n"
+        "os.truncate(sys.argv[1], 8)\n"
+        "print(float(x[-1]))\n")
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    mapped = subprocess.run([sys.executable, "-c", code, path, "1"], capture_output=True, text=True, env=env)
+    assert mapped.returncode == -7, (mapped.returncode, mapped.stderr)  # SIGBUS
+    qkv.save_safetensors(path, {"x": np.arange(1 << 18, dtype=np.float32)})
+    copied = subprocess.run([sys.executable, "-c", code, path, "0"], capture_output=True, text=True, env=env)
+    assert copied.returncode == 0 and float(copied.stdout) == float((1 << 18) - 1), copied.stderr
 
 
 def test_save_overwrites_atomically_and_leaves_no_temporary_files(tmp_path):
@@ -226,10 +292,13 @@ def test_loaded_arrays_are_private_and_outlive_the_file(tmp_path):
     qkv.save_safetensors(path, {"x": np.arange(4, dtype=np.float32)})
     before = read_bytes(path)
     x = qkv.load_safetensors(path)["x"]
+    m = qkv.load_safetensors(path, mmap=True)["x"]
     x[0] = 42.0
-    assert read_bytes(path) == before  # copy-on-write mapping
+    m[1] = 43.0
+    assert read_bytes(path) == before  # a copy, and a copy-on-write mapping
     os.remove(path)
     np.testing.assert_array_equal(x, [42, 1, 2, 3])
+    np.testing.assert_array_equal(m, [0, 43, 2, 3])
 
 
 # --- argument and I/O errors --------------------------------------------------------------------------------------
@@ -265,13 +334,15 @@ def test_save_rejects_bad_arguments(tmp_path):
 
 
 def test_valid_but_unconvertible_dtypes(tmp_path):
-    """C64 and the packed F4/F6 formats are valid (the reference loads them) but have no float32 value in qkv."""
-    for name, data in [("c64", ref_np_save({"c": np.complex64([1 + 2j, 3])})),
-                       ("f4", raw_file({"c": entry("F4", [4], 0, 2)}, b"\x12\x34")),
+    """The packed F4/F6 formats are valid (the reference loads them) but have no value in qkv; C64 loads as
+    complex64."""
+    for name, data in [("f4", raw_file({"c": entry("F4", [4], 0, 2)}, b"\x12\x34")),
                        ("f6", raw_file({"c": entry("F6_E2M3", [4], 0, 3)}, b"\0\0\0"))]:
         safetensors.deserialize(data)
         with pytest.raises(RuntimeError, match=r"\[safetensors\] tensor \"c\" has dtype .* no float32 conversion"):
             qkv.load_safetensors(write(tmp_path, name + ".safetensors", data))
+    c = np.complex64([1 + 2j, 3])
+    assert_same(qkv.load_safetensors(write(tmp_path, "c64.safetensors", ref_np_save({"c": c})))["c"], c)
 
 
 # --- broken files: both reject, or the reference is lax and the case says so --------------------------------------

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,12 +71,46 @@ struct SafeTensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
+// Errors about a file's content name it: "[safetensors] \"PATH\": <reason>".
 // Maps the file (MAP_PRIVATE, copy-on-write: writing into a loaded tensor never changes the file). F32 tensors
 // whose data is 4-byte aligned are zero-copy views that keep the mapping alive; the rest are converted copies.
 // Truncating the file while its tensors are alive is undefined (SIGBUS), as with any mmap reader.
 SafeTensorsFile load_safetensors(const std::string& path);
 // Same rules on a buffer; every tensor is copied, so `bytes` may be freed afterwards.
 SafeTensorsFile load_safetensors_from_memory(const void* bytes, size_t size);
+
+// A validated file's bytes, no conversion: any dtype, for callers that keep the file's dtypes (the Python module).
+struct SafeTensorsBytes {
+  SafeTensorsHeader header;
+  std::shared_ptr<const uint8_t> file;  // the whole file (a heap copy or a private mapping), alive with this handle
+  size_t size = 0;
+  // The data buffer; entry e's bytes are [data() + e.begin, data() + e.end).
+  const uint8_t* data() const { return file.get() + 8 + header.header_size; }
+};
+
+// Validates a file (every rule, BOOL bytes included) and returns its bytes. map = false reads the file into
+// memory, so later changes to the file (truncation, rewriting in place) never reach the result; map = true maps it
+// (MAP_PRIVATE): no copy, but truncating the file while the result is alive raises SIGBUS on access, and a rewrite
+// in place may show through pages not yet touched. Errors as load_safetensors.
+SafeTensorsBytes read_safetensors_bytes(const std::string& path, bool map = false);
+
+// Converts one entry's bytes (src = data() + e.begin) to float32 (dst: numel floats); runtime_error for dtypes
+// without a conversion (C64, F4, F6_*).
+void safetensors_to_float32(const SafeTensorsEntry& e, const void* src, float* dst);
+
+// A tensor to write in any dtype: `data` points to its bytes in C order, little-endian (borrowed for the call).
+struct SafeTensorsRaw {
+  SafeTensorsDtype dtype = SafeTensorsDtype::F32;
+  Shape shape;
+  const void* data = nullptr;  // numel * dtype_bits / 8 bytes; may be null when that is 0
+};
+
+// As save_safetensors / serialize_safetensors, with each tensor's bytes written as they are under its dtype
+// (BOOL, I64, F64, F16, BF16, ...). Throws invalid_argument for a sub-byte dtype not ending on a byte boundary.
+void save_safetensors_raw(const std::string& path, const std::map<std::string, SafeTensorsRaw>& tensors,
+                          const std::map<std::string, std::string>& metadata = {});
+std::string serialize_safetensors_raw(const std::map<std::string, SafeTensorsRaw>& tensors,
+                                      const std::map<std::string, std::string>& metadata = {});
 
 // Writes every tensor as F32 (C-contiguous order, any strides accepted), sorted by name, header padded with
 // spaces to a multiple of 8 so every tensor is 8-byte aligned in the file. Names and metadata must be valid
