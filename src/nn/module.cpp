@@ -1,11 +1,24 @@
 // Module parameter registry and PyTorch-named state dicts with strict, all-or-nothing loading.
 #include "qkv/nn/module.h"
 
+#include <cmath>
 #include <set>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/serialize.h"
 
 namespace qkv::nn {
+
+void check_finite(const StateDict& state, const std::string& prefix) {
+  for (const auto& [name, t] : state) {
+    if (!t.defined()) continue;
+    const Tensor c = t.contiguous();
+    const float* p = c.data();
+    for (int64_t i = 0, n = c.numel(); i < n; ++i)
+      QKV_CHECK_ARG(std::isfinite(p[i]), prefix, name, " holds a non-finite value (", p[i],
+                    ") at flat index ", i, " of shape ", str(t.shape()));
+  }
+}
 
 void Module::register_parameter(const std::string& name, Tensor* param) {
   QKV_ASSERT(param != nullptr);
@@ -69,6 +82,10 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
                 missing.empty() ? "" : "missing: " + missing,
                 (!missing.empty() && !unexpected.empty()) ? "; " : "",
                 unexpected.empty() ? "" : "unexpected: " + unexpected);
+  StateDict used;
+  for (auto& [name, p] : params)
+    if (auto it = state.find(name); it != state.end()) used.emplace(name, it->second);
+  check_finite(used, "[load_state_dict] ");
   for (auto& [name, p] : params) {
     auto it = state.find(name);
     if (it != state.end()) p->copy_from(it->second);

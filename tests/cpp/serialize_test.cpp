@@ -1,7 +1,9 @@
 // Round trip of module weights through safetensors, and the errors a wrong file gives.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "qkv/core/rng.h"
 #include "qkv/nn/multihead_attention.h"
@@ -49,6 +51,40 @@ TEST(Serialize, WrongModuleNamesTheMissingParameters) {
     EXPECT_NE(std::string(e.what()).find("linear1.weight"), std::string::npos) << e.what();
   }
   std::filesystem::remove(path);
+}
+
+TEST(Serialize, LoadStateDictRefusesNonFiniteWeightsNamingTheTensor) {
+  Rng rng(5);
+  MultiheadAttention a(8, 2, rng), b(8, 2, rng);
+  const StateDict before = b.state_dict();
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
+    StateDict s = a.state_dict();
+    Tensor w = s.at("out_proj.weight").clone();
+    w.data()[5] = bad;
+    s["out_proj.weight"] = w;
+    try {
+      b.load_state_dict(s);
+      FAIL() << "expected a throw for " << bad;
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("[load_state_dict] out_proj.weight holds a non-finite value", 0), 0u) << m;
+      EXPECT_NE(m.find("flat index 5"), std::string::npos) << m;
+    }
+    // Nothing changed: all or nothing.
+    const StateDict after = b.state_dict();
+    for (const auto& [name, t] : before) EXPECT_EQ(t.to_vector(), after.at(name).to_vector()) << name;
+  }
+}
+
+TEST(Serialize, CheckFiniteAcceptsFiniteAndNamesTheFirstBadTensor) {
+  StateDict s = {{"a", Tensor::from_vector({2}, {1.0f, -2.0f})}, {"b", Tensor::from_vector({2}, {0.0f, std::nanf("")})}};
+  EXPECT_NO_THROW(check_finite({{"a", s.at("a")}}, "[x] "));
+  try {
+    check_finite(s, "[ckpt] file: ");
+    FAIL() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[ckpt] file: b holds a non-finite value", 0), 0u) << e.what();
+  }
 }
 
 TEST(Serialize, MissingFileIsAnIoError) {
