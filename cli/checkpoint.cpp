@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +18,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
 #include "qkv/core/safetensors.h"
+#include "qkv/nn/serialize.h"
 #include "run_config.h"
 
 namespace qkv::cli {
@@ -59,24 +63,52 @@ std::string state_json(const TrainerState& s) {
   return buf;
 }
 
-TrainerState parse_state(const std::string& text, const std::string& name) {
-  auto kv = parse_flat_json(text, name);
-  QKV_CHECK_ARG(kv["format"] == "qkv-trainer-state 1", "[checkpoint] ", name, ": not a qkv trainer state");
+}  // namespace
+
+TrainerState parse_trainer_state(const std::string& text, const std::string& name) {
+  std::map<std::string, std::string> kv = parse_flat_json(text, name);
+  auto take = [&](const char* k) {
+    const auto it = kv.find(k);
+    QKV_CHECK_ARG(it != kv.end(), "[checkpoint] ", name, ": missing key '", k, "'");
+    std::string v = it->second;
+    kv.erase(it);
+    return v;
+  };
+  QKV_CHECK_ARG(take("format") == "qkv-trainer-state 1", "[checkpoint] ", name,
+                ": not a qkv trainer state (format 'qkv-trainer-state 1' expected)");
+  auto bad = [&](const char* k, const std::string& v, const char* expected) {
+    return std::invalid_argument("[checkpoint] " + name + ": bad value '" + v + "' for '" + k + "' (expected " +
+                                 expected + ")");
+  };
+  auto count = [&](const char* k) {
+    const std::string v = take(k);
+    int64_t x = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || p != v.data() + v.size() || x < 0) throw bad(k, v, "an integer >= 0");
+    return x;
+  };
+  auto real = [&](const char* k) {
+    const std::string v = take(k);
+    double x = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || p != v.data() + v.size()) throw bad(k, v, "a number");
+    return x;
+  };
   TrainerState s;
-  try {
-    s.step = std::stoll(kv.at("step"));
-    s.epoch = std::stoll(kv.at("epoch"));
-    s.position = std::stoll(kv.at("position"));
-    s.dropout_rng_state = std::stoull(kv.at("dropout_rng_state"));
-    s.last_loss = std::stod(kv.at("last_loss"));
-    s.elapsed_s = std::stod(kv.at("elapsed_s"));
-  } catch (const std::exception&) {
-    throw std::invalid_argument("[checkpoint] " + name + ": missing or bad trainer state fields");
+  s.step = count("step");
+  s.epoch = count("epoch");
+  s.position = count("position");
+  {
+    const std::string v = take("dropout_rng_state");
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), s.dropout_rng_state);
+    if (ec != std::errc() || p != v.data() + v.size()) throw bad("dropout_rng_state", v, "an unsigned 64-bit integer");
   }
+  s.last_loss = real("last_loss");
+  s.elapsed_s = real("elapsed_s");
+  if (!std::isfinite(s.elapsed_s) || s.elapsed_s < 0) throw bad("elapsed_s", std::to_string(s.elapsed_s), "a finite number >= 0");
+  QKV_CHECK_ARG(kv.empty(), "[checkpoint] ", name, ": unexpected key '", kv.begin()->first, "'");
   return s;
 }
-
-}  // namespace
 
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -144,11 +176,14 @@ std::string latest_checkpoint(const std::string& run_dir) {
   if (!fs::is_directory(root, ec)) return "";
   int64_t best = -1;
   fs::path best_path;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const int64_t s = parse_step(e.path().filename().string());
-    if (s > best && fs::exists(e.path() / "trainer.json")) {
+  // Non-throwing iteration: entries may be renamed away by a concurrent save while this lists them.
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path p = it->path();
+    const int64_t s = parse_step(p.filename().string());
+    std::error_code ec2;
+    if (s > best && fs::exists(p / "trainer.json", ec2)) {
       best = s;
-      best_path = e.path();
+      best_path = p;
     }
   }
   return best < 0 ? "" : best_path.string();
@@ -164,9 +199,28 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const std::string& mod
                 model_kind, "'");
   c.weights = std::move(w.tensors);
   c.optimizer = load_safetensors((fs::path(path) / "optimizer.safetensors").string()).tensors;
+  // A diverged or damaged run must not evaluate to 0 or translate to empty lines with exit 0.
+  nn::check_finite(c.weights, "[checkpoint] " + path + "/model.safetensors: ");
+  nn::check_finite(c.optimizer, "[checkpoint] " + path + "/optimizer.safetensors: ");
   const std::string sp = (fs::path(path) / "trainer.json").string();
-  c.state = parse_state(read_text(sp), sp);
+  c.state = parse_trainer_state(read_text(sp), sp);
   return c;
+}
+
+LoadedCheckpoint load_latest_checkpoint(const std::string& run_dir, const std::string& model_kind) {
+  // A reader racing a training run: the writer may prune the checkpoint picked here (renamed to .old-* first)
+  // before its files are read. A checkpoint that vanished is not damage: pick the newest one again.
+  constexpr int kAttempts = 20;
+  for (int attempt = 1;; ++attempt) {
+    const std::string ckpt = latest_checkpoint(run_dir);
+    if (ckpt.empty()) return {};
+    try {
+      return load_checkpoint(ckpt, model_kind);
+    } catch (const std::runtime_error&) {
+      std::error_code ec;
+      if (attempt >= kAttempts || fs::exists(ckpt, ec)) throw;
+    }
+  }
 }
 
 }  // namespace qkv::cli

@@ -39,6 +39,13 @@ struct LoadedCheckpoint {
 // when it belongs to another model kind, and "[checkpoint] ..." on a damaged file.
 LoadedCheckpoint load_checkpoint(const std::string& path, const std::string& model_kind);
 
+// The newest complete checkpoint of a run, loaded; path "" when there is none. Safe while a training run writes
+// and prunes: a checkpoint pruned between listing and reading is skipped for the next newest.
+LoadedCheckpoint load_latest_checkpoint(const std::string& run_dir, const std::string& model_kind);
+
+// Parses trainer.json; throws invalid_argument "[checkpoint] NAME: ..." on any malformed or missing field.
+TrainerState parse_trainer_state(const std::string& text, const std::string& name);
+
 // fsync of a directory (so that a rename inside it is durable). Throws runtime_error on failure.
 void fsync_directory(const std::string& dir);
 

@@ -2,6 +2,11 @@
 #include "commands.h"
 
 #include <cstdio>
+#include <string>
+
+#ifndef QKV_VERSION
+#define QKV_VERSION "unknown"
+#endif
 
 namespace qkv::cli {
 
@@ -16,11 +21,30 @@ int run(int argc, char** argv) {
   add_eval(app);
   add_translate(app);
   add_experiment(app);
+  app.set_version_flag("--version", "qkv " QKV_VERSION);
+  std::string names;
+  bool known = false;
+  const std::string first = argc >= 2 ? argv[1] : "";
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    known |= sub->check_name(first);
+  }
+  if (argc < 2) {
+    std::fprintf(stderr, "qkv: error: a subcommand is required (one of: %s; see qkv --help)\n", names.c_str());
+    return 2;
+  }
+  // An unknown first word is named, rather than reported as a missing subcommand.
+  if (!first.empty() && first[0] != '-' && !known) {
+    std::fprintf(stderr, "qkv: error: unknown subcommand '%s' (one of: %s)\n", first.c_str(), names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "qkv: error: %s\n", e.what());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "run_common.h"
 #include "qkv/models/bert.h"
 
 namespace qkv::cli {
@@ -59,7 +60,8 @@ int run_embed(const std::string& model, std::vector<std::string> texts, bool jso
     else std::fputs("\n", stdout);
   }
   if (json) std::fputs("]\n", stdout);
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  flush_stdout("embed");
+  return 0;
 }
 
 }  // namespace
@@ -73,11 +75,10 @@ void add_embed(CLI::App& app) {
   cmd->add_option("--model", *model, "sentence-transformers folder (config.json, vocab.txt, model.safetensors)")
       ->required();
   cmd->add_flag("--json", *json, "Print a JSON array of {\"text\", \"embedding\"} instead of one line per text");
-  cmd->add_option("--batch-size", *batch, "Texts per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--batch-size", *batch, "Texts per forward pass")->capture_default_str()->check(at_least(1));
   cmd->add_option("texts", *texts, "Texts to embed; without any, each line of stdin is one text");
   cmd->callback([=]() {
-    const int rc = run_embed(*model, *texts, *json, *batch);
-    if (rc != 0) throw CLI::RuntimeError(rc);
+    run_embed(*model, *texts, *json, *batch);
   });
 }
 

@@ -60,7 +60,7 @@ void add_eval(CLI::App& app) {
   cmd->add_option("dir", a->dir, "Run directory written by `qkv train --out`")->required();
   cmd->add_flag("--json", a->json, "Print one JSON object with exact_match and token_accuracy");
   cmd->add_option("--split", a->split, "test | train")->capture_default_str()->check(CLI::IsMember({"test", "train"}));
-  cmd->add_option("--beam", a->beam, "Beam size (1 = greedy)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--beam", a->beam, "Beam size (1 = greedy)")->capture_default_str()->check(at_least(1));
   cmd->add_option("--alpha", a->alpha, "GNMT length-penalty exponent for beam search")->capture_default_str();
   cmd->add_option("--limit", a->limit, "Score only the first N examples (0 = all)")->capture_default_str();
   cmd->callback([a]() {

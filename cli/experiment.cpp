@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "run_common.h"
 #include "qkv/core/io.h"
 #include "qkv/experiments/experiment.h"
 
@@ -111,7 +112,7 @@ void add_experiment(CLI::App& app) {
   cmd->add_option("--out", a->out, "Output directory (results.json + figures; 'all' uses one folder each)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Base seed")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "OpenMP threads")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", a->threads, "OpenMP threads")->capture_default_str()->check(at_least(1));
   cmd->add_option("--doc", a->doc, "Also write the Markdown report here (e.g. docs/EXPERIMENTS.md)");
   cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");
   cmd->callback([a]() {

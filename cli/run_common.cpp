@@ -1,6 +1,10 @@
 // Reading a run directory back: config.json, vocab.txt and the newest checkpoint's weights into a fresh model.
 #include "run_common.h"
 
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -28,9 +32,9 @@ RunConfig load_run_config(const std::string& run_dir, const char* op) {
 
 std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
                                              const data::Vocabulary& vocab, int64_t& step, const char* op) {
-  const std::string ckpt = latest_checkpoint(run_dir);
+  LoadedCheckpoint loaded = load_latest_checkpoint(run_dir, c.model);
+  const std::string& ckpt = loaded.path;
   QKV_CHECK_ARG(!ckpt.empty(), "[", op, "] '", run_dir, "' has no checkpoint yet");
-  LoadedCheckpoint loaded = load_checkpoint(ckpt, c.model);
   Rng rng(c.seed);
   std::unique_ptr<RunModel> model = make_run_model(c, vocab.size(), rng);
   try {
@@ -40,6 +44,25 @@ std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const R
   }
   step = loaded.state.step;
   return model;
+}
+
+void flush_stdout(const char* op) {
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0)
+    throw std::runtime_error(std::string("[") + op + "] cannot write to standard output: " +
+                             std::strerror(errno != 0 ? errno : EIO));
+}
+
+CLI::Validator at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        int64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || p != text.data() + text.size() || v < lo)
+          return "must be an integer >= " + std::to_string(lo) + ", got '" + text + "'";
+        return "";
+      },
+      "INT>=" + std::to_string(lo));
 }
 
 std::string one_line(const std::string& m) {

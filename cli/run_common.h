@@ -2,8 +2,11 @@
 // latest checkpoint into a model) and turning any exception into the one-line error of the command.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "qkv/data/vocab.h"
 #include "run_config.h"
@@ -19,6 +22,19 @@ RunConfig load_run_config(const std::string& run_dir, const char* op);
 // A model of the run's kind with the latest checkpoint's weights; step receives the checkpoint's step.
 std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
                                              const data::Vocabulary& vocab, int64_t& step, const char* op);
+
+// Thrown (not a std::exception) to end the command with this exit status, after its own one-line message.
+struct ExitStatus {
+  int code;
+};
+
+// fflush(stdout); throws runtime_error "[op] cannot write to standard output: REASON" when it fails (full disk,
+// closed pipe), so that lost output is never an exit 0.
+void flush_stdout(const char* op);
+
+// A CLI11 check for an integer option: refuses values below `lo` with a short message
+// ("--beam: must be an integer >= 1, got '0'"), rather than CLI11's range with a 300-digit bound.
+CLI::Validator at_least(int64_t lo);
 
 // e.what() with newlines folded, so that every failure is one line.
 std::string one_line(const std::string& message);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "qkv/core/error.h"
@@ -59,6 +60,7 @@ void visit(RunConfig& c, const FieldVisitor& v) {
   v.i64("max_len", c.max_len);
   v.str("alphabet", c.alphabet);
   v.str("data_hash", c.data_hash);
+  v.i64("max_tokens", c.max_tokens);
   v.i64("max_decode_len", c.max_decode_len);
   v.str("optimizer", c.optimizer);
   v.f64("lr", c.lr);
@@ -88,12 +90,16 @@ void RunConfig::resolve_and_check() {
   if (d_model == 0) d_model = 64;
   if (hidden == 0) hidden = 128;
   if (layers == 0) layers = rnn ? 1 : 2;
-  if (ffn == 0) ffn = 4 * d_model;
+  if (ffn == 0 && d_model >= 1 && d_model <= (int64_t{1} << 24)) ffn = 4 * d_model;
   if (checkpoint_every == 0) checkpoint_every = eval_every;
   QKV_CHECK_ARG(one_of(cell, {"gru", "lstm"}), "[train] --cell '", cell, "' is not gru or lstm");
   QKV_CHECK_ARG(one_of(attention, {"bahdanau", "luong-dot", "luong-general"}), "[train] --attention '", attention,
                 "' is not bahdanau, luong-dot or luong-general");
-  QKV_CHECK_ARG(d_model > 0 && hidden > 0 && layers > 0 && heads > 0 && ffn > 0, "[train] model sizes must be > 0");
+  // 0 means "the default of the kind" (filled above); anything else below 1 is refused by name.
+  constexpr int64_t kMaxSize = int64_t{1} << 24;  // far above any model this CLI trains; keeps 4 * d_model exact
+  for (const auto& [flag, v] : {std::pair<const char*, int64_t>{"--d-model", d_model}, {"--hidden", hidden},
+                                {"--layers", layers}, {"--heads", heads}, {"--ffn", ffn}})
+    QKV_CHECK_ARG(v >= 1 && v <= kMaxSize, "[train] ", flag, " must be in [1, ", kMaxSize, "], got ", v);
   QKV_CHECK_ARG(rnn || d_model % heads == 0, "[train] --d-model ", d_model, " must be divisible by --heads ", heads);
   QKV_CHECK_ARG(dropout >= 0.0 && dropout < 1.0, "[train] --dropout must be in [0, 1), got ", dropout);
   QKV_CHECK_ARG(!reverse_source || model == "rnn", "[train] --reverse-source applies to --model rnn only");
@@ -102,7 +108,10 @@ void RunConfig::resolve_and_check() {
   QKV_CHECK_ARG(test_fraction >= 0.0 && test_fraction < 1.0, "[train] --test-fraction must be in [0, 1)");
   QKV_CHECK_ARG(one_of(tokenizer, {"char", "word", "byte"}), "[train] --tokenizer '", tokenizer,
                 "' is not char, word or byte");
+  QKV_CHECK_ARG(min_len >= 1 && max_len >= min_len, "[train] --min-len must be >= 1 and --max-len >= --min-len, got ",
+                min_len, " and ", max_len);
   QKV_CHECK_ARG(train_size >= 1 && test_size >= 0, "[train] --train-size must be >= 1 and --test-size >= 0");
+  QKV_CHECK_ARG(max_tokens >= 1, "[train] --max-tokens must be >= 1, got ", max_tokens);
   QKV_CHECK_ARG(max_decode_len >= 0, "[train] --max-decode-len must be >= 0");
   QKV_CHECK_ARG(one_of(optimizer, {"adam", "adamw", "sgd"}), "[train] --optimizer '", optimizer,
                 "' is not adam, adamw or sgd");
@@ -190,8 +199,16 @@ std::map<std::string, std::string> parse_flat_json(const std::string& t, const s
       else if (e == '"' || e == '\\' || e == '/') s += e;
       else if (e == 'u') {
         if (i + 4 > t.size()) fail("short \\u escape");
-        const unsigned cp = static_cast<unsigned>(std::stoul(t.substr(i, 4), nullptr, 16));
-        i += 4;
+        unsigned cp = 0;
+        for (int d = 0; d < 4; ++d, ++i) {
+          const char h = t[i];
+          const int digit = h >= '0' && h <= '9' ? h - '0'
+                            : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                            : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                   : -1;
+          if (digit < 0) fail("bad hex digit in \\u escape");
+          cp = cp * 16 + static_cast<unsigned>(digit);
+        }
         if (cp >= 0x80) fail("\\u escapes above 0x7F are not supported");
         s += static_cast<char>(cp);
       } else {
@@ -251,6 +268,7 @@ RunConfig RunConfig::from_json(const std::string& text, const std::string& name)
                 ": not a qkv train config (format 'qkv-train-config 1' expected)");
   kv.erase(fmt);
   RunConfig c;
+  kv.emplace("max_tokens", std::to_string(c.max_tokens));  // configs written before --max-tokens existed
   auto take = [&](const char* k) {
     auto it = kv.find(k);
     QKV_CHECK_ARG(it != kv.end(), "[config] ", name, ": missing key '", k, "'");

@@ -39,6 +39,9 @@ struct RunConfig {
   int64_t max_len = 10;
   std::string alphabet = "digits";
   std::string data_hash;       // FNV-1a of the TSV bytes, checked on resume
+  // TSV: pairs whose source or target has more tokens than this are skipped, with a warning that counts them (a
+  // single 200k-character line would otherwise make every batch that long).
+  int64_t max_tokens = 256;
   int64_t max_decode_len = 0;  // generation limit; 0 = from the data (longest target + 8)
   // --- optimisation ----------------------------------------------------------------------------------------------
   std::string optimizer = "adam";  // adam | adamw | sgd

@@ -9,6 +9,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/rng.h"
 #include "qkv/data/tasks.h"
+#include "qkv/data/tokenizer.h"
 
 namespace qkv::cli {
 
@@ -73,6 +74,38 @@ RunData load_run_data(RunConfig& c, const data::Vocabulary* given) {
         (i < n_train ? train : test).push_back(all[static_cast<size_t>(order[static_cast<size_t>(i)])]);
     }
     c.data_hash = hash;
+    // Overlong pairs are skipped and counted, never silently: a 200k-character line would make its batches that
+    // long (hours, gigabytes).
+    struct Dropped {
+      std::string file;
+      size_t dropped = 0, total = 0, longest = 0;
+    };
+    auto drop_long = [&](std::vector<data::TextPair>& pairs, const std::string& file) {
+      Dropped r{file, 0, pairs.size(), 0};
+      size_t kept = 0;
+      for (auto& p : pairs) {
+        const size_t n = std::max(data::tokenize(p.src, kind).size(), data::tokenize(p.tgt, kind).size());
+        if (static_cast<int64_t>(n) > c.max_tokens) {
+          ++r.dropped;
+          r.longest = std::max(r.longest, n);
+        } else {
+          pairs[kept++] = std::move(p);
+        }
+      }
+      pairs.resize(kept);
+      return r;
+    };
+    const Dropped dtrain = drop_long(train, c.test_data.empty() ? c.data + " (train split)" : c.data);
+    const Dropped dtest = drop_long(test, c.test_data.empty() ? c.data + " (test split)" : c.test_data);
+    QKV_CHECK_ARG(!train.empty(), "[train] every training pair of '", c.data, "' is longer than --max-tokens ",
+                  c.max_tokens, " tokens (longest ", dtrain.longest, ")");
+    for (const Dropped& r : {dtrain, dtest})
+      if (r.dropped > 0)
+        std::fprintf(stderr,
+                     "qkv: warning: [tsv] %s: skipped %zu of %zu pairs with more than --max-tokens %lld %s tokens "
+                     "on a side (longest %zu)\n",
+                     r.file.c_str(), r.dropped, r.total, static_cast<long long>(c.max_tokens),
+                     data::tokenizer_name(kind), r.longest);
   }
   RunData d;
   if (given) {

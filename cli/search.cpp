@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "run_common.h"
 #include "qkv/models/bert.h"
 
 namespace qkv::cli {
@@ -55,7 +56,8 @@ int run_search(const std::string& model, const std::string& corpus, const std::v
     if (queries.size() > 1) std::printf("%s%s\n", qi ? "\n" : "", queries[qi].c_str());
     for (int64_t r = 0; r < k; ++r) std::printf("%.4f  %s\n", score[order[r]], docs[order[r]].c_str());
   }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  flush_stdout("search");
+  return 0;
 }
 
 }  // namespace
@@ -70,11 +72,10 @@ void add_search(CLI::App& app) {
       ->required();
   cmd->add_option("--corpus", *corpus, "Text file, one document per line (blank lines are skipped)")->required();
   cmd->add_option("-k,--top-k", *top_k, "How many lines to list per query")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("queries", *queries, "One or more queries")->required();
   cmd->callback([=]() {
-    const int rc = run_search(*model, *corpus, *queries, *top_k);
-    if (rc != 0) throw CLI::RuntimeError(rc);
+    run_search(*model, *corpus, *queries, *top_k);
   });
 }
 

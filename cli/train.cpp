@@ -1,10 +1,13 @@
 // `qkv train --model rnn|rnn-attn|transformer|decoder --task NAME|--data FILE.tsv --steps N --out DIR --seed S
 // [--resume DIR]`: trains with a live progress bar (plain log lines when stdout is not a terminal), periodic
-// evaluation (exact match, token accuracy) and atomic checkpoints; --resume continues bit-exactly.
+// evaluation (exact match, token accuracy) and atomic checkpoints; --resume continues bit-exactly. SIGINT/SIGTERM
+// finish the current step, write a checkpoint and exit 130/143; a second signal stops at once.
 #include <omp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -27,6 +30,35 @@
 namespace qkv::cli {
 namespace fs = std::filesystem;
 namespace {
+
+// SIGINT / SIGTERM: the handler only records the signal; the loop finishes its step, writes a checkpoint and exits
+// with 128 + signal. SA_RESETHAND restores the default action on delivery, so a second signal stops at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void record_stop_signal(int sig) { g_stop_signal = sig; }
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = record_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  static int received() { return g_stop_signal; }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
 
 struct TrainArgs {
   RunConfig c;
@@ -138,6 +170,7 @@ class Progress {
 void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector<CLI::Option*>& data_opts,
                CLI::Option* model_opt, const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>&
                                            run_overrides) {
+  const StopSignals stop_signals;
   if (a.threads > 0) omp_set_num_threads(static_cast<int>(a.threads));
   const bool resume = !a.resume.empty();
   std::string dir;
@@ -168,6 +201,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
       saved.alphabet = a.c.alphabet;
       saved.tokenizer = a.c.tokenizer;
       saved.test_fraction = a.c.test_fraction;
+      saved.max_tokens = a.c.max_tokens;
     }
     for (const auto& [opt, apply] : run_overrides)
       if (opt->count() > 0) apply(saved);
@@ -192,7 +226,19 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     std::error_code ec;
     fs::create_directories(dir, ec);
     QKV_CHECK_RUNTIME(!ec, "[train] cannot create '", dir, "': ", ec.message());
-    d.vocab.save((fs::path(dir) / "vocab.txt").string());
+    // A vocab.txt that is not this run's own (same bytes, as after a kill before config.json) is someone's file.
+    const std::string vocab_path = (fs::path(dir) / "vocab.txt").string();
+    if (fs::exists(vocab_path, ec) || fs::is_symlink(vocab_path, ec)) {
+      std::string existing;
+      try {
+        existing = read_file_text(vocab_path, "train");
+      } catch (const std::runtime_error&) {
+        existing.clear();
+      }
+      QKV_CHECK_ARG(existing == d.vocab.serialize(), "[train] '", vocab_path,
+                    "' already exists and was not written by this run; remove it or choose another --out");
+    }
+    d.vocab.save(vocab_path);
   }
   QKV_CHECK_ARG(!d.train.empty(), "[train] the training split is empty");
   write_file_atomic((fs::path(dir) / "config.json").string(), c.to_json());
@@ -240,6 +286,16 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   int64_t tokens = 0;
   const double elapsed_before = st.elapsed_s;
   model->module().train();
+  auto stopped = [&](bool saved) {
+    const int sig = StopSignals::received();
+    progress.finish();
+    std::fflush(stdout);
+    std::fprintf(stderr, "qkv: train stopped by %s at step %lld%s; continue with --resume %s\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(st.step),
+                 saved ? ", checkpoint written" : " (nothing new to save)", dir.c_str());
+    throw ExitStatus{128 + sig};
+  };
+  if (StopSignals::received() != 0) stopped(false);  // before the first step: the run directory is as it was
   for (int64_t step = st.step + 1; step <= c.steps; ++step) {
     const std::vector<int64_t> idx = sampler.next();
     std::vector<const data::Example*> batch;
@@ -278,7 +334,8 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
                     static_cast<long long>(r.examples));
       progress.line(buf);
     }
-    if (step % c.checkpoint_every == 0 || step == c.steps || stop) {
+    const bool signalled = StopSignals::received() != 0;
+    if (step % c.checkpoint_every == 0 || step == c.steps || stop || signalled) {
       st.epoch = sampler.epoch();
       st.position = sampler.position();
       st.dropout_rng_state = dropout_rng.state();
@@ -287,6 +344,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
           save_checkpoint(dir, c.model, model->module().state_dict(), opt->state_dict(), st, c.keep_checkpoints);
       progress.line("checkpoint step " + std::to_string(step) + " -> " + path);
     }
+    if (signalled) stopped(true);
     if (stop) {
       progress.line("early stop at step " + std::to_string(step) + ": exact match reached --early-stop " +
                     std::to_string(c.early_stop));
@@ -322,12 +380,12 @@ void add_train(CLI::App& app) {
   lock(cmd->add_option("--attention", c.attention, "rnn-attn scoring: bahdanau | luong-dot | luong-general")
            ->capture_default_str(),
        s(&RunConfig::attention));
-  lock(cmd->add_option("--d-model", c.d_model, "Embedding width / d_model (default 64)"), i64(&RunConfig::d_model));
-  lock(cmd->add_option("--hidden", c.hidden, "RNN hidden size (default 128)"), i64(&RunConfig::hidden));
-  lock(cmd->add_option("--layers", c.layers, "Layers (default: RNN 1, Transformers 2 per side)"),
+  lock(cmd->add_option("--d-model", c.d_model, "Embedding width / d_model (default 64)")->check(at_least(1)), i64(&RunConfig::d_model));
+  lock(cmd->add_option("--hidden", c.hidden, "RNN hidden size (default 128)")->check(at_least(1)), i64(&RunConfig::hidden));
+  lock(cmd->add_option("--layers", c.layers, "Layers (default: RNN 1, Transformers 2 per side)")->check(at_least(1)),
        i64(&RunConfig::layers));
-  lock(cmd->add_option("--heads", c.heads, "Attention heads")->capture_default_str(), i64(&RunConfig::heads));
-  lock(cmd->add_option("--ffn", c.ffn, "Feed-forward width (default 4 * d_model)"), i64(&RunConfig::ffn));
+  lock(cmd->add_option("--heads", c.heads, "Attention heads")->capture_default_str()->check(at_least(1)), i64(&RunConfig::heads));
+  lock(cmd->add_option("--ffn", c.ffn, "Feed-forward width (default 4 * d_model)")->check(at_least(1)), i64(&RunConfig::ffn));
   lock(cmd->add_option("--dropout", c.dropout, "Dropout")->capture_default_str(), f64(&RunConfig::dropout));
   lock(cmd->add_flag("--post-ln", c.post_ln, "Transformers: post-LN (as the 2017 paper) instead of pre-LN"),
        [](const RunConfig& r) { return std::string(r.post_ln ? "true" : "false"); });
@@ -336,7 +394,7 @@ void add_train(CLI::App& app) {
        [](const RunConfig& r) { return std::string(r.scale_embeddings ? "true" : "false"); });
   lock(cmd->add_flag("--reverse-source", c.reverse_source, "rnn: read the source reversed (Sutskever et al. 2014)"),
        [](const RunConfig& r) { return std::string(r.reverse_source ? "true" : "false"); });
-  lock(cmd->add_option("--max-positions", c.max_positions, "decoder: learned positions (default from the data)"),
+  lock(cmd->add_option("--max-positions", c.max_positions, "decoder: learned positions (default from the data)")->check(at_least(1)),
        i64(&RunConfig::max_positions));
 
   cmd->group("Data");
@@ -348,15 +406,19 @@ void add_train(CLI::App& app) {
       cmd->add_option("--test-fraction", c.test_fraction, "Share of --data held out for testing")->capture_default_str());
   data_opts->push_back(cmd->add_option("--tokenizer", c.tokenizer, "TSV tokenizer: char | word | byte")
                            ->capture_default_str());
+  data_opts->push_back(cmd->add_option("--max-tokens", c.max_tokens,
+                                       "TSV: skip (and count, on stderr) pairs with more tokens than this on a side")
+                           ->capture_default_str()
+                           ->check(at_least(1)));
   data_opts->push_back(cmd->add_option("--train-size", c.train_size, "Task training examples")->capture_default_str());
   data_opts->push_back(cmd->add_option("--test-size", c.test_size, "Task test examples")->capture_default_str());
   data_opts->push_back(
-      cmd->add_option("--min-len", c.min_len, "Task: shortest sequence (digits for numbers)")->capture_default_str());
+      cmd->add_option("--min-len", c.min_len, "Task: shortest sequence (digits for numbers)")->capture_default_str()->check(at_least(1)));
   data_opts->push_back(
-      cmd->add_option("--max-len", c.max_len, "Task: longest sequence (digits for numbers)")->capture_default_str());
+      cmd->add_option("--max-len", c.max_len, "Task: longest sequence (digits for numbers)")->capture_default_str()->check(at_least(1)));
   data_opts->push_back(
       cmd->add_option("--alphabet", c.alphabet, "copy/reverse/sort: digits | letters")->capture_default_str());
-  lock(cmd->add_option("--max-decode-len", c.max_decode_len, "Generation limit (default: longest target + 8)"),
+  lock(cmd->add_option("--max-decode-len", c.max_decode_len, "Generation limit (default: longest target + 8)")->check(at_least(1)),
        i64(&RunConfig::max_decode_len));
 
   cmd->group("Optimisation");
@@ -389,7 +451,7 @@ void add_train(CLI::App& app) {
        [cp](RunConfig& r) { r.eval_every = cp->eval_every; });
   over(cmd->add_option("--eval-size", c.eval_size, "Test examples per periodic evaluation")->capture_default_str(),
        [cp](RunConfig& r) { r.eval_size = cp->eval_size; });
-  over(cmd->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N steps (default --eval-every)"),
+  over(cmd->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N steps (default --eval-every)")->check(at_least(1)),
        [cp](RunConfig& r) { r.checkpoint_every = cp->checkpoint_every; });
   over(cmd->add_option("--log-every", c.log_every, "Plain log line every N steps")->capture_default_str(),
        [cp](RunConfig& r) { r.log_every = cp->log_every; });

@@ -40,7 +40,7 @@ void run_translate(const TranslateArgs& a) {
   const DecodeSettings settings{a.max_len > 0 ? a.max_len : c.max_decode_len, a.beam, a.alpha, 64};
   const auto outputs = decode_all(*model, sources, settings);
   for (const auto& out : outputs) std::printf("%s\n", vocab.decode(out).c_str());
-  std::fflush(stdout);
+  flush_stdout("translate");
   if (a.attention_png.empty()) return;
   std::vector<Tensor> maps;
   const size_t shown = std::min<size_t>(sources.size(), 16);
@@ -64,7 +64,7 @@ void add_translate(CLI::App& app) {
   auto* cmd = app.add_subcommand("translate", "Translate stdin lines with a training run's latest checkpoint");
   auto a = std::make_shared<TranslateArgs>();
   cmd->add_option("dir", a->dir, "Run directory written by `qkv train --out`")->required();
-  cmd->add_option("--beam", a->beam, "Beam size (1 = greedy)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--beam", a->beam, "Beam size (1 = greedy)")->capture_default_str()->check(at_least(1));
   cmd->add_option("--alpha", a->alpha, "GNMT length-penalty exponent for beam search")->capture_default_str();
   cmd->add_option("--max-len", a->max_len, "Longest output (default: the run's --max-decode-len)");
   cmd->add_option("--show-attention", a->attention_png, "Write the attention heatmap of each line to this PNG");
