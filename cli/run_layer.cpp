@@ -12,6 +12,7 @@
 #include "qkv/core/rng.h"
 #include "qkv/core/safetensors.h"
 #include "qkv/nn/feed_forward.h"
+#include "qkv/nn/serialize.h"
 #include "qkv/nn/transformer.h"
 
 namespace qkv::cli {
@@ -98,6 +99,7 @@ nn::AttentionMasks masks_from(const LoadedFile& in, const std::string& mask_name
 
 int run_layer(const RunLayerArgs& a) {
   const SafeTensorsFile weights = load_safetensors(a.weights);
+  nn::check_finite(weights.tensors, "[run-layer] " + a.weights + ": ");
   const LoadedFile in = load_with_dtypes(a.input);
 
   std::string layer = a.layer.empty() ? meta(weights, "layer", "encoder") : a.layer;

@@ -7,6 +7,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/safetensors.h"
 #include "qkv/models/bert.h"
+#include "qkv/nn/serialize.h"
 
 namespace qkv::models {
 namespace {
@@ -161,6 +162,7 @@ SentenceEncoder::SentenceEncoder(const std::string& dir) {
     throw std::runtime_error(std::string("[") + kOp + "] " + weights + ": " + e.what());
   }
   try {
+    nn::check_finite(st.tensors, "");
     model_->load_hf_state_dict(st.tensors);
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("[") + kOp + "] " + weights + ": " + e.what());

@@ -82,10 +82,6 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
                 missing.empty() ? "" : "missing: " + missing,
                 (!missing.empty() && !unexpected.empty()) ? "; " : "",
                 unexpected.empty() ? "" : "unexpected: " + unexpected);
-  StateDict used;
-  for (auto& [name, p] : params)
-    if (auto it = state.find(name); it != state.end()) used.emplace(name, it->second);
-  check_finite(used, "[load_state_dict] ");
   for (auto& [name, p] : params) {
     auto it = state.find(name);
     if (it != state.end()) p->copy_from(it->second);

@@ -7,6 +7,7 @@ namespace qkv::nn {
 
 void load_state_dict(Module& module, const std::string& path, bool strict) {
   const SafeTensorsFile file = load_safetensors(path);
+  check_finite(file.tensors, "[load_state_dict] " + path + ": ");
   module.load_state_dict(file.tensors, strict);
 }
 

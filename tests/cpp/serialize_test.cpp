@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "qkv/core/rng.h"
+#include "qkv/core/safetensors.h"
 #include "qkv/nn/multihead_attention.h"
 #include "qkv/nn/serialize.h"
 #include "qkv/nn/transformer.h"
@@ -53,27 +54,28 @@ TEST(Serialize, WrongModuleNamesTheMissingParameters) {
   std::filesystem::remove(path);
 }
 
-TEST(Serialize, LoadStateDictRefusesNonFiniteWeightsNamingTheTensor) {
+TEST(Serialize, LoadingAFileWithNonFiniteWeightsIsRefusedNamingTheTensor) {
   Rng rng(5);
   MultiheadAttention a(8, 2, rng), b(8, 2, rng);
   const StateDict before = b.state_dict();
+  const std::string path = temp_path("qkv_serialize_nan.safetensors");
   for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
     StateDict s = a.state_dict();
-    Tensor w = s.at("out_proj.weight").clone();
-    w.data()[5] = bad;
-    s["out_proj.weight"] = w;
+    s.at("out_proj.weight").data()[5] = bad;
+    save_safetensors(path, s);
     try {
-      b.load_state_dict(s);
+      load_state_dict(b, path);
       FAIL() << "expected a throw for " << bad;
     } catch (const std::invalid_argument& e) {
       const std::string m = e.what();
-      EXPECT_EQ(m.rfind("[load_state_dict] out_proj.weight holds a non-finite value", 0), 0u) << m;
+      EXPECT_EQ(m.rfind("[load_state_dict] " + path + ": out_proj.weight holds a non-finite value", 0), 0u) << m;
       EXPECT_NE(m.find("flat index 5"), std::string::npos) << m;
     }
     // Nothing changed: all or nothing.
     const StateDict after = b.state_dict();
     for (const auto& [name, t] : before) EXPECT_EQ(t.to_vector(), after.at(name).to_vector()) << name;
   }
+  std::filesystem::remove(path);
 }
 
 TEST(Serialize, CheckFiniteAcceptsFiniteAndNamesTheFirstBadTensor) {

@@ -11,11 +11,14 @@ namespace qkv::nn {
 
 // Throws std::invalid_argument "PREFIX NAME holds a non-finite value (nan) at flat index I of shape (..)" for the
 // first tensor of `state` (in name order) with a NaN or an infinity; prefix is e.g. "[load_state_dict] ".
-// Weights and optimizer states must never hold one: Module::load_state_dict refuses them with this check.
+// Weights read from a file must never hold one: load_state_dict(module, path), the CLI's checkpoints and
+// run-layer, and SentenceEncoder refuse them with this check. (Module::load_state_dict on tensors in memory accepts
+// any values, as PyTorch's does.)
 void check_finite(const StateDict& state, const std::string& prefix);
 
 // Loads the safetensors file at `path` into `module` (strict by default: missing, unexpected or misshapen names
-// throw std::invalid_argument listing them; nothing is changed on error). I/O errors throw std::system_error,
+// throw std::invalid_argument listing them, and so does a NaN or infinite weight, naming it; nothing is changed on
+// error). I/O errors throw std::system_error,
 // malformed files std::invalid_argument "[safetensors] ...".
 void load_state_dict(Module& module, const std::string& path, bool strict = true);
 
