@@ -4,6 +4,7 @@
 // Paths this CPU cannot run are reported, and the dispatchers are checked never to pick them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
@@ -306,6 +307,57 @@ TEST(LayerNormKernels, FusedResidualLayerNormEveryPathMatchesFloat64Oracle) {
           EXPECT_EQ(yd, y);
         }
       }
+  }
+}
+
+// --- activations ------------------------------------------------------------------------------------------------
+
+TEST(ActivationKernels, EveryPathMatchesFloat64Oracle) {
+  struct Path {
+    Isa isa;
+    void (*gelu)(const float*, float*, int64_t, bool);
+    void (*gelu_bwd)(const float*, const float*, float*, int64_t, bool);
+    void (*tanh)(const float*, float*, int64_t);
+    void (*sigmoid)(const float*, float*, int64_t);
+  };
+  const std::vector<Path> all{
+      {Isa::kPortable, kernels::portable::gelu_forward, kernels::portable::gelu_backward,
+       kernels::portable::tanh_forward, kernels::portable::sigmoid_forward},
+      {Isa::kAvx2, kernels::avx2::gelu_forward, kernels::avx2::gelu_backward, kernels::avx2::tanh_forward,
+       kernels::avx2::sigmoid_forward}};
+  const std::vector<Isa> paths = runnable({Isa::kPortable, Isa::kAvx2}, "activations");
+  const double k = 0.7978845608028654, c = 0.044715;  // sqrt(2/pi), the tanh form's cubic coefficient
+  uint32_t seed = 350;
+  for (const Path& p : all) {
+    if (std::find(paths.begin(), paths.end(), p.isa) == paths.end()) continue;
+    for (int64_t n : kWidths) {
+      SCOPED_TRACE(std::string(kernels::isa_name(p.isa)) + " n " + std::to_string(n));
+      const std::vector<float> x = random_floats(n, ++seed, -8.0f, 8.0f), dy = random_floats(n, ++seed);
+      std::vector<double> ge(n), gt(n), dge(n), dgt(n), th(n), sg(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = x[i], t = std::tanh(k * (v + c * v * v * v));
+        ge[i] = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+        gt[i] = 0.5 * v * (1.0 + t);
+        const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
+        dge[i] = dy[i] * (0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) + v * pdf);
+        dgt[i] = dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * c * v * v));
+        th[i] = std::tanh(v);
+        sg[i] = 1.0 / (1.0 + std::exp(-v));
+      }
+      std::vector<float> y(n);
+      p.gelu(x.data(), y.data(), n, false);
+      EXPECT_TRUE(Close(y, ge, kPolynomial, "gelu"));
+      p.gelu(x.data(), y.data(), n, true);
+      EXPECT_TRUE(Close(y, gt, kPolynomial, "gelu tanh"));
+      p.gelu_bwd(x.data(), dy.data(), y.data(), n, false);
+      EXPECT_TRUE(Close(y, dge, kPolynomial, "gelu backward"));
+      p.gelu_bwd(x.data(), dy.data(), y.data(), n, true);
+      EXPECT_TRUE(Close(y, dgt, kPolynomial, "gelu tanh backward"));
+      p.tanh(x.data(), y.data(), n);
+      EXPECT_TRUE(Close(y, th, kPolynomial, "tanh"));
+      p.sigmoid(x.data(), y.data(), n);
+      EXPECT_TRUE(Close(y, sg, kPolynomial, "sigmoid"));
+    }
   }
 }
 
