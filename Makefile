@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 CMAKE_ARGS ?=
 SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: all deps configure build python demo test test-cpp test-asan test-tsan test-python test-consumer bench fuzz experiments clean
+.PHONY: all deps configure build python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench fuzz experiments clean
 
 all: build
 
@@ -32,7 +32,7 @@ python: build
 demo: python
 	OMP_NUM_THREADS=2 ./$(BUILD)/qkv demo --out out/demo
 
-test: test-cpp test-asan test-tsan test-python test-consumer
+test: test-cpp test-asan test-tsan test-python test-consumer test-fuzz
 
 test-cpp: python
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure -j$(JOBS)
@@ -83,10 +83,14 @@ bench: deps
 	cmake --build build-bench --target attention_bench -j$(JOBS)
 	./build-bench/bench/attention_bench --threads 2 --json out/bench/attention.json
 
-# Runs the safetensors libFuzzer target (clang-14) for FUZZ_SECONDS on the seed corpus; fails on any crash.
+# Runs every libFuzzer target (clang-14: safetensors, .mo, TSV, WordPiece, run-directory JSON) for FUZZ_SECONDS
+# each on its seed corpus; fails on any crash. test-fuzz is the 30-second smoke run of each that `make test` runs.
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	bash fuzz/run.sh $(FUZZ_SECONDS)
+
+test-fuzz: deps
+	bash fuzz/run.sh 30
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-bench build-fuzz out
