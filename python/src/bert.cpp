@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,23 @@ void bind_bert(py::module_& m) {
             return py::make_tuple(to_numpy_ids(b.ids), to_numpy_ids(b.attention_mask));
           },
           py::arg("texts"), "The ids encode() feeds the model: (ids, attention_mask) int64 (N, T).")
+      .def(
+          "attentions",
+          [](const SentenceEncoder& e, const std::string& text, const std::optional<std::string>& second,
+             const std::vector<int64_t>& mask) {
+            SentenceEncoder::TokenAttentions r;
+            {
+              py::gil_scoped_release nogil;
+              r = e.attentions(text, second ? &*second : nullptr, mask);
+            }
+            py::list layers;
+            for (const Tensor& w : r.weights) layers.append(to_numpy(w.unsqueeze(0)));
+            return py::make_tuple(r.tokens, layers);
+          },
+          py::arg("text"), py::arg("second") = py::none(), py::arg("mask") = std::vector<int64_t>{},
+          "text [, second]: str -> (tokens, attentions): the T word pieces ([CLS] text [SEP] [second [SEP]]) and "
+          "one float32 (1, H, T, T) array per layer, as transformers' output_attentions (bertviz's input). "
+          "mask: token positions replaced by [MASK] first.")
       .def_property_readonly("max_seq_length", &SentenceEncoder::max_seq_length)
       .def_property_readonly("embedding_dim", &SentenceEncoder::embedding_dim)
       .def_property_readonly("normalizes", &SentenceEncoder::normalizes);

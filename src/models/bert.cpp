@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <string>
 
 #include "qkv/core/error.h"
@@ -94,9 +95,12 @@ BertEmbeddings::BertEmbeddings(const BertConfig& c, Rng& rng, bool random_init)
   register_module("norm", &norm);
 }
 
-Tensor BertEmbeddings::forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions) const {
+Tensor BertEmbeddings::forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
+                               const std::vector<int64_t>& token_types) const {
   QKV_CHECK_ARG(ids.size() == positions.size(), "[bert] ", ids.size(), " ids but ", positions.size(),
                 " positions");
+  QKV_CHECK_ARG(token_types.empty() || token_types.size() == ids.size(), "[bert] ", ids.size(), " ids but ",
+                token_types.size(), " token types");
   const auto n = static_cast<int64_t>(ids.size());
   const int64_t v = word_embeddings.num_embeddings(), p = position_embeddings.num_embeddings();
   for (int64_t i = 0; i < n; ++i) {
@@ -106,6 +110,15 @@ Tensor BertEmbeddings::forward(const std::vector<int64_t>& ids, const std::vecto
   }
   Tensor words = word_embeddings.forward(Ids{ids, {n}});
   const Tensor pos = position_embeddings.forward(Ids{positions, {n}});
+  if (!token_types.empty()) {
+    const int64_t types = token_type_embeddings.num_embeddings();
+    for (int64_t i = 0; i < n; ++i)
+      QKV_CHECK_ARG(token_types[i] >= 0 && token_types[i] < types, "[bert] token type ", token_types[i], " at ", i,
+                    " is outside [0, ", types, ")");
+    const Tensor type_rows = token_type_embeddings.forward(Ids{token_types, {n}});
+    add_layer_norm_(words, add(type_rows, pos), Tensor(), norm.weight, norm.bias, norm.eps());
+    return words;
+  }
   const Tensor type0 = token_type_embeddings.weight.select(0, 0);  // token_type_ids are all 0: (E), broadcast
   // norm(words + type0 + pos) in one fused pass, in place (HF's order of the sums).
   add_layer_norm_(words, pos, type0, norm.weight, norm.bias, norm.eps());
@@ -254,6 +267,21 @@ Tensor BertModel::forward(const Ids& ids, const Ids& attention_mask) {
   masks.key_padding_mask = padding;
   masks.key_padding_mask_kind = MaskKind::kBlock;
   return encoder.forward(x, masks);
+}
+
+BertModel::Attentions BertModel::forward_with_attentions(const std::vector<int64_t>& ids,
+                                                        const std::vector<int64_t>& token_types) {
+  const auto t = static_cast<int64_t>(ids.size());
+  QKV_CHECK_ARG(t >= 1 && t <= config_.max_position_embeddings, "[bert] sequence length ", t,
+                " must be in [1, max_position_embeddings = ", config_.max_position_embeddings, "]");
+  std::vector<int64_t> positions(ids.size());
+  std::iota(positions.begin(), positions.end(), int64_t{0});
+  const Tensor x = embeddings.forward(ids, positions, token_types).view({1, t, config_.hidden_size});
+  Attentions r;
+  std::vector<Tensor> per_layer;
+  r.hidden = encoder.forward(x, {}, &per_layer).select(0, 0);
+  for (const Tensor& w : per_layer) r.weights.push_back(w.select(0, 0).contiguous());  // (1, H, T, T) -> (H, T, T)
+  return r;
 }
 
 // --- pooling -----------------------------------------------------------------------------------------------------

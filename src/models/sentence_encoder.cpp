@@ -200,4 +200,33 @@ Tensor SentenceEncoder::encode(const std::vector<std::string>& texts, int64_t ba
   return out;
 }
 
+SentenceEncoder::TokenAttentions SentenceEncoder::attentions(const std::string& text, const std::string* second,
+                                                             const std::vector<int64_t>& mask) const {
+  std::vector<int64_t> ids = tokenizer_->encode(text, max_seq_length_);
+  TokenAttentions r;
+  r.first_length = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> types;
+  if (second) {
+    const std::vector<int64_t> b = tokenizer_->encode(*second, max_seq_length_);  // [CLS] b [SEP]: drop its [CLS]
+    const auto total = static_cast<int64_t>(ids.size() + b.size() - 1);
+    QKV_CHECK_ARG(total <= max_seq_length_, "[", kOp, "] the sentence pair has ", total,
+                  " tokens, more than max_seq_length = ", max_seq_length_);
+    types.assign(ids.size(), 0);
+    ids.insert(ids.end(), b.begin() + 1, b.end());
+    types.resize(ids.size(), 1);
+  }
+  if (!mask.empty()) {
+    const int64_t mask_id = tokenizer_->token_to_id("[MASK]");
+    QKV_CHECK_ARG(mask_id >= 0, "[", kOp, "] the vocabulary has no [MASK] token");
+    for (int64_t p : mask) {
+      QKV_CHECK_ARG(p >= 0 && p < static_cast<int64_t>(ids.size()), "[", kOp, "] mask position ", p,
+                    " is outside [0, ", ids.size(), ")");
+      ids[static_cast<size_t>(p)] = mask_id;
+    }
+  }
+  for (int64_t id : ids) r.tokens.push_back(tokenizer_->id_to_token(id));
+  r.weights = model_->forward_with_attentions(ids, types).weights;
+  return r;
+}
+
 }  // namespace qkv::models

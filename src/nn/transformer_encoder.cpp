@@ -26,10 +26,18 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
   register_module("dropout2", &dropout2);
 }
 
-Tensor TransformerEncoderLayer::forward(const Tensor& src, const AttentionMasks& masks) {
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const AttentionMasks& masks, Tensor* weights) {
   detail::check_sequence(src, config_.d_model, "TransformerEncoderLayer", "src");
-  const MhaForwardOptions mo = to_mha_options(masks);
-  auto sa_block = [&](const Tensor& x) { return dropout1.forward(self_attn.forward(x, x, x, mo).out); };
+  MhaForwardOptions mo = to_mha_options(masks);
+  if (weights) {
+    mo.need_weights = true;
+    mo.average_attn_weights = false;
+  }
+  auto sa_block = [&](const Tensor& x) {
+    MhaOutput r = self_attn.forward(x, x, x, mo);
+    if (weights) *weights = r.weights;
+    return dropout1.forward(r.out);
+  };
   auto ff_block = [&](const Tensor& x) { return dropout2.forward(ff.forward(x)); };
   Tensor x = src;
   if (config_.norm_first) {
@@ -56,10 +64,11 @@ TransformerEncoder::TransformerEncoder(const TransformerLayerConfig& c, int64_t 
   }
 }
 
-Tensor TransformerEncoder::forward(const Tensor& src, const AttentionMasks& masks) {
+Tensor TransformerEncoder::forward(const Tensor& src, const AttentionMasks& masks, std::vector<Tensor>* weights) {
   detail::check_sequence(src, d_model_, "TransformerEncoder", "src");
   Tensor x = src;
-  for (auto& layer : layers) x = layer->forward(x, masks);
+  if (weights) weights->assign(layers.size(), Tensor());
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(x, masks, weights ? &(*weights)[i] : nullptr);
   if (norm) x = norm->forward(x);
   return x;
 }

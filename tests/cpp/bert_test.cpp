@@ -88,6 +88,79 @@ TEST(Bert, PackedForwardMatchesPaddedTwinOnMixedLengths) {
         ASSERT_TRUE(close(fast.at({row, k}), plain.at({i, j, k}))) << "seq " << i << " token " << j << " dim " << k;
 }
 
+TEST(Bert, AttentionsComeWithTheSameHiddenStatesAsThePackedPath) {
+  Rng rng(3);
+  BertModel m(tiny_config(), rng);
+  const std::vector<int64_t> ids = {2, 8, 9, 11, 21, 3};
+  const Tensor fast = m.forward_packed(ids, {6});
+  const BertModel::Attentions a = m.forward_with_attentions(ids);
+  ASSERT_EQ(a.hidden.shape(), (qkv::Shape{6, 16}));
+  for (int64_t j = 0; j < 6; ++j)
+    for (int64_t k = 0; k < 16; ++k) ASSERT_TRUE(close(a.hidden.at({j, k}), fast.at({j, k}))) << j << " " << k;
+  ASSERT_EQ(a.weights.size(), 2u);
+  for (const Tensor& w : a.weights) {
+    ASSERT_EQ(w.shape(), (qkv::Shape{4, 6, 6}));
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t i = 0; i < 6; ++i) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < 6; ++j) {
+          EXPECT_GE(w.at({h, i, j}), 0.0f);
+          sum += w.at({h, i, j});
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-5) << "head " << h << " row " << i;
+      }
+  }
+}
+
+TEST(Bert, AttentionsOfLayerZeroAreTheSoftmaxOfItsScores) {
+  // Layer 0's weights recomputed by hand from the embeddings: softmax(q k^T / sqrt(D)) per head.
+  Rng rng(4);
+  BertModel m(tiny_config(), rng);
+  const std::vector<int64_t> ids = {2, 14, 15, 3};
+  const BertModel::Attentions a = m.forward_with_attentions(ids);
+  const Tensor x = m.embeddings.forward(ids, {0, 1, 2, 3});  // (4, 16)
+  const auto& sa = m.encoder.layers[0]->self_attn;
+  const int64_t e = 16, h = 4, d = 4;
+  for (int64_t head = 0; head < h; ++head)
+    for (int64_t i = 0; i < 4; ++i) {
+      std::vector<double> s(4);
+      double mx = -1e300, z = 0.0;
+      for (int64_t j = 0; j < 4; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+          double q = sa.in_proj_bias.at({head * d + c}), k = sa.in_proj_bias.at({e + head * d + c});
+          for (int64_t f = 0; f < e; ++f) {
+            q += sa.in_proj_weight.at({head * d + c, f}) * x.at({i, f});
+            k += sa.in_proj_weight.at({e + head * d + c, f}) * x.at({j, f});
+          }
+          dot += q * k;
+        }
+        s[j] = dot / std::sqrt(static_cast<double>(d));
+        mx = std::max(mx, s[j]);
+      }
+      for (double& v : s) z += (v = std::exp(v - mx));
+      for (int64_t j = 0; j < 4; ++j) EXPECT_TRUE(close(a.weights[0].at({head, i, j}), static_cast<float>(s[j] / z)));
+    }
+}
+
+TEST(Bert, TokenTypesChangeTheEmbeddingsAndAreChecked) {
+  Rng rng(5);
+  BertModel m(tiny_config(), rng);
+  const Tensor zero = m.embeddings.forward({2, 8, 3}, {0, 1, 2});
+  const Tensor same = m.embeddings.forward({2, 8, 3}, {0, 1, 2}, {0, 0, 0});
+  const Tensor one = m.embeddings.forward({2, 8, 3}, {0, 1, 2}, {0, 0, 1});
+  for (int64_t k = 0; k < 16; ++k) {
+    EXPECT_TRUE(close(same.at({2, k}), zero.at({2, k})));
+    EXPECT_TRUE(close(one.at({1, k}), zero.at({1, k})));
+  }
+  bool differs = false;
+  for (int64_t k = 0; k < 16; ++k) differs |= !close(one.at({2, k}), zero.at({2, k}));
+  EXPECT_TRUE(differs);
+  expect_throw_with([&] { m.embeddings.forward({2, 8, 3}, {0, 1, 2}, {0, 2, 0}); }, "token type 2 at 1");
+  expect_throw_with([&] { m.embeddings.forward({2, 8, 3}, {0, 1, 2}, {0, 0}); }, "3 ids but 2 token types");
+  expect_throw_with([&] { m.forward_with_attentions({}); }, "sequence length 0");
+}
+
 TEST(Bert, SequenceResultDoesNotDependOnItsBatchMates) {
   Rng rng(2);
   BertModel m(tiny_config(), rng);

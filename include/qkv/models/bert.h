@@ -44,8 +44,9 @@ class BertEmbeddings : public nn::Module {
   // N(0, 1), for a model whose weights are loaded next; the other tables are drawn from rng as usual.
   BertEmbeddings(const BertConfig& config, Rng& rng, bool random_init = true);
 
-  // ids: (N) in [0, V)  positions: (N) in [0, P)  ->  (N, E)
-  Tensor forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions) const;
+  // ids: (N) in [0, V)  positions: (N) in [0, P)  token_types: (N) in [0, types), or empty for all 0  ->  (N, E)
+  Tensor forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
+                 const std::vector<int64_t>& token_types = {}) const;
 
   nn::Embedding word_embeddings;
   nn::Embedding position_embeddings;
@@ -81,6 +82,16 @@ class BertModel : public nn::Module {
   // Padded keys are blocked through nn::TransformerEncoder's key_padding_mask; padded query rows hold garbage.
   Tensor forward(const Ids& ids, const Ids& attention_mask);
 
+  // One sequence through the plain path, keeping every layer's attention weights (what a viewer draws).
+  // ids: (T), T in [1, max_position_embeddings]  token_types: (T) or empty (all 0)
+  //   ->  hidden (T, E) and weights: one (H, T, T) tensor per layer (rows = queries, each row sums to 1).
+  // The weights come from the reference attention path; forward_packed, the embedding path, never pays for them.
+  struct Attentions {
+    Tensor hidden;
+    std::vector<Tensor> weights;
+  };
+  Attentions forward_with_attentions(const std::vector<int64_t>& ids, const std::vector<int64_t>& token_types = {});
+
   const BertConfig& config() const { return config_; }
 
   BertEmbeddings embeddings;
@@ -107,6 +118,18 @@ class SentenceEncoder {
   // texts: N strings (valid UTF-8)  ->  (N, E) float32 embeddings. Texts are truncated to max_seq_length tokens,
   // sorted by length and run batch_size at a time (batch_size >= 1) without padding.
   Tensor encode(const std::vector<std::string>& texts, int64_t batch_size = 32) const;
+
+  // The word pieces of `text` ([CLS] ... [SEP], truncated as encode() does) and every layer's attention weights,
+  // one (H, T, T) tensor per layer. With `second`, the pair [CLS] text [SEP] second [SEP] (token types 0 then 1),
+  // as BERT's tokenizer encodes two sentences; a pair longer than max_seq_length throws std::invalid_argument.
+  // mask: token positions (in [0, T)) replaced by [MASK] before the forward, to see what a token's absence does.
+  struct TokenAttentions {
+    std::vector<std::string> tokens;  // (T)
+    std::vector<Tensor> weights;      // L x (H, T, T)
+    int64_t first_length = 0;         // tokens of the first segment, [CLS] and its [SEP] included
+  };
+  TokenAttentions attentions(const std::string& text, const std::string* second = nullptr,
+                             const std::vector<int64_t>& mask = {}) const;
 
   const WordPieceTokenizer& tokenizer() const { return *tokenizer_; }
   BertModel& model() const { return *model_; }

@@ -56,7 +56,9 @@ class TransformerEncoderLayer : public Module {
 
   // src: (B, T, E) -> (B, T, E).  post-LN: x = norm1(x + sa(x)); x = norm2(x + ff(x))
   //                              pre-LN:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
-  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {});
+  // weights non-null: also the self-attention weights per head, (B, H, T, T), from the reference attention path
+  // (the fused kernel runs otherwise).
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, Tensor* weights = nullptr);
 
   const TransformerLayerConfig& config() const { return config_; }
 
@@ -101,8 +103,8 @@ class TransformerEncoder : public Module {
   // num_layers >= 0.
   TransformerEncoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
 
-  // src: (B, T, E) -> (B, T, E)
-  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {});
+  // src: (B, T, E) -> (B, T, E). weights non-null: replaced by one (B, H, T, T) tensor per layer (see the layer).
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, std::vector<Tensor>* weights = nullptr);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 
