@@ -21,6 +21,8 @@ int run(int argc, char** argv) {
   add_eval(app);
   add_translate(app);
   add_experiment(app);
+  add_viz(app);
+  add_serve(app);
   app.set_version_flag("--version", "qkv " QKV_VERSION);
   std::string names;
   bool known = false;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "demo.h"
 #include "qkv/core/image.h"
 #include "qkv/core/rng.h"
 #include "qkv/ops/attention.h"
@@ -22,7 +23,9 @@ std::string one_decimal_or_more(double x) {
   return s;
 }
 
-int run_demo(const std::string& out_dir, uint64_t seed) {
+}  // namespace
+
+DemoAttention demo_attention(uint64_t seed) {
   const int64_t B = 2, T = 10, E = 64, H = 4, D = E / H;
   Rng rng(seed);
   // As in the article: W ~ N(0, 1/sqrt(d_model)), x ~ N(0, 1), projections are x @ W (no bias).
@@ -39,20 +42,28 @@ int run_demo(const std::string& out_dir, uint64_t seed) {
   opts.return_weights = true;
   const AttentionResult r = attention(q, k, v, opts);  // k's last two axes are swapped inside: (B, H, D, T)
   const Tensor merged = r.out.transpose(1, 2).reshape({B, T, E});
-  const Tensor out = matmul(merged, wo);
+  return {matmul(merged, wo), r.weights};
+}
+
+namespace {
+
+int run_demo(const std::string& out_dir, uint64_t seed) {
+  const DemoAttention d = demo_attention(seed);
+  const Tensor& out = d.out;
+  const int64_t T = d.weights.size(2), H = d.weights.size(1);
 
   double row_sum = 0.0;
-  for (int64_t j = 0; j < T; ++j) row_sum += r.weights.at({0, 0, 0, j});
+  for (int64_t j = 0; j < T; ++j) row_sum += d.weights.at({0, 0, 0, j});
 
   std::printf("output shape: %s\n", str(out.shape()).c_str());
-  std::printf("weights shape: %s\n", str(r.weights.shape()).c_str());
+  std::printf("weights shape: %s\n", str(d.weights.shape()).c_str());
   std::printf("first row sum: %s\n", one_decimal_or_more(row_sum).c_str());
   std::printf(
       "note: the article's NumPy code calls K.transpose(0, 2, 1) on the 4-D (B, H, T, d_k) tensor, which NumPy "
       "rejects; the scores need the last two axes swapped, K.transpose(0, 1, 3, 2), as qkv does.\n");
 
   std::vector<Tensor> maps;
-  for (int64_t h = 0; h < H; ++h) maps.push_back(r.weights.select(0, 0).select(0, h));
+  for (int64_t h = 0; h < H; ++h) maps.push_back(d.weights.select(0, 0).select(0, h));
   std::filesystem::create_directories(out_dir);
   const std::string png = (std::filesystem::path(out_dir) / "attention_heads.png").string();
   write_png(png, heatmap_grid(maps, 24, static_cast<int>(H)));

@@ -13,6 +13,9 @@ PYTHON="${PYTHON:-python3}"
 # libbenchmark-dev       : Google Benchmark (bench/)
 # libcli11-dev           : CLI11, header-only argument parser for the `qkv` command
 # clang-14, libclang-rt-14-dev, libfuzzer-14-dev, libomp-14-dev : libFuzzer target, ThreadSanitizer build
+# libcpp-httplib-dev, nlohmann-json3-dev : HTTP server and JSON parser of `qkv serve`
+# chromium, chromium-driver : the headless browser of the viewer tests (driven by Selenium, never downloaded)
+# fonts-wqy-microhei     : a CJK font, so that the browser draws Chinese tokens and labels
 # git                    : its French and Simplified Chinese .mo catalogs are the translation experiment's corpus
 APT_PACKAGES=(
   git
@@ -24,6 +27,8 @@ APT_PACKAGES=(
   zlib1g-dev
   ccache
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libomp-14-dev
+  libcpp-httplib-dev nlohmann-json3-dev
+  chromium chromium-driver fonts-wqy-microhei
 )
 command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
 

@@ -30,3 +30,4 @@ TransformerDecoder = _calls.patch_class(_qkv.TransformerDecoder)
 Transformer = _calls.patch_class(_qkv.Transformer)
 GRU = _calls.patch_class(_qkv.GRU)
 LSTM = _calls.patch_class(_qkv.LSTM)
+from . import viz  # noqa: F401

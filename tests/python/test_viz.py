@@ -1,0 +1,179 @@
+"""Attention weights for the viewer: qkv.SentenceEncoder.attentions equals transformers' output_attentions for the
+real all-MiniLM-L6-v2 (single sentences, pairs, masked tokens), and qkv.viz.write_html / `qkv viz` write a page that
+holds exactly those weights, or refuse bad input in one line."""
+import base64
+import json
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import minilm_corpus as corpus
+import qkv
+from test_cli_minilm import cli_path
+
+# float16 of a weight in [0, 1] is within 2^-12 of it; uint8 within 1/510
+F16_ATOL = 2.0 ** -12
+U8_ATOL = 1.0 / 510 + 1e-7
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return qkv.SentenceEncoder(corpus.model_dir())
+
+
+@pytest.fixture(scope="module")
+def hf():
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.set_num_threads(2)
+    tok = AutoTokenizer.from_pretrained(corpus.model_dir())
+    model = AutoModel.from_pretrained(corpus.model_dir(), attn_implementation="eager").eval()
+    return tok, model
+
+
+def hf_attentions(hf, text, second=None, mask=()):
+    import torch
+
+    tok, model = hf
+    b = tok(text, second, return_tensors="pt")
+    ids = b["input_ids"].clone()
+    for p in mask:
+        ids[0, p] = tok.mask_token_id
+    with torch.no_grad():
+        out = model(input_ids=ids, token_type_ids=b["token_type_ids"], attention_mask=b["attention_mask"],
+                    output_attentions=True)
+    return tok.convert_ids_to_tokens(ids[0]), [a.numpy() for a in out.attentions]
+
+
+@pytest.mark.parametrize("text,second", [("The cat sat on the mat.", None),
+                                         ("Attention is all you need.", "你好,世界 🙂 naïve café"),
+                                         (corpus.HANDWRITTEN[18], corpus.HANDWRITTEN[20])])
+def test_attentions_match_transformers(enc, hf, text, second):
+    tokens, ours = enc.attentions(text, second)
+    ref_tokens, ref = hf_attentions(hf, text, second)
+    assert tokens == ref_tokens
+    assert len(ours) == len(ref) == 6
+    for a, r in zip(ours, ref):
+        assert a.shape == r.shape == (1, 12, len(tokens), len(tokens))
+        np.testing.assert_allclose(a, r, rtol=0, atol=2e-5)
+        np.testing.assert_allclose(a.sum(-1), 1.0, rtol=0, atol=1e-5)
+
+
+def test_masked_positions_become_mask_tokens(enc, hf):
+    text = "The capital of France is Paris."
+    tokens, ours = enc.attentions(text, mask=[5, 6])
+    ref_tokens, ref = hf_attentions(hf, text, mask=[5, 6])
+    assert tokens == ref_tokens and tokens[5] == tokens[6] == "[MASK]"
+    for a, r in zip(ours, ref):
+        np.testing.assert_allclose(a, r, rtol=0, atol=2e-5)
+    with pytest.raises(ValueError, match=r"mask position 40 is outside \[0, 9\)"):
+        enc.attentions(text, mask=[40])
+
+
+def test_too_long_pair_is_refused(enc):
+    long = " ".join(["word"] * 200)
+    with pytest.raises(ValueError, match="sentence pair has 40[0-9] tokens, more than max_seq_length = 256"):
+        enc.attentions(long, long)
+
+
+def page_data(path):
+    html = open(path, encoding="utf-8").read()
+    m = re.search(r'<script id="qkv-data" type="application/json">(.*?)</script>', html, re.S)
+    assert m, "the page holds no data element"
+    return html, json.loads(m.group(1))
+
+
+def decode(group):
+    raw = base64.b64decode(group["data"])
+    shape = (group["layers"], group["heads"], group["tq"], group["tk"])
+    if group["dtype"] == "f16":
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32).reshape(shape)
+    return (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) / 255).reshape(shape)
+
+
+def test_write_html_holds_the_weights(enc, tmp_path):
+    tokens, att = enc.attentions("Colourless green ideas sleep furiously.")
+    path = qkv.viz.write_html(tmp_path / "sub" / "page.html", tokens, att, title="t")
+    html, data = page_data(path)
+    assert "http://" not in html.replace("http://www.w3.org/", "") and "https://" not in html
+    (g,) = data["snapshots"][0]["groups"]
+    assert g["q_tokens"] == tokens and g["dtype"] == "f16"
+    np.testing.assert_allclose(decode(g), np.concatenate(att, 0), rtol=0, atol=F16_ATOL)
+    assert oct(os.stat(path).st_mode & 0o777) != "0o600"
+    assert not [f for f in os.listdir(tmp_path / "sub") if f != "page.html"], "a temporary file was left behind"
+
+
+def test_large_pages_switch_to_uint8(tmp_path):
+    rng = np.random.default_rng(0)
+    t = 256  # 6 x 12 x 256^2 float16 weights would take 12.6 MB of base64: over qkv.viz.MAX_F16_BYTES
+    att = [rng.dirichlet(np.ones(t), size=(1, 12, t)).astype(np.float32) for _ in range(6)]
+    path = qkv.viz.write_html(tmp_path / "big.html", [f"t{i}" for i in range(t)], att)
+    _, data = page_data(path)
+    g = data["snapshots"][0]["groups"][0]
+    assert g["dtype"] == "u8"
+    np.testing.assert_allclose(decode(g), np.concatenate(att, 0), rtol=0, atol=U8_ATOL)
+
+
+def test_tokens_with_script_end_tags_stay_inside_the_data(tmp_path):
+    tokens = ["</script>", "<b>", "&amp;"]
+    att = [np.full((1, 1, 3, 3), 1 / 3, dtype=np.float32)]
+    html, data = page_data(qkv.viz.write_html(tmp_path / "p.html", tokens, att))
+    assert data["snapshots"][0]["groups"][0]["q_tokens"] == tokens
+
+
+@pytest.mark.parametrize("tokens,att,message", [
+    (["a", "b"], [np.full((1, 2, 3, 3), 1 / 3)], r"layer 0 has shape \(1, 2, 3, 3\), expected \(1, H, 2, 2\)"),
+    (["a"], [np.ones((1, 2, 1, 1)), np.ones((1, 3, 1, 1))], "layer 1 has 3 heads, layer 0 has 2"),
+    (["a"], [np.full((1, 1, 1, 1), np.nan)], "NaN or infinite"),
+    (["a"], [np.full((1, 1, 1, 1), 2.0)], r"must lie in \[0, 1\]"),
+    (["a"], [], "attentions is empty"),
+])
+def test_write_html_rejects_bad_input(tmp_path, tokens, att, message):
+    with pytest.raises(ValueError, match=message):
+        qkv.viz.write_html(tmp_path / "x.html", tokens, att)
+    assert not os.path.exists(tmp_path / "x.html")
+
+
+def run_cli(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    return subprocess.run([cli_path(), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_viz_model_writes_the_modules_weights(enc, tmp_path):
+    out = tmp_path / "minilm.html"
+    r = run_cli("viz", "--model", corpus.model_dir(), "The cat sat on the mat.", "It was tired.", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    _, data = page_data(out)
+    (g,) = data["snapshots"][0]["groups"]
+    tokens, att = enc.attentions("The cat sat on the mat.", "It was tired.")
+    assert g["q_tokens"] == tokens and (g["layers"], g["heads"]) == (6, 12)
+    np.testing.assert_allclose(decode(g), np.concatenate(att, 0), rtol=0, atol=F16_ATOL + 1e-6)
+
+
+def test_cli_viz_demo_writes_two_samples_of_four_heads(tmp_path):
+    out = tmp_path / "demo.html"
+    r = run_cli("viz", "demo", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    _, data = page_data(out)
+    groups = data["snapshots"][0]["groups"]
+    assert [g["name"] for g in groups] == ["sample 0", "sample 1"]
+    for g in groups:
+        w = decode(g)
+        assert w.shape == (1, 4, 10, 10)
+        np.testing.assert_allclose(w.sum(-1), 1.0, atol=10 * F16_ATOL)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["viz", "--out", "x.html"], "--model DIR"),
+    (["viz", "--model", "/nonexistent-model-dir", "hi"], "/nonexistent-model-dir"),
+    (["viz", "--model", "MODEL", "a", "b", "c"], "one sentence or two"),
+])
+def test_cli_viz_errors_are_one_line(tmp_path, args, message):
+    args = [corpus.model_dir() if a == "MODEL" else a for a in args]
+    r = run_cli(*args)
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
