@@ -23,6 +23,8 @@ namespace {
 
 void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshots, const std::string& title) {
   const std::string page = viz_page(viz_data(snapshots, title));
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
   write_file_atomic(out, page);
   std::printf("wrote %s (%.1f kB)\n", out.c_str(), static_cast<double>(page.size()) / 1000.0);
 }
