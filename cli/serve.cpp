@@ -1,4 +1,4 @@
-// `qkv serve --model DIR [--port N]`: the viewer page on http://127.0.0.1:PORT/ (loopback only), backed by the model:
+// `qkv serve --model DIR|--run DIR [--port N]`: the viewer page on http://127.0.0.1:PORT/ (loopback only), backed by the model:
 // POST /api/attention {"text", "second"?, "mask"?: [positions]} re-runs it and answers the page data as JSON.
 // Built with Debian's cpp-httplib and nlohmann-json; without them the command says so and exits non-zero.
 #include <memory>
@@ -18,8 +18,11 @@
 #include <stdexcept>
 #include <thread>
 
+#include <filesystem>
+
 #include "qkv/core/error.h"
 #include "viz_page.h"
+#include "viz_run.h"
 #endif
 
 namespace qkv::cli {
@@ -44,13 +47,28 @@ void answer_error(httplib::Response& res, int status, const std::string& message
   res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
 }
 
-experiments::Json page_data(const models::SentenceEncoder& enc, std::mutex& model_mutex, const ServeLimits& limits,
-                      const std::string& text, const std::string* second, const std::vector<int64_t>& mask,
-                      const std::string& model_dir) {
+// What the server runs: a BERT folder (--model) or a training run (--run).
+struct Backend {
+  std::unique_ptr<models::SentenceEncoder> bert;
+  std::unique_ptr<RunViewer> run;
+  std::string name;
+};
+
+experiments::Json page_data(Backend& backend, std::mutex& model_mutex, const ServeLimits& limits,
+                            const std::string& text, const std::string* second, const std::vector<int64_t>& mask) {
   if (text.size() > limits.max_text || (second && second->size() > limits.max_text))
     throw RequestError(413, "[serve] a sentence has more than " + std::to_string(limits.max_text) + " bytes");
-  auto count = [&](const std::string& s) { return static_cast<int64_t>(enc.tokenizer().tokenize(s).size()); };
-  const int64_t t = 2 + count(text) + (second ? 1 + count(*second) : 0);
+  int64_t t = 0;
+  if (backend.bert) {
+    auto count = [&](const std::string& s) {
+      return static_cast<int64_t>(backend.bert->tokenizer().tokenize(s).size());
+    };
+    t = 2 + count(text) + (second ? 1 + count(*second) : 0);
+  } else {
+    if (second || !mask.empty())
+      throw RequestError(400, "[serve] a training run takes one input: 'second' and 'mask' need a BERT model");
+    t = backend.run->source_length(text);
+  }
   if (t > limits.max_tokens)
     throw RequestError(413, "[serve] the input has " + std::to_string(t) + " tokens, more than the limit of " +
                                 std::to_string(limits.max_tokens) + " (--max-tokens)");
@@ -61,13 +79,14 @@ experiments::Json page_data(const models::SentenceEncoder& enc, std::mutex& mode
   VizSnapshot snap;
   {
     std::lock_guard<std::mutex> lock(model_mutex);
-    snap = bert_snapshot(enc, text, second, mask);
+    snap = backend.bert ? bert_snapshot(*backend.bert, text, second, mask) : backend.run->snapshots(text, false).at(0);
   }
-  experiments::Json data = viz_data({snap}, short_model_name(model_dir) + " (live)");
+  experiments::Json data = viz_data({snap}, backend.name + " (live)");
   experiments::Json live = experiments::Json::object();
   live.set("text", text);
   live.set("second", second ? *second : std::string());
   live.set("mask", std::vector<int64_t>(mask.begin(), mask.end()));
+  live.set("maskable", backend.bert != nullptr);
   data.set("live", std::move(live));
   return data;
 }
@@ -103,7 +122,8 @@ void parse_request(const std::string& body, std::string& text, std::string& seco
   }
 }
 
-int run_serve(const std::string& model_dir, int port, const std::string& text, const ServeLimits& limits) {
+int run_serve(const std::string& model_dir, const std::string& run_dir, int port, const std::string& text,
+              const ServeLimits& limits) {
   QKV_CHECK_ARG(port >= 0 && port <= 65535, "[serve] --port must be in [0, 65535], got ", port);
   // SIGINT / SIGTERM stop the server cleanly: blocked first (every thread started later, OpenMP's and the
   // server's, inherits the mask), then awaited by one thread that calls stop().
@@ -112,10 +132,17 @@ int run_serve(const std::string& model_dir, int port, const std::string& text, c
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  const models::SentenceEncoder enc(model_dir);
+  Backend backend;
+  if (!run_dir.empty()) {
+    backend.run = std::make_unique<RunViewer>(run_dir, "serve");
+    backend.name = std::filesystem::path(run_dir).lexically_normal().filename().string();
+  } else {
+    backend.bert = std::make_unique<models::SentenceEncoder>(model_dir);
+    backend.name = short_model_name(model_dir);
+  }
   std::mutex model_mutex;
   // The first page carries the answer for the default text, so it draws at once.
-  const std::string index = viz_page(page_data(enc, model_mutex, limits, text, nullptr, {}, model_dir));
+  const std::string index = viz_page(page_data(backend, model_mutex, limits, text, nullptr, {}));
 
   httplib::Server svr;
   svr.set_payload_max_length(limits.max_body);
@@ -131,7 +158,7 @@ int run_serve(const std::string& model_dir, int port, const std::string& text, c
       bool has_second = false;
       std::vector<int64_t> mask;
       parse_request(req.body, t, second, has_second, mask);
-      res.set_content(page_data(enc, model_mutex, limits, t, has_second ? &second : nullptr, mask, model_dir).dump(0),
+      res.set_content(page_data(backend, model_mutex, limits, t, has_second ? &second : nullptr, mask).dump(0),
                       "application/json");
     } catch (const RequestError& e) {
       answer_error(res, e.status, e.what());
@@ -183,20 +210,28 @@ int run_serve(const std::string& model_dir, int port, const std::string& text, c
 void add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve the viewer on 127.0.0.1 and re-run the model on each sentence");
   auto model = std::make_shared<std::string>();
+  auto run = std::make_shared<std::string>();
   auto port = std::make_shared<int>(8765);
   auto text = std::make_shared<std::string>("The cat sat on the mat because it was tired.");
   auto max_tokens = std::make_shared<int64_t>(128);
-  cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2)")->required();
+  auto* model_opt = cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2)");
+  auto* run_opt = cmd->add_option("--run", *run, "A `qkv train --out` directory (rnn-attn, transformer, decoder)");
+  model_opt->excludes(run_opt);
+  run_opt->excludes(model_opt);
   cmd->add_option("--port", *port, "Port on 127.0.0.1 (0: any free port)")->capture_default_str();
-  cmd->add_option("--text", *text, "The sentence of the first page")->capture_default_str();
+  auto* text_opt = cmd->add_option("--text", *text, "The sentence of the first page (required with --run)")
+                       ->capture_default_str();
   cmd->add_option("--max-tokens", *max_tokens, "Longest input accepted, in tokens")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{512}));
   cmd->callback([=]() {
+    if (model->empty() && run->empty()) throw CLI::ValidationError("serve", "give --model DIR or --run DIR");
+    if (!run->empty() && text_opt->count() == 0)
+      throw CLI::ValidationError("serve", "--run needs --text, an input in the run's vocabulary");
 #ifdef QKV_HAVE_HTTPLIB
     ServeLimits limits;
     limits.max_tokens = *max_tokens;
-    const int rc = run_serve(*model, *port, *text, limits);
+    const int rc = run_serve(*model, *run, *port, *text, limits);
     if (rc != 0) throw CLI::RuntimeError(rc);
 #else
     throw std::runtime_error("[serve] this qkv was built without cpp-httplib (install libcpp-httplib-dev and "

@@ -2,7 +2,6 @@
 // maps of every layer and head: of a BERT model folder on a sentence or a pair (--model), or of the article's §5
 // example (`qkv viz demo`), or of a `qkv train` run on one input (--run, at its latest checkpoint or at every kept
 // checkpoint with a slider).
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -13,10 +12,9 @@
 #include "demo.h"
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
-#include "qkv/decode/search.h"
-#include "checkpoint.h"
 #include "run_common.h"
 #include "viz_page.h"
+#include "viz_run.h"
 
 namespace qkv::cli {
 namespace {
@@ -55,82 +53,9 @@ void run_demo_page(uint64_t seed, const std::string& out) {
                            std::to_string(seed) + ")");
 }
 
-// Kept checkpoints of a run, oldest first: RUN/checkpoints/step-N holding trainer.json.
-std::vector<std::string> run_checkpoints(const std::string& run_dir) {
-  namespace fs = std::filesystem;
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !fs::exists(e.path() / "trainer.json")) continue;
-    try {
-      found.emplace_back(std::stoll(name.substr(5)), e.path().string());
-    } catch (const std::exception&) {
-    }
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<std::string> out;
-  for (auto& f : found) out.push_back(f.second);
-  return out;
-}
-
-// The attention of the run's model over `input` while it emits `output` (teacher-forced): one (Tout + 1, Tk) map.
-Tensor run_attention(RunModel& model, const std::vector<int64_t>& source, const std::vector<int64_t>& output) {
-  std::vector<int64_t> toks = output;
-  toks.push_back(data::Vocabulary::kEos);
-  auto step_model = model.decoder({source});
-  const std::vector<Tensor> att = decode::forced_attention(*step_model, {toks}, data::Vocabulary::kBos);
-  QKV_CHECK_ARG(att[0].defined(), "[viz] the model reported no attention");
-  return att[0].contiguous();
-}
-
 void run_run(const std::string& run_dir, const std::string& input, bool all_checkpoints, const std::string& out) {
-  const RunConfig c = load_run_config(run_dir, "viz");
-  const data::Vocabulary vocab = data::Vocabulary::load(run_dir + "/vocab.txt");
-  int64_t step = 0;
-  std::unique_ptr<RunModel> latest = load_trained_model(run_dir, c, vocab, step, "viz");
-  QKV_CHECK_ARG(latest->has_attention(), "[viz] a '", c.model,
-                "' model has no attention to show (use rnn-attn, transformer or decoder)");
-  const std::vector<int64_t> source = vocab.encode(input);
-  QKV_CHECK_ARG(!source.empty(), "[viz] --input is empty after tokenization");
-  // Every checkpoint is shown emitting the latest checkpoint's output, so that all maps share their axes.
-  const std::vector<int64_t> output =
-      decode_all(*latest, {source}, DecodeSettings{c.max_decode_len, 1, 0.6, 1}).at(0);
-  std::vector<std::string> q = vocab.tokens_of(output);
-  q.push_back("<eos>");
-  std::vector<std::string> k = vocab.tokens_of(source);
-
-  auto snapshot = [&](RunModel& m, const std::string& label) {
-    Tensor att = run_attention(m, source, output);
-    const auto tk = att.size(1);
-    std::vector<std::string> keys = k;
-    for (int64_t j = static_cast<int64_t>(keys.size()); j < tk; ++j)
-      keys.push_back(j == static_cast<int64_t>(k.size()) && tk == j + 1 ? "<eos>" : "#" + std::to_string(j));
-    keys.resize(static_cast<size_t>(tk));
-    VizGroup g;
-    g.name = c.model + " attention (target x source)";
-    g.cross = true;
-    g.q_tokens = q;
-    g.k_tokens = keys;
-    g.layers.push_back(att.unsqueeze(0));  // one layer, one head
-    VizSnapshot s;
-    s.label = label;
-    s.groups.push_back(std::move(g));
-    return s;
-  };
-  std::vector<VizSnapshot> snaps;
-  if (all_checkpoints) {
-    for (const std::string& path : run_checkpoints(run_dir)) {
-      LoadedCheckpoint loaded = load_checkpoint(path, c.model);
-      Rng rng(c.seed);
-      std::unique_ptr<RunModel> m = make_run_model(c, vocab.size(), rng);
-      m->module().load_state_dict(loaded.weights, true);
-      snaps.push_back(snapshot(*m, "step " + std::to_string(loaded.state.step)));
-    }
-  } else {
-    snaps.push_back(snapshot(*latest, "step " + std::to_string(step)));
-  }
-  write_page(out, snaps, run_dir + " (" + c.model + "): \"" + input + "\"");
+  RunViewer viewer(run_dir, "viz");
+  write_page(out, viewer.snapshots(input, all_checkpoints), viewer.title(input));
 }
 
 }  // namespace

@@ -152,3 +152,36 @@ def test_sigterm_stops_the_server(server):
     assert p.wait(timeout=20) == 0
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_serve_a_training_run(tmp_path):
+    """--run: the attention of a `qkv train` run (target x source) for each posted input; masks and pairs refused."""
+    run = tmp_path / "run"
+    r = subprocess.run([cli_path(), "train", "--model", "rnn-attn", "--task", "reverse", "--min-len", "4", "--max-len", "6",
+                        "--train-size", "200", "--test-size", "10", "--hidden", "16", "--d-model", "8", "--steps", "20",
+                        "--eval-every", "20", "--eval-size", "5", "--seed", "1", "--out", str(run)],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    bad = subprocess.run([cli_path(), "serve", "--run", str(run)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--run needs --text" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    p = subprocess.Popen([cli_path(), "serve", "--run", str(run), "--text", "1234", "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", p.stdout.readline())
+        assert m, p.stderr.read() if p.poll() is not None else "no address printed"
+        port = int(m.group(1))
+        status, data = post(port, {"text": "98765"})
+        assert status == 200, data
+        (g,) = data["snapshots"][0]["groups"]
+        assert g["kind"] == "cross" and g["k_tokens"][:5] == list("98765") and g["q_tokens"][-1] == "<eos>"
+        assert data["live"]["maskable"] is False
+        assert post(port, {"text": "98765", "mask": [1]})[0] == 400
+        assert post(port, {"text": "98765", "second": "1"})[0] == 400
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
+            assert b"qkv-attention-1" in page.read()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
