@@ -260,6 +260,13 @@ def test_language_switch_and_cjk_tokens(driver, pages, minilm):
     assert driver.find_element(By.CSS_SELECTOR, 'nav button[data-view="heatmap"]').text == "Heatmap"
 
 
+def test_a_page_written_in_chinese_opens_in_chinese(driver, tmp_path, minilm):
+    tokens, att = minilm
+    open_page(driver, qkv.viz.write_html(tmp_path / "zh.html", tokens, att, lang="zh"))
+    assert driver.find_element(By.CSS_SELECTOR, 'nav button[data-view="table"]').text == "头统计表"
+    assert driver.find_element(By.ID, "lang").text == "English"
+
+
 def test_seq2seq_alignment_and_causal_shading(driver, pages):
     open_page(driver, pages["seq2seq"])
     names = [o.text for o in driver.find_elements(By.CSS_SELECTOR, "#group option")]

@@ -138,6 +138,29 @@ def test_write_html_rejects_bad_input(tmp_path, tokens, att, message):
     assert not os.path.exists(tmp_path / "x.html")
 
 
+def test_seq2seq_pages_hold_three_groups_and_check_their_arguments(tmp_path):
+    enc_att = [np.full((1, 2, 3, 3), 1 / 3, np.float32)]
+    cross = [np.full((1, 2, 2, 3), 1 / 3, np.float32)]
+    dec = [np.tril(np.ones((2, 2), np.float32))[None, None].repeat(2, 1) / np.array([1, 2], np.float32)[:, None]]
+    _, data = page_data(qkv.viz.write_html(tmp_path / "s.html", encoder_attention=enc_att, decoder_attention=dec,
+                                           cross_attention=cross, encoder_tokens=list("abc"), decoder_tokens=list("xy"),
+                                           lang="zh"))
+    assert data["lang"] == "zh"
+    groups = data["snapshots"][0]["groups"]
+    assert [(g["kind"], g["causal"], g["tq"], g["tk"]) for g in groups] == [("self", False, 3, 3), ("self", True, 2, 2),
+                                                                           ("cross", False, 2, 3)]
+    with pytest.raises(ValueError, match="not both"):
+        qkv.viz.write_html(tmp_path / "x.html", list("abc"), enc_att, encoder_attention=enc_att, encoder_tokens=list("abc"))
+    with pytest.raises(ValueError, match="decoder_tokens"):
+        qkv.viz.write_html(tmp_path / "x.html", cross_attention=cross, encoder_tokens=list("abc"))
+    with pytest.raises(ValueError, match=r"layer 0 has shape \(1, 2, 2, 3\), expected \(1, H, 3, 2\)"):
+        qkv.viz.write_html(tmp_path / "x.html", cross_attention=cross, encoder_tokens=list("xy"), decoder_tokens=list("abc"))
+    with pytest.raises(ValueError, match="lang must be 'en' or 'zh'"):
+        qkv.viz.write_html(tmp_path / "x.html", ["a"], [np.ones((1, 1, 1, 1))], lang="fr")
+    with pytest.raises(ValueError, match="2 checkpoint labels for 1 checkpoints"):
+        qkv.viz.write_html(tmp_path / "x.html", ["a"], checkpoints=[[np.ones((1, 1, 1, 1))]], checkpoint_labels=["0", "1"])
+
+
 def run_cli(*args):
     env = dict(os.environ, OMP_NUM_THREADS="2")
     return subprocess.run([cli_path(), *args], capture_output=True, text=True, env=env, timeout=300)
