@@ -91,7 +91,8 @@ int run_experiment_command(const ExperimentArgs& a) {
   std::vector<experiments::RunRecord> records;
   for (const std::string& n : names) {
     o.out_dir = a.name == "all" ? (fs::path(a.out) / n).string() : a.out;
-    std::fprintf(stderr, "experiment %s%s -> %s\n", n.c_str(), a.quick ? " (quick)" : "", o.out_dir.c_str());
+    if (!a.quiet)
+      std::fprintf(stderr, "experiment %s%s -> %s\n", n.c_str(), a.quick ? " (quick)" : "", o.out_dir.c_str());
     records.push_back(experiments::run_experiment(n, o));
     print_record(records.back());
     std::printf("results: %s\n\n", (fs::path(o.out_dir) / "results.json").string().c_str());
@@ -114,7 +115,7 @@ void add_experiment(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Base seed")->capture_default_str();
   cmd->add_option("--threads", a->threads, "OpenMP threads")->capture_default_str()->check(at_least(1));
   cmd->add_option("--doc", a->doc, "Also write the Markdown report here (e.g. docs/EXPERIMENTS.md)");
-  cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");
+  cmd->add_flag("--quiet", a->quiet, "No progress or header lines on stderr");
   cmd->callback([a]() {
     const int rc = run_experiment_command(*a);
     if (rc != 0) throw CLI::RuntimeError(rc);

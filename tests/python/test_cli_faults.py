@@ -546,3 +546,17 @@ def test_embed_and_search_with_bad_model_and_corpus_files(tmp_path):
 def test_demo_into_an_unwritable_place_is_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
     one_line_error(run("demo", "--out", str(tmp_path / "file" / "sub")))
+
+
+def test_experiment_with_an_unknown_name_a_corrupt_result_or_an_unwritable_out(tmp_path):
+    one_line_error(run("experiment", "nope", "--out", str(tmp_path / "e")), "unknown experiment 'nope'")
+    (tmp_path / "file").write_text("x")
+    one_line_error(run("experiment", "bottleneck", "--quick", "--quiet", "--out", str(tmp_path / "file" / "sub")))
+    for content in ("", '{"broken', "[1, 2"):
+        (tmp_path / "r" / "bottleneck").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "r" / "bottleneck" / "results.json").write_text(content)
+        r = run("experiment", "report", "--out", str(tmp_path / "r"), "--doc", str(tmp_path / "doc.md"))
+        assert r.returncode == 2, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("qkv: error: [experiment] ") and "results.json" in last, last
+        assert sum(line.startswith("qkv: error") for line in r.stderr.splitlines()) == 1
