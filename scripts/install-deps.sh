@@ -15,7 +15,8 @@ PYTHON="${PYTHON:-python3}"
 # clang-14, libclang-rt-14-dev, libfuzzer-14-dev, libomp-14-dev : libFuzzer target, ThreadSanitizer build
 # libcpp-httplib-dev, nlohmann-json3-dev : HTTP server and JSON parser of `qkv serve`
 # chromium, chromium-driver : the headless browser of the viewer tests (driven by Selenium, never downloaded)
-# fonts-wqy-microhei     : a CJK font, so that the browser draws Chinese tokens and labels
+# fonts-wqy-microhei     : a CJK font, so that the browser and the PNG figures draw Chinese tokens and labels
+# libfreetype-dev        : FreeType, which draws the figures' non-ASCII text with that font
 # git                    : its French and Simplified Chinese .mo catalogs are the translation experiment's corpus
 APT_PACKAGES=(
   git
@@ -28,7 +29,7 @@ APT_PACKAGES=(
   ccache
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libomp-14-dev
   libcpp-httplib-dev nlohmann-json3-dev
-  chromium chromium-driver fonts-wqy-microhei
+  chromium chromium-driver fonts-wqy-microhei libfreetype-dev
 )
 command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
 

@@ -2,6 +2,17 @@
 // each glyph is 5 bytes, one per column, bit 0 the top row.
 #include "font.h"
 
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#ifdef QKV_HAVE_FREETYPE
+#include <ft2build.h>
+#include FT_FREETYPE_H
+#endif
+
 namespace qkv::font {
 namespace {
 
@@ -110,5 +121,73 @@ const uint8_t* glyph(char c) {
   if (u < 0x20 || u > 0x7E) return kGlyphs['?' - 0x20];
   return kGlyphs[u - 0x20];
 }
+
+#ifdef QKV_HAVE_FREETYPE
+namespace {
+
+struct Face {
+  FT_Library lib = nullptr;
+  FT_Face face = nullptr;
+  std::map<std::pair<char32_t, int>, std::pair<bool, RasterGlyph>> cache;
+  std::mutex mutex;
+
+  Face() {
+    if (FT_Init_FreeType(&lib) != 0) return;
+    std::vector<std::string> paths;
+    if (const char* env = std::getenv("QKV_FONT")) paths.emplace_back(env);
+    paths.insert(paths.end(), {"/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
+                               "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+                               "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"});
+    for (const std::string& p : paths)
+      if (FT_New_Face(lib, p.c_str(), 0, &face) == 0) return;
+    face = nullptr;
+  }
+  ~Face() {
+    if (face) FT_Done_Face(face);
+    if (lib) FT_Done_FreeType(lib);
+  }
+};
+
+Face& the_face() {
+  static Face f;
+  return f;
+}
+
+}  // namespace
+
+bool raster_glyph(char32_t cp, int pixels, RasterGlyph& out) {
+  Face& f = the_face();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  if (!f.face || pixels < 1) return false;
+  const auto key = std::make_pair(cp, pixels);
+  auto it = f.cache.find(key);
+  if (it == f.cache.end()) {
+    std::pair<bool, RasterGlyph> entry{false, {}};
+    const FT_UInt index = FT_Get_Char_Index(f.face, static_cast<FT_ULong>(cp));
+    if (index != 0 && FT_Set_Pixel_Sizes(f.face, 0, static_cast<FT_UInt>(pixels)) == 0 &&
+        FT_Load_Glyph(f.face, index, FT_LOAD_DEFAULT) == 0 &&
+        FT_Render_Glyph(f.face->glyph, FT_RENDER_MODE_NORMAL) == 0) {
+      const FT_GlyphSlot g = f.face->glyph;
+      RasterGlyph& r = entry.second;
+      r.width = static_cast<int>(g->bitmap.width);
+      r.height = static_cast<int>(g->bitmap.rows);
+      r.left = g->bitmap_left;
+      r.top = g->bitmap_top;
+      r.advance = static_cast<int>((g->advance.x + 63) / 64);
+      r.coverage.resize(static_cast<size_t>(r.width) * r.height);
+      for (int y = 0; y < r.height; ++y)
+        for (int x = 0; x < r.width; ++x)
+          r.coverage[static_cast<size_t>(y) * r.width + x] = g->bitmap.buffer[y * g->bitmap.pitch + x];
+      entry.first = true;
+    }
+    it = f.cache.emplace(key, std::move(entry)).first;
+  }
+  if (!it->second.first) return false;
+  out = it->second.second;
+  return true;
+}
+#else
+bool raster_glyph(char32_t, int, RasterGlyph&) { return false; }
+#endif
 
 }  // namespace qkv::font

@@ -65,11 +65,37 @@ TEST(PlotText, GlyphPixelsStayInsideTheTextBox) {
   EXPECT_EQ(count_color(v, {0, 0, 0}), dark);
 }
 
-TEST(PlotText, NonAsciiBytesDrawAsQuestionMarks) {
+TEST(PlotText, InvalidUtf8BytesDrawAsQuestionMarks) {
   Image a(40, 20, 255), b(40, 20, 255);
-  draw_text(a, 0, 0, "\xc3\xa9", 1, {0, 0, 0});  // é: two bytes outside printable ASCII
+  draw_text(a, 0, 0, "\xff\xc3", 1, {0, 0, 0});  // a stray byte and a truncated sequence
   draw_text(b, 0, 0, "??", 1, {0, 0, 0});
   EXPECT_EQ(a.rgb, b.rgb);
+  EXPECT_EQ(text_width("\xff\xc3", 1), text_width("??", 1));
+}
+
+TEST(PlotText, ChineseIsDrawnWithARealFontNotAsPlaceholders) {
+  // fonts-wqy-microhei and FreeType (scripts/install-deps.sh) draw each ideograph as itself.
+  const std::string zh = "\xe4\xb8\xad\xe6\x96\x87";  // 中文
+  Image a(80, 40, 255), b(80, 40, 255), c(80, 40, 255);
+  draw_text(a, 4, 10, zh, 2, {0, 0, 0});
+  draw_text(b, 4, 10, "??", 2, {0, 0, 0});
+  draw_text(c, 4, 10, "\xe4\xb8\xad\xe4\xb8\xad", 2, {0, 0, 0});  // 中中
+  const int dark = count_color(a, {0, 0, 0});
+  EXPECT_GT(dark, 40) << "no glyph pixels: is FreeType or the CJK font missing?";
+  EXPECT_NE(a.rgb, b.rgb);
+  EXPECT_NE(a.rgb, c.rgb) << "two different ideographs must look different";
+  EXPECT_GT(text_width(zh, 2), 2 * 12);  // wider than two ASCII cells: an ideograph is about one em
+  for (int y = 0; y < a.height; ++y)
+    for (int x = 0; x < a.width; ++x) {
+      if (a.rgb[(y * a.width + x) * 3] != 0) continue;
+      EXPECT_GE(x, 4);
+      EXPECT_LT(x, 4 + text_width(zh, 2) + 2);
+      EXPECT_GE(y, 10 - 4);
+      EXPECT_LT(y, 10 + text_height(2) + 4);
+    }
+  Image v(40, 80, 255);
+  draw_text(v, 10, 70, zh, 2, {0, 0, 0}, true);  // vertical: the same pixels, rotated
+  EXPECT_EQ(count_color(v, {0, 0, 0}), dark);
 }
 
 TEST(LineChart, DrawsEachSeriesInItsColourAndSurvivesNonFinitePoints) {
