@@ -562,3 +562,15 @@ def test_experiment_with_an_unknown_name_a_corrupt_result_or_an_unwritable_out(t
         last = r.stderr.strip().splitlines()[-1]
         assert last.startswith("qkv: error: [experiment] ") and "results.json" in last, last
         assert sum(line.startswith("qkv: error") for line in r.stderr.splitlines()) == 1
+
+
+def test_viz_and_serve_with_a_missing_or_damaged_model_or_run(tmp_path, base_run):
+    one_line_error(run("viz", "--model", str(tmp_path / "missing"), "hello", "--out", str(tmp_path / "v.html")),
+                   "does not exist")
+    one_line_error(run("viz", "--run", str(tmp_path / "missing"), "--input", "12", "--out", str(tmp_path / "v.html")),
+                   "not a training run")
+    one_line_error(run("serve", "--model", str(tmp_path / "missing"), timeout=30), "does not exist")
+    out = copy_run(base_run, tmp_path)
+    _poison(latest(out) / "model.safetensors")
+    one_line_error(run("viz", "--run", str(out), "--input", "12", "--out", str(tmp_path / "v.html")), "non-finite")
+    assert not (tmp_path / "v.html").exists()
