@@ -266,10 +266,13 @@ def test_signals_at_random_moments_leave_a_run_that_resumes(tmp_path):
     args = ["train", *SMALL, "--steps", "100000", "--checkpoint-every", "3", "--eval-every", "100000",
             "--keep-checkpoints", "2"]
     best = 0
-    for attempt in range(6):
+    for _ in range(6):
         sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-        proc = _start(args + (["--out", str(out)] if attempt == 0 else ["--resume", str(out)]))
-        time.sleep(rng.uniform(0.05, 1.2))
+        started = (out / "config.json").exists()  # a kill may land before the run directory exists
+        proc = _start(args + (["--resume", str(out)] if started else ["--out", str(out)]))
+        if sig != signal.SIGKILL:  # the handlers are installed before the first line ("training ...", "resuming ...")
+            _wait_for_line(proc, "")
+        time.sleep(rng.uniform(0.0, 1.2))
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
         if sig == signal.SIGKILL:
