@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 CMAKE_ARGS ?=
 SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: all deps configure build python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench fuzz experiments clean
+.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench fuzz experiments clean
 
 all: build
 
@@ -24,8 +24,12 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
+# Only what the demo and the Python module need: the library, the command and the module (no tests).
+build-demo: configure
+	cmake --build $(BUILD) -j$(JOBS) --target qkv_cli _qkv qkv_py_files
+
 # Points the project virtualenv at the module built in $(BUILD)/python (built from this tree).
-python: build
+python: build-demo
 	@echo "$(abspath $(BUILD)/python)" > "$(SITE)/qkv-build.pth"
 	@$(PY) -c "import qkv, sys; sys.stdout.write('python: qkv ' + qkv.__version__ + ' from ' + qkv.__file__ + '\n')"
 
@@ -34,7 +38,7 @@ demo: python
 
 test: test-cpp test-asan test-tsan test-python test-consumer test-fuzz
 
-test-cpp: python
+test-cpp: build python
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure -j$(JOBS)
 
 test-asan: deps
@@ -60,13 +64,17 @@ test-tsan: deps
 test-python: python
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests/python
 
-# Installs qkv into a temporary prefix and builds examples/consumer against it with find_package(qkv).
+# Builds examples/consumer with find_package(qkv) twice: against an install prefix, and against the build tree
+# itself (-Dqkv_DIR=$(BUILD)).
 test-consumer: build
-	rm -rf $(BUILD)/consumer-prefix $(BUILD)/consumer
+	rm -rf $(BUILD)/consumer-prefix $(BUILD)/consumer $(BUILD)/consumer-tree
 	cmake --install $(BUILD) --prefix $(abspath $(BUILD))/consumer-prefix > /dev/null
 	cmake -S examples/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/consumer-prefix > /dev/null
 	cmake --build $(BUILD)/consumer -j$(JOBS) > /dev/null
 	./$(BUILD)/consumer/consumer
+	cmake -S examples/consumer -B $(BUILD)/consumer-tree -Dqkv_DIR=$(abspath $(BUILD)) > /dev/null
+	cmake --build $(BUILD)/consumer-tree -j$(JOBS) > /dev/null
+	./$(BUILD)/consumer-tree/consumer
 
 # Benchmarks: fused attention vs the reference, OpenBLAS sgemm, a stream copy, PyTorch SDPA and NumPy, in one run.
 # Every experiment of docs/EXPERIMENTS.md in full mode (about 40 minutes on 2 idle cores), then the report. The

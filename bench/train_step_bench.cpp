@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "qkv/models/transformer.h"
 #include "qkv/core/rng.h"
 #include "train_step_common.h"
+#include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
-#include "qkv/train/transformer_models.h"
 
 namespace {
 
@@ -49,23 +50,22 @@ double bench_decoder(int steps, int warmup) {
   Ids ids;
   std::vector<int64_t> targets;
   make_batch(32, 128, c.vocab, ids, targets);
-  train::ParameterSet params(model);
+  ad::ParameterSet params(model);
   train::AdamW opt(params);
-  train::Tape tape;
+  train::LrSchedule constant;
+  constant.lr = opt.lr();
+  Rng no_dropout(0);
+  train::Trainer trainer(params, opt, constant, no_dropout);
   std::vector<double> ms, cpu;
   float loss = 0.0f;
   for (int i = 0; i < warmup + steps; ++i) {
     const auto t0 = Clock::now();
     const double c0 = cpu_ms();
-    params.zero_grad();
-    tape.clear();
-    train::Graph g(tape, params);
-    const train::Var l = train::cross_entropy(train::decoder_only_logits(g, model, ids), targets);
-    tape.backward(l);
-    opt.step();
+    const train::StepResult r =
+        trainer.step(i + 1, [&](train::Graph& g) { return train::cross_entropy(model.forward(g, ids), targets); });
     const auto t1 = Clock::now();
     const double c1 = cpu_ms();
-    loss = l.value.item();
+    loss = static_cast<float>(r.loss);
     if (i >= warmup) {
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       cpu.push_back(c1 - c0);

@@ -40,7 +40,7 @@ class RnnRunModel : public RunModel {
       : model_(rnn_config(c, vocab), rng), reverse_(c.reverse_source) {}
   nn::Module& module() override { return model_; }
 
-  train::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
+  ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
                     int64_t& num_target_tokens) override {
     std::vector<data::Example> reversed;
     std::vector<const data::Example*> order = batch;

@@ -5,7 +5,6 @@
 #include "qkv/data/vocab.h"
 #include "qkv/decode/transformer_step.h"
 #include "qkv/models/transformer.h"
-#include "qkv/train/transformer_models.h"
 #include "run_model.h"
 
 namespace qkv::cli {
@@ -27,7 +26,7 @@ class Seq2SeqTransformerRun : public RunModel {
   Seq2SeqTransformerRun(const RunConfig& c, int64_t vocab, Rng& rng) : model_(config(c, vocab), rng) {}
   nn::Module& module() override { return model_; }
 
-  train::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
+  ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
                     int64_t& num_target_tokens) override {
     const data::Seq2SeqBatch b = data::make_seq2seq_batch(batch);
     targets = b.tgt_out.ids.data;
@@ -35,7 +34,7 @@ class Seq2SeqTransformerRun : public RunModel {
     models::Seq2SeqMasks masks;
     masks.src.key_padding_mask = b.src.padding_mask;
     masks.memory.key_padding_mask = b.src.padding_mask;
-    return train::seq2seq_transformer_logits(g, model_, b.src.ids, b.tgt_in.ids, masks);
+    return model_.forward(g, b.src.ids, b.tgt_in.ids, masks);
   }
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
@@ -64,12 +63,12 @@ class DecoderOnlyRun : public RunModel {
   DecoderOnlyRun(const RunConfig& c, int64_t vocab, Rng& rng) : model_(config(c, vocab), rng) {}
   nn::Module& module() override { return model_; }
 
-  train::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
+  ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
                     int64_t& num_target_tokens) override {
     const data::LmBatch b = data::make_lm_batch(batch);
     targets = b.targets;
     num_target_tokens = b.num_target_tokens;
-    return train::decoder_only_logits(g, model_, b.input.ids);
+    return model_.forward(g, b.input.ids);
   }
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {

@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
+#include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
@@ -90,7 +91,7 @@ std::string fmt_rate(double r) {
   return buf;
 }
 
-std::unique_ptr<train::Optimizer> make_optimizer(const RunConfig& c, train::ParameterSet& params) {
+std::unique_ptr<train::Optimizer> make_optimizer(const RunConfig& c, ad::ParameterSet& params) {
   if (c.optimizer == "sgd") {
     train::SgdOptions o;
     o.lr = c.lr;
@@ -245,7 +246,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
 
   Rng init(c.seed);
   std::unique_ptr<RunModel> model = make_run_model(c, d.vocab.size(), init);
-  train::ParameterSet params(model->module());
+  ad::ParameterSet params(model->module());
   std::unique_ptr<train::Optimizer> opt = make_optimizer(c, params);
   const train::LrSchedule schedule = make_schedule(c);
   TrainerState st;
@@ -281,7 +282,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   ce.ignore_index = data::Vocabulary::kPad;
   ce.label_smoothing = static_cast<float>(c.label_smoothing);
   const DecodeSettings dec{c.max_decode_len, 1, 0.6, 64};
-  train::Tape tape;
+  train::Trainer trainer(params, *opt, schedule, dropout_rng, c.clip);
   Progress progress(c.steps, st.step);
   int64_t tokens = 0;
   const double elapsed_before = st.elapsed_s;
@@ -300,24 +301,16 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     const std::vector<int64_t> idx = sampler.next();
     std::vector<const data::Example*> batch;
     for (int64_t i : idx) batch.push_back(&d.train[static_cast<size_t>(i)]);
-    params.zero_grad();
-    tape.clear();
-    float loss_value;
     int64_t ntok = 0;
-    {
-      train::Graph g(tape, params, &dropout_rng);
+    const train::StepResult r = trainer.step(step, [&](train::Graph& g) {
       std::vector<int64_t> targets;
-      const train::Var logits = model->logits(g, batch, targets, ntok);
-      const train::Var loss = train::cross_entropy(logits, targets, ce);
-      loss_value = loss.value.item();
-      QKV_CHECK_RUNTIME(std::isfinite(loss_value), "[train] the loss became ", loss_value, " at step ", step,
-                        " (try a smaller --lr or --clip)");
-      tape.backward(loss);
-    }
-    if (c.clip > 0.0) train::clip_grad_norm(params, c.clip);
-    const double lr = schedule.at(step);
-    opt->set_lr(lr);
-    opt->step();
+      const ad::Var logits = model->logits(g, batch, targets, ntok);
+      return train::cross_entropy(logits, targets, ce);
+    });
+    const float loss_value = static_cast<float>(r.loss);
+    QKV_CHECK_RUNTIME(r.finite, "[train] the loss became ", loss_value, " at step ", step,
+                      " (try a smaller --lr or --clip)");
+    const double lr = r.lr;
     tokens += ntok;
     st.step = step;
     st.last_loss = loss_value;

@@ -150,26 +150,26 @@ Probe run_probe(const std::string& kind, const py::dict& config, const nn::State
   py::gil_scoped_release nogil;
   module->load_state_dict(weights, true);
   module->eval();
-  train::ParameterSet params(*module);
+  ad::ParameterSet params(*module);
   params.zero_grad();
-  train::Tape tape;
+  ad::Tape tape;
   train::Graph g(tape, params);
-  std::map<std::string, train::Var> leaves;
+  std::map<std::string, ad::Var> leaves;
   for (const std::string& n : input_names) leaves[n] = tape.leaf(in[n]);
-  auto leaf = [&](const char* n) { return leaves.count(n) ? leaves[n] : train::Var(); };
-  std::map<std::string, train::Var> outs;
+  auto leaf = [&](const char* n) { return leaves.count(n) ? leaves[n] : ad::Var(); };
+  std::map<std::string, ad::Var> outs;
   if (kind == "mha") {
     auto& m = static_cast<nn::MultiheadAttention&>(*module);
-    const train::Var q = leaf("query");
-    outs["output"] = self_attention ? g.multihead_attention(m, q, q, q, mha_opts)
-                                    : g.multihead_attention(m, q, leaf("key"), leaf("value"), mha_opts);
+    const ad::Var q = leaf("query");
+    outs["output"] = self_attention ? m.forward(g, q, q, q, mha_opts).out
+                                    : m.forward(g, q, leaf("key"), leaf("value"), mha_opts).out;
   } else if (kind == "encoder_layer") {
-    outs["output"] = g.encoder_layer(static_cast<nn::TransformerEncoderLayer&>(*module), leaf("src"), m1);
+    outs["output"] = static_cast<nn::TransformerEncoderLayer&>(*module).forward(g, leaf("src"), m1);
   } else if (kind == "decoder_layer") {
     outs["output"] =
-        g.decoder_layer(static_cast<nn::TransformerDecoderLayer&>(*module), leaf("tgt"), leaf("memory"), m1, m2);
+        static_cast<nn::TransformerDecoderLayer&>(*module).forward(g, leaf("tgt"), leaf("memory"), m1, m2);
   } else if (kind == "transformer") {
-    outs["output"] = g.transformer(static_cast<nn::Transformer&>(*module), leaf("src"), leaf("tgt"), m1, m2, m3);
+    outs["output"] = static_cast<nn::Transformer&>(*module).forward(g, leaf("src"), leaf("tgt"), m1, m2, m3);
   } else {
     train::RnnVars r = kind == "gru" ? g.gru(static_cast<nn::GRU&>(*module), leaf("input"), leaf("h0"), lengths)
                                      : g.lstm(static_cast<nn::LSTM&>(*module), leaf("input"), leaf("h0"),
@@ -179,18 +179,18 @@ Probe run_probe(const std::string& kind, const py::dict& config, const nn::State
     if (r.c_n.defined()) outs["c_n"] = r.c_n;
   }
   // One backward over the sum of <output, upstream> for every output that has an upstream gradient.
-  std::vector<train::Var> terms;
+  std::vector<ad::Var> terms;
   for (auto& [name, v] : outs) {
     p.outputs[name] = v.value.contiguous();
     auto it = upstream.find(name);
     if (it == upstream.end()) continue;
     QKV_CHECK_ARG(it->second.shape() == v.shape(), "[", kFn, "] grad_outputs['", name, "'] ", str(it->second.shape()),
                   " must match the output ", str(v.shape()));
-    terms.push_back(train::sum(train::mul(v, train::Var(it->second))));
+    terms.push_back(ad::sum(ad::mul(v, ad::Var(it->second))));
   }
   QKV_CHECK_ARG(!terms.empty(), "[", kFn, "] grad_outputs names none of the outputs");
-  train::Var total = terms[0];
-  for (size_t i = 1; i < terms.size(); ++i) total = train::add(total, terms[i]);
+  ad::Var total = terms[0];
+  for (size_t i = 1; i < terms.size(); ++i) total = ad::add(total, terms[i]);
   tape.backward(total);
   for (size_t i = 0; i < params.size(); ++i)
     p.param_grads[params[i].name] = params[i].has_grad ? params[i].grad.clone() : Tensor::zeros(params[i].grad.shape());
@@ -207,7 +207,7 @@ py::dict to_dict(const std::map<std::string, Tensor>& m) {
   return d;
 }
 
-std::unique_ptr<train::Optimizer> make_optimizer(const std::string& kind, train::ParameterSet& ps,
+std::unique_ptr<train::Optimizer> make_optimizer(const std::string& kind, ad::ParameterSet& ps,
                                                  const py::dict& o) {
   if (kind == "sgd") {
     train::SgdOptions s;
@@ -270,9 +270,9 @@ void bind_train(py::module_& m) {
         Tensor loss, grad;
         try {
           py::gil_scoped_release nogil;
-          train::Tape tape;
-          const train::Var v = tape.leaf(x);
-          const train::Var l = train::cross_entropy(v, targets, o);
+          ad::Tape tape;
+          const ad::Var v = tape.leaf(x);
+          const ad::Var l = train::cross_entropy(v, targets, o);
           tape.backward(l);
           loss = l.value;
           grad = v.grad();
@@ -292,13 +292,13 @@ void bind_train(py::module_& m) {
         std::vector<nn::StateDict> steps;
         for (auto g : grads) steps.push_back(to_state_dict(g, "autograd.optimizer_steps"));
         py::list out;
-        train::ParameterSet ps;
+        ad::ParameterSet ps;
         for (auto& [k, v] : values) ps.add(k, &v);
         std::unique_ptr<train::Optimizer> opt = make_optimizer(kind, ps, options);
         for (const nn::StateDict& g : steps) {
           ps.zero_grad();
           for (const auto& [k, v] : g) {
-            train::Parameter* p = ps.find(k);
+            ad::Parameter* p = ps.find(k);
             if (!p || v.shape() != p->value->shape())
               throw py::value_error("[autograd.optimizer_steps] gradient '" + k + "' names no parameter of that shape");
             p->grad.copy_from(v);

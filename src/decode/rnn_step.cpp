@@ -3,9 +3,12 @@
 #include "qkv/decode/rnn_step.h"
 
 #include "qkv/core/error.h"
-#include "qkv/decode/kv_cache.h"
+#include "qkv/nn/kv_cache.h"
 
 namespace qkv::decode {
+using nn::gather_rows;
+using nn::is_identity;
+using nn::KvCache;
 namespace {
 Tensor gather_if(const Tensor& t, const std::vector<int64_t>& rows, int64_t axis) {
   return t.defined() ? gather_rows(t, rows, axis) : Tensor();

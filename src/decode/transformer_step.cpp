@@ -12,6 +12,9 @@
 #include "qkv/ops/matmul.h"
 
 namespace qkv::decode {
+using nn::gather_rows;
+using nn::is_identity;
+using nn::KvCache;
 namespace {
 
 void check_step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens, int64_t prev_rows, int64_t V,
@@ -25,17 +28,6 @@ void check_step(const std::vector<int64_t>& rows, const std::vector<int64_t>& to
   }
 }
 
-void check_packed(const nn::MultiheadAttention& m, const char* op) {
-  QKV_CHECK_RUNTIME(m.packed(), "[", op, "] only packed attention projections (kdim == vdim == embed_dim) are ",
-                    "supported");
-}
-
-// (N, T, E) contiguous -> (N, H, T, D) view
-Tensor split_heads(const Tensor& x, int64_t H) {
-  const int64_t N = x.size(0), T = x.size(1), E = x.size(2);
-  return x.view({N, T, H, E / H}).transpose(1, 2);
-}
-
 // weights (N, H, Tq, Tk) -> last query row averaged over heads: (N, Tk)
 Tensor mean_heads_last_row(const Tensor& w) {
   const Tensor last = w.select(2, w.size(2) - 1).contiguous();  // (N, H, Tk)
@@ -47,41 +39,6 @@ Tensor mean_heads_last_row(const Tensor& w) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t k = 0; k < Tk; ++k) o[n * Tk + k] += p[(n * H + h) * Tk + k] / static_cast<float>(H);
   return out;
-}
-
-// Self-attention of new rows x (N, Tq, E) against the cache, after appending their own keys and values.
-// New query i sits at cache position len + i and sees keys j <= len + i (Causal::kBottomRight); `block`
-// (N, 1, 1, Tk) marks padded keys (kBlock) or is undefined.
-Tensor cached_self_attention(const nn::MultiheadAttention& m, const Tensor& x, KvCache& cache, const Tensor& block,
-                             Tensor* weights) {
-  const int64_t N = x.size(0), Tq = x.size(1), E = m.embed_dim(), H = m.num_heads(), D = m.head_dim();
-  const Tensor qkv = linear(x, m.in_proj_weight, m.in_proj_bias).view({N, Tq, 3, H, D});
-  cache.append(qkv.select(2, 1).transpose(1, 2), qkv.select(2, 2).transpose(1, 2));
-  AttentionOptions ao;
-  ao.causal = Causal::kBottomRight;
-  if (block.defined()) {
-    ao.mask = block;
-    ao.mask_kind = MaskKind::kBlock;
-  }
-  ao.return_weights = weights != nullptr;
-  const AttentionResult r = attention(qkv.select(2, 0).transpose(1, 2), cache.keys(), cache.values(), ao);
-  if (weights) *weights = r.weights;
-  return m.out_proj.forward(r.out.transpose(1, 2).reshape({N, Tq, E}));
-}
-
-// Cross-attention of x (N, Tq, E) on precomputed memory keys/values (N, H, Ts, D).
-Tensor cross_attention(const nn::MultiheadAttention& m, const Tensor& x, const Tensor& k, const Tensor& v,
-                       const Tensor& block, Tensor* weights) {
-  const int64_t N = x.size(0), Tq = x.size(1), E = m.embed_dim();
-  const Tensor b = m.in_proj_bias.defined() ? m.in_proj_bias.slice(0, 0, E) : Tensor();
-  const Tensor q = split_heads(linear(x, m.in_proj_weight.slice(0, 0, E), b), m.num_heads());
-  AttentionOptions ao;
-  ao.mask = block;
-  ao.mask_kind = MaskKind::kBlock;
-  ao.return_weights = weights != nullptr;
-  const AttentionResult r = attention(q, k, v, ao);
-  if (weights) *weights = r.weights;
-  return m.out_proj.forward(r.out.transpose(1, 2).reshape({N, Tq, E}));
 }
 
 void check_src(const Ids& src, const char* op) {
@@ -103,16 +60,10 @@ TransformerCachedStep::TransformerCachedStep(models::Seq2SeqTransformer& model, 
   nn::AttentionMasks src_masks;
   src_masks.key_padding_mask = src_block_;
   const Tensor memory = model.encode(src, src_masks);  // (S, Ts, E)
-  const int64_t S = sources_, Ts = src.shape[1];
-  for (auto& layer : model.transformer.decoder.layers) {
-    const nn::MultiheadAttention& m = layer->multihead_attn;
-    check_packed(m, "TransformerCachedStep");
-    const int64_t E = m.embed_dim(), H = m.num_heads(), D = m.head_dim();
-    const Tensor b = m.in_proj_bias.defined() ? m.in_proj_bias.slice(0, E, 3 * E) : Tensor();
-    const Tensor kv = linear(memory, m.in_proj_weight.slice(0, E, 3 * E), b).view({S, Ts, 2, H, D});
-    layer_mem_k_.push_back(kv.select(2, 0).transpose(1, 2));
-    layer_mem_v_.push_back(kv.select(2, 1).transpose(1, 2));
-    check_packed(layer->self_attn, "TransformerCachedStep");
+  for (auto& layer : model.transformer.decoder.layers) {  // (S, H, Ts, D) per layer, once per source
+    auto [k, v] = layer->multihead_attn.project_kv(memory, memory);
+    layer_mem_k_.push_back(k);
+    layer_mem_v_.push_back(v);
   }
 }
 
@@ -120,9 +71,9 @@ int64_t TransformerCachedStep::vocab_size() const { return model_->config().tgt_
 
 void TransformerCachedStep::start() {
   const auto& layers = model_->transformer.decoder.layers;
-  caches_.assign(layers.size(), KvCache());
+  caches_.assign(layers.size(), nn::LayerCache());
   for (size_t l = 0; l < layers.size(); ++l)
-    caches_[l].reset(sources_, layers[l]->self_attn.num_heads(), layers[l]->self_attn.head_dim());
+    caches_[l].self.reset(sources_, layers[l]->self_attn.num_heads(), layers[l]->self_attn.head_dim());
   row_source_.resize(static_cast<size_t>(sources_));
   for (int64_t s = 0; s < sources_; ++s) row_source_[static_cast<size_t>(s)] = s;
   gathered_for_.clear();
@@ -130,16 +81,18 @@ void TransformerCachedStep::start() {
   attention_ = Tensor();
 }
 
+// The memory keys/values and key padding of the current rows' sources, gathered when the rows' sources change.
 void TransformerCachedStep::ensure_memory_rows() {
   if (row_source_ == gathered_for_) return;
-  row_mem_k_.clear();
-  row_mem_v_.clear();
-  const bool same = is_identity(row_source_, sources_);  // one row per source in order: no copy
+  const bool same = is_identity(row_source_, sources_);  // one row per source in order: no gather
+  const int64_t N = static_cast<int64_t>(row_source_.size());
   for (size_t l = 0; l < layer_mem_k_.size(); ++l) {
-    row_mem_k_.push_back(same ? layer_mem_k_[l] : gather_rows(layer_mem_k_[l], row_source_));
-    row_mem_v_.push_back(same ? layer_mem_v_[l] : gather_rows(layer_mem_v_[l], row_source_));
+    const Tensor& k = layer_mem_k_[l];
+    nn::KvCache& m = caches_[l].memory;
+    m.reset(N, k.size(1), k.size(3), std::max<int64_t>(k.size(2), 1));
+    m.append(same ? k : gather_rows(k, row_source_), same ? layer_mem_v_[l] : gather_rows(layer_mem_v_[l], row_source_));
   }
-  row_block_ = (same ? src_block_ : gather_rows(src_block_, row_source_)).unsqueeze(1).unsqueeze(1);  // (N,1,1,Ts)
+  row_block_ = same ? src_block_ : gather_rows(src_block_, row_source_);  // (N, Ts)
   gathered_for_ = row_source_;
 }
 
@@ -150,31 +103,23 @@ Tensor TransformerCachedStep::step(const std::vector<int64_t>& rows, const std::
   std::vector<int64_t> src(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) src[i] = row_source_[static_cast<size_t>(rows[i])];
   row_source_ = src;
-  for (KvCache& c : caches_) c.reorder(rows);
+  for (nn::LayerCache& c : caches_) c.self.reorder(rows);
   ensure_memory_rows();
 
   const int64_t E = model_->config().transformer.layer.d_model;
   Tensor x = model_->tgt_tok_emb.forward(Ids{tokens, {N, 1}});  // (N, 1, E)
   if (model_->config().scale_embeddings) x = scale(x, std::sqrt(static_cast<float>(E)));
   x = add_sinusoidal(x, t_);
+  nn::AttentionMasks tgt_masks, memory_masks;
+  tgt_masks.is_causal = true;  // bottom-right: the new token sees every cached position
+  memory_masks.key_padding_mask = row_block_;
+  const nn::Context inference;
   auto& layers = model_->transformer.decoder.layers;
   for (size_t l = 0; l < layers.size(); ++l) {
-    nn::TransformerDecoderLayer& L = *layers[l];
     Tensor w;
-    Tensor* want = record_ && l + 1 == layers.size() ? &w : nullptr;
-    auto sa = [&](const Tensor& h) { return cached_self_attention(L.self_attn, h, caches_[l], Tensor(), nullptr); };
-    auto ca = [&](const Tensor& h) {
-      return cross_attention(L.multihead_attn, h, row_mem_k_[l], row_mem_v_[l], row_block_, want);
-    };
-    if (L.config().norm_first) {
-      x = add(x, sa(L.norm1.forward(x)));
-      x = add(x, ca(L.norm2.forward(x)));
-      x = add(x, L.ff.forward(L.norm3.forward(x)));
-    } else {
-      x = L.norm1.forward(add(x, sa(x)));
-      x = L.norm2.forward(add(x, ca(x)));
-      x = L.norm3.forward(add(x, L.ff.forward(x)));
-    }
+    const bool want = record_ && l + 1 == layers.size();
+    x = layers[l]->forward(inference, x, ad::Var(), tgt_masks, memory_masks, &caches_[l], nullptr, want ? &w : nullptr)
+            .value;
     if (want) attention_ = mean_heads_last_row(w);
   }
   if (model_->transformer.decoder.norm) x = model_->transformer.decoder.norm->forward(x);
@@ -258,26 +203,21 @@ int64_t DecoderOnlyCachedStep::capacity() const { return model_->config().max_le
 
 Tensor DecoderOnlyCachedStep::run_layers(Tensor x) {
   const int64_t N = x.size(0), Tq = x.size(1);
-  const int64_t total = (caches_.empty() ? 0 : caches_[0].length()) + Tq;
-  Tensor block;
+  const int64_t total = (caches_.empty() ? 0 : caches_[0].self.length()) + Tq;
+  nn::AttentionMasks masks;
+  masks.is_causal = true;  // bottom-right: new query i sits at cache position total - Tq + i
   if (std::any_of(pad_left_.begin(), pad_left_.end(), [](int64_t p) { return p > 0; })) {
-    block = Tensor::zeros({N, 1, 1, total});
+    Tensor block = Tensor::zeros({N, total});  // left padding of each row, ignored as keys
     float* b = block.data();
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < pad_left_[static_cast<size_t>(n)]; ++j) b[n * total + j] = 1.0f;
+    masks.key_padding_mask = block;
   }
+  const nn::Context inference;
   for (size_t l = 0; l < model_->layers.size(); ++l) {
-    nn::TransformerEncoderLayer& L = *model_->layers[l];
     Tensor w;
-    Tensor* want = record_ && l + 1 == model_->layers.size() ? &w : nullptr;
-    auto sa = [&](const Tensor& h) { return cached_self_attention(L.self_attn, h, caches_[l], block, want); };
-    if (L.config().norm_first) {
-      x = add(x, sa(L.norm1.forward(x)));
-      x = add(x, L.ff.forward(L.norm2.forward(x)));
-    } else {
-      x = L.norm1.forward(add(x, sa(x)));
-      x = L.norm2.forward(add(x, L.ff.forward(x)));
-    }
+    const bool want = record_ && l + 1 == model_->layers.size();
+    x = model_->layers[l]->forward(inference, x, masks, &caches_[l], want ? &w : nullptr).value;
     if (want) attention_ = mean_heads_last_row(w).slice(1, 0, std::max<int64_t>(prompt_len_, 1)).contiguous();
   }
   return x;
@@ -285,9 +225,9 @@ Tensor DecoderOnlyCachedStep::run_layers(Tensor x) {
 
 void DecoderOnlyCachedStep::start() {
   const int64_t S = num_sources(), P = prompt_len_;
-  caches_.assign(model_->layers.size(), KvCache());
+  caches_.assign(model_->layers.size(), nn::LayerCache());
   for (size_t l = 0; l < caches_.size(); ++l)
-    caches_[l].reset(S, model_->layers[l]->self_attn.num_heads(), model_->layers[l]->self_attn.head_dim(),
+    caches_[l].self.reset(S, model_->layers[l]->self_attn.num_heads(), model_->layers[l]->self_attn.head_dim(),
                      std::min<int64_t>(model_->config().max_len, 64));
   pad_left_.resize(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s)
@@ -319,8 +259,8 @@ Tensor DecoderOnlyCachedStep::step(const std::vector<int64_t>& rows, const std::
   std::vector<int64_t> pad(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) pad[i] = pad_left_[static_cast<size_t>(rows[i])];
   pad_left_ = pad;
-  for (KvCache& c : caches_) c.reorder(rows);
-  const int64_t len = caches_.empty() ? 0 : caches_[0].length();
+  for (nn::LayerCache& c : caches_) c.self.reorder(rows);
+  const int64_t len = caches_.empty() ? 0 : caches_[0].self.length();
   QKV_CHECK_ARG(len < model_->config().max_len, "[DecoderOnlyCachedStep] position ", len, " is past max_len ",
                 model_->config().max_len);
   Ids pos{std::vector<int64_t>(rows.size()), {N, 1}};

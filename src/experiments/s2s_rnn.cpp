@@ -26,7 +26,7 @@ S2SModel make_rnn_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const 
   return m;
 }
 
-train::Var rnn_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b) {
+ad::Var rnn_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b) {
   return train::seq2seq_rnn_logits(g, *m.rnn, b.src.ids, b.src.lengths, b.tgt_in.ids);
 }
 

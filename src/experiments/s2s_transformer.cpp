@@ -3,7 +3,6 @@
 #include "qkv/decode/search.h"
 #include "qkv/decode/transformer_step.h"
 #include "qkv/models/transformer.h"
-#include "qkv/train/transformer_models.h"
 #include "seq2seq_train.h"
 
 namespace qkv::experiments {
@@ -26,12 +25,12 @@ S2SModel make_transformer_s2s(int64_t src_vocab, int64_t tgt_vocab, const S2SSiz
   return m;
 }
 
-train::Var transformer_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b) {
+ad::Var transformer_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b) {
   models::Seq2SeqMasks masks;
   masks.src.key_padding_mask = b.src.padding_mask;
   masks.memory.key_padding_mask = b.src.padding_mask;
   masks.tgt.key_padding_mask = b.tgt_in.padding_mask;
-  return train::seq2seq_transformer_logits(g, *m.transformer, b.src.ids, b.tgt_in.ids, masks);
+  return m.transformer->forward(g, b.src.ids, b.tgt_in.ids, masks);
 }
 
 std::vector<std::vector<int64_t>> transformer_s2s_greedy(S2SModel& m, const data::Padded& src, int64_t max_len) {

@@ -9,6 +9,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/tokenizer.h"
+#include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
@@ -52,7 +53,7 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
   std::vector<std::vector<size_t>> buckets;
   for (auto& kv : by_len) buckets.push_back(kv.second);
   model.module->train();
-  train::ParameterSet ps(*model.module);
+  ad::ParameterSet ps(*model.module);
   train::AdamOptions ao;
   ao.lr = cfg.lr;
   ao.weight_decay = 0.01;
@@ -65,7 +66,7 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
   sched.min_lr = cfg.lr * 0.05;
   Rng rng(cfg.seed * 104729 + 5);
   Rng dropout_rng(cfg.seed + 99);
-  train::Tape tape;
+  train::Trainer trainer(ps, opt, sched, dropout_rng, cfg.clip);
   train::CrossEntropyOptions ce;
   ce.ignore_index = data::Vocabulary::kPad;
   S2SCurve curve;
@@ -78,21 +79,16 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
     std::vector<const data::Example*> rows;
     for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(&train[buckets[b][rng.below(buckets[b].size())]]);
     const data::Seq2SeqBatch batch = data::make_seq2seq_batch(rows, true);
-    ps.zero_grad();
-    tape.clear();
-    train::Graph g(tape, ps, &dropout_rng);
-    const train::Var logits = model.kind == S2SKind::kTransformer ? transformer_s2s_logits(g, model, batch)
-                                                                  : rnn_s2s_logits(g, model, batch);
-    const train::Var loss = train::cross_entropy(logits, batch.tgt_out.ids.data, ce);
-    const double lv = loss.value.item();
-    if (!std::isfinite(lv)) {
+    const train::StepResult r = trainer.step(step, [&](train::Graph& g) {
+      const ad::Var logits = model.kind == S2SKind::kTransformer ? transformer_s2s_logits(g, model, batch)
+                                                                    : rnn_s2s_logits(g, model, batch);
+      return train::cross_entropy(logits, batch.tgt_out.ids.data, ce);
+    });
+    const double lv = r.loss;
+    if (!r.finite) {
       log(o, label + ": non-finite loss at step " + std::to_string(step) + ", stopped");
       break;
     }
-    tape.backward(loss);
-    if (cfg.clip > 0) train::clip_grad_norm(ps, cfg.clip);
-    opt.set_lr(sched.at(step));
-    opt.step();
     acc += lv;
     ++acc_n;
     if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(lv);

@@ -9,11 +9,11 @@
 #include "qkv/nn/positional.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/elementwise.h"
-#include "qkv/train/functional.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv::experiments {
 
-using train::Var;
+using ad::Var;
 
 const char* pos_name(PosKind p) {
   switch (p) {
@@ -110,9 +110,9 @@ Var Tagger::forward(train::Graph& g, const Ids& ids, const TaggerRun& run) const
   QKV_CHECK_ARG(ids.shape.size() == 2, "[Tagger] ids must be (B, T), got ", str(ids.shape));
   QKV_CHECK_ARG(config_.pos != PosKind::kLearned || ids.shape[1] <= config_.max_len, "[Tagger] length ",
                 ids.shape[1], " exceeds the learned table's ", config_.max_len, " rows");
-  Var x = train::embedding(g.param(tok_emb_), ids);
-  if (config_.pos == PosKind::kSinusoidal) x = train::add_sinusoidal(x);
-  if (config_.pos == PosKind::kLearned) x = train::add_learned_positions(x, g.param(pos_emb_));
+  Var x = ad::embedding(g.param(tok_emb_), ids);
+  if (config_.pos == PosKind::kSinusoidal) x = ad::add_sinusoidal(x);
+  if (config_.pos == PosKind::kLearned) x = ad::add_learned_positions(x, g.param(pos_emb_));
   return forward_embedded(g, x, run);
 }
 
@@ -145,29 +145,29 @@ Var Tagger::forward_embedded(train::Graph& g, const Var& x_in, const TaggerRun& 
   }
   if (!c.scaled) opts.scale = 1.0f;
   Var t5;
-  if (c.pos == PosKind::kT5) t5 = train::t5_bias(g.param(t5_table_), T, T, true, c.t5_max_distance);
+  if (c.pos == PosKind::kT5) t5 = ad::t5_bias(g.param(t5_table_), T, T, true, c.t5_max_distance);
 
   Var x = x_in;
   for (int64_t l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    auto ln = [&](const Var& v, const Tensor& w, const Tensor& b) { return train::layer_norm(v, g.param(w), g.param(b)); };
+    auto ln = [&](const Var& v, const Tensor& w, const Tensor& b) { return ad::layer_norm(v, g.param(w), g.param(b)); };
     // --- self-attention block ---
     const Var h = c.norm == NormKind::kPre ? ln(x, L.ln1_w, L.ln1_b) : x;
-    const Var qkv = train::reshape(train::linear(h, g.param(L.w_qkv), g.param(L.b_qkv)), {B, T, 3, H, D});
-    Var q = train::transpose(train::select(qkv, 2, 0), 1, 2);  // (B, H, T, D)
-    Var k = train::transpose(train::select(qkv, 2, 1), 1, 2);
-    const Var v = train::transpose(train::select(qkv, 2, 2), 1, 2);
+    const Var qkv = ad::reshape(ad::linear(h, g.param(L.w_qkv), g.param(L.b_qkv)), {B, T, 3, H, D});
+    Var q = ad::transpose(ad::select(qkv, 2, 0), 1, 2);  // (B, H, T, D)
+    Var k = ad::transpose(ad::select(qkv, 2, 1), 1, 2);
+    const Var v = ad::transpose(ad::select(qkv, 2, 2), 1, 2);
     if (c.pos == PosKind::kRope) {
-      q = train::rope(q);
-      k = train::rope(k);
+      q = ad::rope(q);
+      k = ad::rope(k);
     }
     Var o;
     if (c.pos == PosKind::kShaw) {
-      o = train::relative_attention(q, k, v, g.param(L.rel_k), g.param(L.rel_v), c.shaw_clip, opts);
+      o = ad::relative_attention(q, k, v, g.param(L.rel_k), g.param(L.rel_v), c.shaw_clip, opts);
     } else {
-      train::AttentionExtras extras;
+      ad::AttentionExtras extras;
       extras.bias = t5;
-      o = train::attention(q, k, v, opts, extras);
+      o = ad::attention(q, k, v, opts, extras);
     }
     if (run.attention) {  // the weights, recomputed on values (inference only)
       AttentionOptions wo = opts;
@@ -186,26 +186,26 @@ Var Tagger::forward_embedded(train::Graph& g, const Var& x_in, const TaggerRun& 
     if (!run.head_mask.empty()) {
       Tensor hm = Tensor::zeros({1, H, 1, 1});
       for (int64_t i = 0; i < H; ++i) hm.data()[i] = run.head_mask[static_cast<size_t>(l * H + i)];
-      o = train::mul(o, Var(hm));
+      o = ad::mul(o, Var(hm));
     }
-    const Var merged = train::reshape(train::transpose(o, 1, 2), {B, T, E});
-    const Var a = train::linear(merged, g.param(L.w_o), g.param(L.b_o));
-    x = c.residual ? train::add(x, a) : a;
+    const Var merged = ad::reshape(ad::transpose(o, 1, 2), {B, T, E});
+    const Var a = ad::linear(merged, g.param(L.w_o), g.param(L.b_o));
+    x = c.residual ? ad::add(x, a) : a;
     if (c.norm == NormKind::kPost) x = ln(x, L.ln1_w, L.ln1_b);
     // --- feed-forward block ---
     const Var h2 = c.norm == NormKind::kPre ? ln(x, L.ln2_w, L.ln2_b) : x;
-    const Var f = train::linear(train::relu(train::linear(h2, g.param(L.w1), g.param(L.b1))), g.param(L.w2),
+    const Var f = ad::linear(ad::relu(ad::linear(h2, g.param(L.w1), g.param(L.b1))), g.param(L.w2),
                                 g.param(L.b2));
-    x = c.residual ? train::add(x, f) : f;
+    x = c.residual ? ad::add(x, f) : f;
     if (c.norm == NormKind::kPost) x = ln(x, L.ln2_w, L.ln2_b);
   }
-  if (c.norm == NormKind::kPre) x = train::layer_norm(x, g.param(lnf_w_), g.param(lnf_b_));
-  return train::linear(x, g.param(w_out_), g.param(b_out_));
+  if (c.norm == NormKind::kPre) x = ad::layer_norm(x, g.param(lnf_w_), g.param(lnf_b_));
+  return ad::linear(x, g.param(w_out_), g.param(b_out_));
 }
 
 Tensor tagger_logits(const Tagger& m, const Ids& ids, const TaggerRun& run) {
-  train::Tape tape;
-  train::ParameterSet none;
+  ad::Tape tape;
+  ad::ParameterSet none;
   train::Graph g(tape, none);
   return m.forward(g, ids, run).value;
 }

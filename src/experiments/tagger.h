@@ -47,9 +47,9 @@ class Tagger : public nn::Module {
   const TaggerConfig& config() const { return config_; }
 
   // ids (B, T) -> logits (B, T, vocab_out). Builds on g's tape (constants when g has no parameters bound).
-  train::Var forward(train::Graph& g, const Ids& ids, const TaggerRun& run = {}) const;
+  ad::Var forward(train::Graph& g, const Ids& ids, const TaggerRun& run = {}) const;
   // The same on continuous inputs: x (B, T, d_model) already embedded (used by the permutation check).
-  train::Var forward_embedded(train::Graph& g, const train::Var& x, const TaggerRun& run = {}) const;
+  ad::Var forward_embedded(train::Graph& g, const ad::Var& x, const TaggerRun& run = {}) const;
 
  private:
   struct Layer {

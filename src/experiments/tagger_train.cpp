@@ -6,6 +6,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/tasks.h"
+#include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
@@ -67,7 +68,7 @@ TagCurve train_tagger(Tagger& model, const TagData& data, const TagTrainConfig& 
   std::vector<std::vector<size_t>> buckets;
   for (auto& kv : by_len) buckets.push_back(kv.second);
 
-  train::ParameterSet ps(model);
+  ad::ParameterSet ps(model);
   train::AdamOptions ao;
   ao.lr = cfg.lr;
   ao.weight_decay = cfg.weight_decay;
@@ -79,7 +80,8 @@ TagCurve train_tagger(Tagger& model, const TagData& data, const TagTrainConfig& 
   sched.total_steps = cfg.steps;
   sched.min_lr = cfg.lr * 0.05;
   Rng rng(cfg.seed * 7919 + 17);
-  train::Tape tape;
+  Rng no_dropout(0);  // the tagger has no dropout
+  train::Trainer trainer(ps, opt, sched, no_dropout, cfg.clip);
   TagCurve curve;
   double acc = 0.0;
   int64_t acc_n = 0;
@@ -92,21 +94,14 @@ TagCurve train_tagger(Tagger& model, const TagData& data, const TagTrainConfig& 
     for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(buckets[b][rng.below(buckets[b].size())]);
     const Ids src = batch_ids(data.src, rows);
     const Ids tgt = batch_ids(data.tgt, rows);
-    ps.zero_grad();
-    tape.clear();
-    train::Graph g(tape, ps);
-    const train::Var logits = model.forward(g, src);
-    const train::Var loss = train::cross_entropy(logits, tgt.data);
-    const double lv = loss.value.item();
-    if (!std::isfinite(lv)) {
+    const train::StepResult r = trainer.step(
+        step, [&](train::Graph& g) { return train::cross_entropy(model.forward(g, src), tgt.data); });
+    const double lv = r.loss;
+    if (!r.finite) {
       curve.diverged = true;
       log(o, label + ": non-finite loss at step " + std::to_string(step) + ", stopped");
       break;
     }
-    tape.backward(loss);
-    if (cfg.clip > 0) train::clip_grad_norm(ps, cfg.clip);
-    opt.set_lr(sched.at(step));
-    opt.step();
     acc += lv;
     ++acc_n;
     if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(lv);

@@ -8,6 +8,7 @@
 #include "qkv/core/error.h"
 #include "qkv/nn/positional/sinusoidal.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv::models {
 namespace {
@@ -61,30 +62,33 @@ Seq2SeqTransformer::Seq2SeqTransformer(const TransformerSeq2SeqConfig& c, Rng& r
   register_module("generator", &generator);
 }
 
-Tensor Seq2SeqTransformer::embed(const nn::Embedding& table, const Ids& ids, const char* name) {
+ad::Var Seq2SeqTransformer::embed(const nn::Context& c, const nn::Embedding& table, const Ids& ids,
+                                  const char* name) const {
   check_ids(ids, "Seq2SeqTransformer", name);
-  Tensor x = table.forward(ids);  // (B, T, E)
+  ad::Var x = table.forward(c, ids);  // (B, T, E)
   if (config_.scale_embeddings)
-    x = scale(x, std::sqrt(static_cast<float>(config_.transformer.layer.d_model)));
-  return pos_dropout.forward(add_sinusoidal(x));
+    x = ad::scale(x, std::sqrt(static_cast<float>(config_.transformer.layer.d_model)));
+  return pos_dropout.forward(c, ad::add_sinusoidal(x));
 }
 
-Tensor Seq2SeqTransformer::encode(const Ids& src, const nn::AttentionMasks& src_masks) {
-  return transformer.encoder.forward(embed(src_tok_emb, src, "src"), src_masks);
+ad::Var Seq2SeqTransformer::encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks) const {
+  return transformer.encoder.forward(c, embed(c, src_tok_emb, src, "src"), src_masks);
 }
 
-Tensor Seq2SeqTransformer::decode(const Ids& tgt, const Tensor& memory, const nn::AttentionMasks& tgt_masks,
-                                  const nn::AttentionMasks& memory_masks) {
-  const Tensor y = transformer.decoder.forward(embed(tgt_tok_emb, tgt, "tgt"), memory, tgt_masks, memory_masks);
-  return generator.forward(y);
+ad::Var Seq2SeqTransformer::decode(const nn::Context& c, const Ids& tgt, const ad::Var& memory,
+                                   const nn::AttentionMasks& tgt_masks, const nn::AttentionMasks& memory_masks) const {
+  const ad::Var y =
+      transformer.decoder.forward(c, embed(c, tgt_tok_emb, tgt, "tgt"), memory, tgt_masks, memory_masks);
+  return generator.forward(c, y);
 }
 
-Tensor Seq2SeqTransformer::forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks) {
+ad::Var Seq2SeqTransformer::forward(const nn::Context& c, const Ids& src, const Ids& tgt,
+                                    const Seq2SeqMasks& masks) const {
   check_ids(src, "Seq2SeqTransformer", "src");
   check_ids(tgt, "Seq2SeqTransformer", "tgt");
   QKV_CHECK_ARG(src.shape[0] == tgt.shape[0], "[Seq2SeqTransformer] src ids ", str(src.shape), " and tgt ids ",
                 str(tgt.shape), " must have the same batch size");
-  return decode(tgt, encode(src, masks.src), masks.tgt, masks.memory);
+  return decode(c, tgt, encode(c, src, masks.src), masks.tgt, masks.memory);
 }
 
 // --- DecoderOnlyTransformer ----------------------------------------------------------------------------------
@@ -107,14 +111,13 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const DecoderOnlyConfig& c, Rng& 
   register_module("lm_head", &lm_head);
 }
 
-Tensor DecoderOnlyTransformer::forward(const Ids& ids, const Tensor& key_padding_mask) {
+ad::Var DecoderOnlyTransformer::forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask) const {
   check_ids(ids, "DecoderOnlyTransformer", "input");
   const int64_t B = ids.shape[0], T = ids.shape[1];
   QKV_CHECK_ARG(T <= config_.max_len, "[DecoderOnlyTransformer] ids ", str(ids.shape), " are longer than max_len ",
                 config_.max_len);
-  Ids pos{std::vector<int64_t>(static_cast<size_t>(T)), {T}};
-  for (int64_t t = 0; t < T; ++t) pos.data[static_cast<size_t>(t)] = t;
-  Tensor x = emb_dropout.forward(add(tok_emb.forward(ids), pos_emb.forward(pos)));  // (B, T, E) + (T, E)
+  // (B, T, E) + pos_emb rows 0 .. T-1
+  ad::Var x = emb_dropout.forward(c, ad::add_learned_positions(tok_emb.forward(c, ids), c.param(pos_emb.weight)));
   nn::AttentionMasks masks;
   masks.is_causal = true;
   if (key_padding_mask.defined()) {
@@ -122,8 +125,8 @@ Tensor DecoderOnlyTransformer::forward(const Ids& ids, const Tensor& key_padding
                   str(key_padding_mask.shape()), " must be (B, T) = ", str(Shape{B, T}));
     masks.key_padding_mask = key_padding_mask;
   }
-  for (auto& layer : layers) x = layer->forward(x, masks);
-  return lm_head.forward(norm.forward(x));
+  for (const auto& layer : layers) x = layer->forward(c, x, masks);
+  return lm_head.forward(c, norm.forward(c, x));
 }
 
 }  // namespace qkv::models

@@ -15,9 +15,7 @@ Dropout::Dropout(float p, uint64_t seed) : p_(p), rng_(seed) {
 
 Tensor Dropout::forward(const Tensor& x) {
   QKV_CHECK_ARG(x.defined(), "[Dropout] input is undefined");
-  if (!training() || p_ == 0.0f) return x;
-  if (p_ == 1.0f) return Tensor::zeros(x.shape());
-  return dropout(x, p_, true, rng_).y;
+  return forward(Context(&rng_), x).value;
 }
 
 }  // namespace qkv::nn

@@ -3,6 +3,7 @@
 #include "qkv/nn/embedding.h"
 
 #include "qkv/core/error.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv::nn {
 
@@ -42,13 +43,13 @@ void Embedding::set_padding_idx(std::optional<int64_t> padding_idx) {
   padding_idx_ = p < 0 ? p + num_ : p;
 }
 
-Tensor Embedding::forward(const Ids& ids) const {
+ad::Var Embedding::forward(const Context& c, const Ids& ids) const {
   QKV_CHECK_ARG(static_cast<int64_t>(ids.data.size()) == shape_numel(ids.shape), "[Embedding] ids shape ",
                 str(ids.shape), " does not match its ", ids.data.size(), " values");
   for (int64_t id : ids.data)
     QKV_CHECK_ARG(id >= 0 && id < num_, "[Embedding] id ", id, " out of range [0, ", num_, ") for ids ",
                   str(ids.shape));
-  return embedding(weight, ids);
+  return ad::embedding(c.param(weight), ids, padding_idx_);
 }
 
 }  // namespace qkv::nn

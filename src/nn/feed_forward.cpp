@@ -2,6 +2,8 @@
 // Dropout after the block (dropout2/dropout3) belongs to the enclosing layer, as in PyTorch.
 #include "qkv/nn/feed_forward.h"
 
+#include "qkv/ops/functional.h"
+
 #include "qkv/core/error.h"
 #include "qkv/ops/elementwise.h"
 
@@ -48,11 +50,25 @@ FeedForward::FeedForward(int64_t d_model, int64_t dim_feedforward, Rng& rng, Act
   register_module("linear2", &linear2);
 }
 
-Tensor FeedForward::forward(const Tensor& x) {
+ad::Var FeedForward::forward(const Context& c, const ad::Var& x) const {
   QKV_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) == linear1.in_features(), "[FeedForward] input ",
                 x.defined() ? str(x.shape()) : std::string("(undefined)"), " must have last dim d_model = ",
                 linear1.in_features());
-  return linear2.forward(dropout.forward(apply_activation(linear1.forward(x), activation_)));
+  return linear2.forward(c, dropout.forward(c, ad::activation(linear1.forward(c, x), activation_)));
 }
 
 }  // namespace qkv::nn
+
+namespace qkv::ad {
+
+Var activation(const Var& x, nn::Activation a) {
+  switch (a) {
+    case nn::Activation::kRelu: return relu(x);
+    case nn::Activation::kGelu: return gelu(x, GeluApprox::kNone);
+    case nn::Activation::kGeluTanh: return gelu(x, GeluApprox::kTanh);
+  }
+  QKV_CHECK_ARG(false, "[activation] unknown activation");
+  return Var();
+}
+
+}  // namespace qkv::ad

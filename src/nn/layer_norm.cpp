@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "qkv/core/error.h"
-#include "qkv/ops/layer_norm.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv::nn {
 
@@ -23,11 +23,11 @@ LayerNorm::LayerNorm(int64_t normalized_shape, float eps, bool elementwise_affin
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const {
+ad::Var LayerNorm::forward(const Context& c, const ad::Var& x) const {
   QKV_CHECK_ARG(x.defined(), "[LayerNorm] input is undefined");
   QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) == size_, "[LayerNorm] input ", str(x.shape()),
                 " must have last dim ", size_);
-  return layer_norm(x, weight, bias, eps_).y;
+  return ad::layer_norm(x, c.param(weight), c.param(bias), eps_);
 }
 
 }  // namespace qkv::nn

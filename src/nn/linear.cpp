@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "qkv/core/error.h"
-#include "qkv/ops/matmul.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv::nn {
 
@@ -24,11 +24,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
   }
 }
 
-Tensor Linear::forward(const Tensor& x) const {
+ad::Var Linear::forward(const Context& c, const ad::Var& x) const {
   QKV_CHECK_ARG(x.defined(), "[Linear] input is undefined");
   QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) == in_features_, "[Linear] input ", str(x.shape()),
                 " must have last dim in_features = ", in_features_);
-  return linear(x, weight, bias);
+  return ad::linear(x, c.param(weight), c.param(bias));
 }
 
 }  // namespace qkv::nn

@@ -9,6 +9,7 @@
 #include "qkv/core/error.h"
 #include "qkv/ops/dropout.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/functional.h"
 #include "qkv/ops/matmul.h"
 
 namespace qkv::nn {
@@ -35,6 +36,11 @@ Tensor xavier_uniform(Rng& rng, int64_t out, int64_t in) {
 
 bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.shares_storage(b) && a.offset() == b.offset() && a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+// The same value (and, on a tape, the same node): one projection may serve both.
+bool same_var(const ad::Var& a, const ad::Var& b) {
+  return a.tape == b.tape && a.slot == b.slot && same_tensor(a.value, b.value);
 }
 
 // A mask of any kind as an additive float tensor of the same shape (0 = allowed, -inf = blocked).
@@ -109,26 +115,83 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng
   register_module("out_proj", &out_proj);
 }
 
-MhaOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                      const MhaForwardOptions& o) {
-  QKV_CHECK_ARG(query.defined() && key.defined() && value.defined(),
+// x: (B, T, dim) -> x · W[rows which·E .. (which + n)·E)ᵀ + b: (B, T, n·E). Packed weights serve any n; separate
+// ones serve n = 1 (which 0, 1, 2 = q, k, v).
+ad::Var MultiheadAttention::project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const {
+  const int64_t E = embed_dim_;
+  if (packed_ && which == 0 && n == 3) return ad::linear(x, c.param(in_proj_weight), c.param(in_proj_bias));
+  const ad::Var bias = in_proj_bias.defined() ? ad::slice(c.param(in_proj_bias), 0, which * E, (which + n) * E)
+                                              : ad::Var();
+  if (packed_) return ad::linear(x, ad::slice(c.param(in_proj_weight), 0, which * E, (which + n) * E), bias);
+  QKV_ASSERT(n == 1);
+  const Tensor& w = which == 0 ? q_proj_weight : which == 1 ? k_proj_weight : v_proj_weight;
+  return ad::linear(x, c.param(w), bias);
+}
+
+// (B, T, n·E) projections -> n head views (B, H, T, D). Several pieces come from one split node (its backward
+// writes each piece into the packed gradient without a zero-fill).
+std::vector<ad::Var> MultiheadAttention::split_heads(const ad::Var& p, int64_t n) const {
+  const int64_t B = p.size(0), T = p.size(1), H = num_heads_, D = head_dim_;
+  if (n == 1) return {ad::transpose(ad::reshape(p, {B, T, H, D}), 1, 2)};
+  std::vector<ad::Var> pieces =
+      ad::split(ad::reshape(p, {B, T, n, H, D}), std::vector<int64_t>(static_cast<size_t>(n), 1), 2);
+  for (ad::Var& piece : pieces) piece = ad::transpose(ad::squeeze(piece, 2), 1, 2);
+  return pieces;
+}
+
+std::pair<Tensor, Tensor> MultiheadAttention::project_kv(const Tensor& key, const Tensor& value) const {
+  QKV_CHECK_ARG(key.defined() && value.defined() && key.dim() == 3 && value.dim() == 3 && key.size(2) == kdim_ &&
+                    value.size(2) == vdim_ && key.size(0) == value.size(0) && key.size(1) == value.size(1),
+                "[MultiheadAttention] project_kv: key ", key.defined() ? str(key.shape()) : "()", " and value ",
+                value.defined() ? str(value.shape()) : "()", " must be (B, Tk, kdim = ", kdim_, ") and (B, Tk, vdim = ",
+                vdim_, ")");
+  const Context c;
+  if (packed_ && same_tensor(key, value)) {
+    const std::vector<ad::Var> kv = split_heads(project(c, key, 1, 2), 2);
+    return {kv[0].value, kv[1].value};
+  }
+  return {split_heads(project(c, key, 1, 1), 1)[0].value, split_heads(project(c, value, 2, 1), 1)[0].value};
+}
+
+MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, const ad::Var& key,
+                                      const ad::Var& value, const MhaForwardOptions& o,
+                                      const ad::Var& attn_bias) const {
+  KvCache* cache = o.kv_cache;
+  const bool fixed = cache != nullptr && o.kv_cache_fixed;
+  QKV_CHECK_ARG(query.defined() && (fixed || (key.defined() && value.defined())),
                 "[MultiheadAttention] query, key and value must be defined");
-  QKV_CHECK_ARG((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(),
-                "[MultiheadAttention] query ", str(query.shape()), ", key ", str(key.shape()), " and value ",
-                str(value.shape()), " must all be (B, T, dim) or all unbatched (T, dim)");
+  if (fixed) {
+    QKV_CHECK_ARG(query.dim() == 3 && cache->ready() && cache->rows() == query.size(0) &&
+                      cache->keys().size(1) == num_heads_ && cache->keys().size(3) == head_dim_,
+                  "[MultiheadAttention] query ", str(query.shape()), " and a fixed kv_cache of ",
+                  cache->ready() ? str(cache->keys().shape()) : std::string("(never filled)"),
+                  " must be (B, Tq, E) and (B, H, Tk, D)");
+  } else {
+    QKV_CHECK_ARG((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(),
+                  "[MultiheadAttention] query ", str(query.shape()), ", key ", str(key.shape()), " and value ",
+                  str(value.shape()), " must all be (B, T, dim) or all unbatched (T, dim)");
+  }
+  QKV_CHECK_ARG(cache == nullptr || query.dim() == 3, "[MultiheadAttention] kv_cache needs batched (B, T, E) input, got ",
+                str(query.shape()));
+  const bool self = !fixed && same_var(query, key) && same_var(key, value);
+  const bool kv_same = !fixed && same_var(key, value);
   const bool unbatched = query.dim() == 2;
-  const Tensor q_in = unbatched ? query.unsqueeze(0) : query;
-  const Tensor k_in = unbatched ? key.unsqueeze(0) : key;
-  const Tensor v_in = unbatched ? value.unsqueeze(0) : value;
-  const int64_t B = q_in.size(0), Tq = q_in.size(1), Tk = k_in.size(1);
+  const ad::Var q_in = unbatched ? ad::unsqueeze(query, 0) : query;
+  const ad::Var k_in = fixed ? ad::Var() : unbatched ? ad::unsqueeze(key, 0) : key;
+  const ad::Var v_in = fixed ? ad::Var() : unbatched ? ad::unsqueeze(value, 0) : value;
   const int64_t E = embed_dim_, H = num_heads_, D = head_dim_;
+  const int64_t B = q_in.size(0), Tq = q_in.size(1);
+  const int64_t Tn = fixed ? 0 : k_in.size(1);  // new keys of this call
+  const int64_t Tk = (cache && cache->ready() ? cache->length() : 0) + Tn;
   QKV_CHECK_ARG(q_in.size(2) == E, "[MultiheadAttention] query ", str(query.shape()),
                 " must have last dim embed_dim = ", E);
-  QKV_CHECK_ARG(k_in.size(2) == kdim_ && v_in.size(2) == vdim_, "[MultiheadAttention] key ", str(key.shape()),
-                " and value ", str(value.shape()), " must have last dims kdim = ", kdim_, " and vdim = ", vdim_);
-  QKV_CHECK_ARG(k_in.size(0) == B && v_in.size(0) == B && v_in.size(1) == Tk, "[MultiheadAttention] query ",
-                str(query.shape()), ", key ", str(key.shape()), " and value ", str(value.shape()),
-                " disagree on batch, or key and value on length");
+  if (!fixed) {
+    QKV_CHECK_ARG(k_in.size(2) == kdim_ && v_in.size(2) == vdim_, "[MultiheadAttention] key ", str(key.shape()),
+                  " and value ", str(value.shape()), " must have last dims kdim = ", kdim_, " and vdim = ", vdim_);
+    QKV_CHECK_ARG(k_in.size(0) == B && v_in.size(0) == B && v_in.size(1) == Tn, "[MultiheadAttention] query ",
+                  str(query.shape()), ", key ", str(key.shape()), " and value ", str(value.shape()),
+                  " disagree on batch, or key and value on length");
+  }
 
   // --- masks: validate, then reduce to at most one mask broadcastable to (B, H, Tq, Tk) ---------------------
   std::vector<MaskPart> parts;
@@ -156,43 +219,13 @@ MhaOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, co
       parts.push_back({m.reshape({B, H, Tq, Tk}), o.attn_mask_kind});
     }
   }
-  if (o.attn_bias.defined()) {
-    QKV_CHECK_ARG(o.attn_bias.dim() <= 4 && broadcastable_to(o.attn_bias.shape(), {B, H, Tq, Tk}),
-                  "[MultiheadAttention] attn_bias ", str(o.attn_bias.shape()), " must broadcast to (B, H, Tq, Tk) = ",
+  for (const Tensor* bias : {&o.attn_bias, &attn_bias.value}) {
+    if (!bias->defined()) continue;
+    QKV_CHECK_ARG(bias->dim() <= 4 && broadcastable_to(bias->shape(), {B, H, Tq, Tk}),
+                  "[MultiheadAttention] attn_bias ", str(bias->shape()), " must broadcast to (B, H, Tq, Tk) = ",
                   str(Shape{B, H, Tq, Tk}));
-    parts.push_back({o.attn_bias, MaskKind::kAdditive});
   }
-
-  // --- projections, heads as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) -------------------------------
-  const bool has_bias = in_proj_bias.defined();
-  auto wslice = [&](int64_t i) { return in_proj_weight.slice(0, i * E, (i + 1) * E); };
-  auto bslice = [&](int64_t i, int64_t n = 1) {
-    return has_bias ? in_proj_bias.slice(0, i * E, (i + n) * E) : Tensor();
-  };
-  auto heads = [&](const Tensor& p, int64_t T) { return p.view({B, T, H, D}).transpose(1, 2); };
-  Tensor qh, kh, vh;
-  if (packed_ && same_tensor(q_in, k_in) && same_tensor(k_in, v_in)) {
-    // Self-attention: one (3E, E) projection, then q/k/v are strided views of its output.
-    const Tensor qkv = linear(q_in, in_proj_weight, in_proj_bias).view({B, Tq, 3, H, D});
-    qh = qkv.select(2, 0).transpose(1, 2);
-    kh = qkv.select(2, 1).transpose(1, 2);
-    vh = qkv.select(2, 2).transpose(1, 2);
-  } else if (packed_) {
-    qh = heads(linear(q_in, wslice(0), bslice(0)), Tq);
-    if (same_tensor(k_in, v_in)) {  // key is value (cross-attention on memory): one (2E, E) projection
-      const Tensor kv = linear(k_in, in_proj_weight.slice(0, E, 3 * E), bslice(1, 2)).view({B, Tk, 2, H, D});
-      kh = kv.select(2, 0).transpose(1, 2);
-      vh = kv.select(2, 1).transpose(1, 2);
-    } else {
-      kh = heads(linear(k_in, wslice(1), bslice(1)), Tk);
-      vh = heads(linear(v_in, wslice(2), bslice(2)), Tk);
-    }
-  } else {
-    qh = heads(linear(q_in, q_proj_weight, bslice(0)), Tq);
-    kh = heads(linear(k_in, k_proj_weight, bslice(1)), Tk);
-    vh = heads(linear(v_in, v_proj_weight, bslice(2)), Tk);
-  }
-
+  if (o.attn_bias.defined()) parts.push_back({o.attn_bias, MaskKind::kAdditive});
   AttentionOptions ao;
   if (parts.size() == 1) {
     ao.mask = parts[0].t;
@@ -203,37 +236,106 @@ MhaOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, co
     ao.mask = combined;
     ao.mask_kind = MaskKind::kAdditive;
   }
-  ao.causal = o.is_causal ? Causal::kTopLeft : Causal::kNone;
+  // With a cache the new queries are the last Tq positions: causal aligns bottom-right.
+  ao.causal = !o.is_causal ? Causal::kNone : cache ? Causal::kBottomRight : Causal::kTopLeft;
 
-  // --- attention -------------------------------------------------------------------------------------------
-  Tensor attn, weights;  // (B, H, Tq, D), (B, H, Tq, Tk)
+  // --- projections; heads as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) --------------------------------
+  ad::Var qh, kh, vh;
+  if (packed_ && self) {  // self-attention: one (3E, E) projection
+    const std::vector<ad::Var> qkv = split_heads(project(c, q_in, 0, 3), 3);
+    qh = qkv[0];
+    kh = qkv[1];
+    vh = qkv[2];
+  } else {
+    qh = split_heads(project(c, q_in, 0, 1), 1)[0];
+    if (fixed) {
+      kh = ad::Var(cache->keys());
+      vh = ad::Var(cache->values());
+    } else if (packed_ && kv_same) {  // key is value (cross-attention on memory): one (2E, E) projection
+      const std::vector<ad::Var> kv = split_heads(project(c, k_in, 1, 2), 2);
+      kh = kv[0];
+      vh = kv[1];
+    } else {
+      kh = split_heads(project(c, k_in, 1, 1), 1)[0];
+      vh = split_heads(project(c, v_in, 2, 1), 1)[0];
+    }
+  }
+  const bool on_tape = qh.requires_grad() || kh.requires_grad() || vh.requires_grad() || attn_bias.requires_grad();
+  if (cache) {
+    QKV_CHECK_ARG(!on_tape, "[MultiheadAttention] kv_cache is for inference; the Context records a tape");
+    if (!fixed) {
+      if (!cache->ready()) cache->reset(B, H, D);
+      cache->append(kh.value, vh.value);
+      kh = ad::Var(cache->keys());
+      vh = ad::Var(cache->values());
+    }
+  }
+
+  // --- attention (B, H, Tq, D) -------------------------------------------------------------------------------
   const bool drop = training() && dropout_ > 0.0f;
+  MhaResult result;
+  Tensor weights;  // (B, H, Tq, Tk) when asked for
+  ad::Var attn;
   if (B * Tq == 0 || Tk == 0) {
     // Nothing to attend to: every row is fully masked, so the output is 0 (and so are the weights).
-    attn = Tensor::zeros({B, H, Tq, D});
+    attn = ad::Var(Tensor::zeros({B, H, Tq, D}));
     if (o.need_weights) weights = Tensor::zeros({B, H, Tq, Tk});
-  } else if (drop) {
-    // Dropout acts on the weights (as PyTorch), so they are materialised; the returned weights are the dropped ones.
+  } else if (!on_tape && (o.need_weights || drop)) {
+    // Weights asked for, or dropped (dropout acts on the weights, as PyTorch): the composed path materialises
+    // them, and the returned weights are the dropped ones.
+    if (attn_bias.defined()) {
+      const Tensor m = ao.mask_kind != MaskKind::kNone ? to_additive(ao.mask, ao.mask_kind) : Tensor();
+      ao.mask = m.defined() ? add(m, attn_bias.value) : attn_bias.value;
+      ao.mask_kind = MaskKind::kAdditive;
+    }
     ao.return_weights = true;
-    AttentionResult r = attention(qh, kh, vh, ao);
-    weights = qkv::dropout(r.weights, dropout_, true, dropout_rng_).y;
-    attn = matmul(weights, vh);
-  } else {
-    ao.return_weights = o.need_weights;
-    AttentionResult r = attention(qh, kh, vh, ao);
-    attn = r.out;
+    AttentionResult r = attention(qh.value, kh.value, vh.value, ao);
     weights = r.weights;
+    if (drop) {
+      QKV_CHECK_ARG(c.dropout_rng() != nullptr, "[MultiheadAttention] dropout ", dropout_,
+                    " in training mode needs a dropout Rng in the Context");
+      weights = qkv::dropout(weights, dropout_, true, *c.dropout_rng()).y;
+      attn = ad::Var(matmul(weights, vh.value));
+    } else {
+      attn = ad::Var(r.out);
+    }
+  } else {
+    // The fused kernel: one node on a tape (composed there only for weight dropout or a trained bias).
+    ad::AttentionExtras ex;
+    ex.bias = attn_bias;
+    if (drop) {
+      QKV_CHECK_ARG(c.dropout_rng() != nullptr, "[MultiheadAttention] dropout ", dropout_,
+                    " in training mode needs a dropout Rng in the Context");
+      ex.dropout = dropout_;
+      ex.dropout_rng = c.dropout_rng();
+    }
+    attn = ad::attention(qh, kh, vh, ao, ex);
+    if (o.need_weights) {  // on a tape: the (pre-dropout) weights, as a constant
+      AttentionOptions wo = ao;
+      if (attn_bias.defined()) {
+        const Tensor m = wo.mask_kind != MaskKind::kNone ? to_additive(wo.mask, wo.mask_kind) : Tensor();
+        wo.mask = m.defined() ? add(m, attn_bias.value) : attn_bias.value;
+        wo.mask_kind = MaskKind::kAdditive;
+      }
+      wo.return_weights = true;
+      weights = attention(qh.value, kh.value, vh.value, wo).weights;
+    }
   }
 
   // --- merge heads (B, H, Tq, D) -> (B, Tq, H, D) -> (B, Tq, E), out_proj ----------------------------------
-  MhaOutput result;
-  result.out = out_proj.forward(attn.transpose(1, 2).reshape({B, Tq, E}));
+  result.out = out_proj.forward(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}));
   if (o.need_weights) result.weights = o.average_attn_weights ? mean_over_heads(weights) : weights;
   if (unbatched) {
-    result.out = result.out.squeeze(0);
+    result.out = ad::squeeze(result.out, 0);
     if (result.weights.defined()) result.weights = result.weights.squeeze(0);
   }
   return result;
+}
+
+MhaOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                      const MhaForwardOptions& options) {
+  MhaResult r = forward(Context(&dropout_rng_), query, key, value, options);
+  return {r.out.value, r.weights};
 }
 
 }  // namespace qkv::nn

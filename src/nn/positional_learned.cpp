@@ -2,7 +2,7 @@
 // Exceeding max_len is a caller mistake, never a silent wrap or clamp.
 #include <cmath>
 
-#include "positional_internal.h"
+#include "../ops/positional_internal.h"
 #include "qkv/core/error.h"
 #include "qkv/nn/positional/learned.h"
 

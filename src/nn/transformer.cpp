@@ -86,14 +86,19 @@ Transformer::Transformer(const TransformerConfig& c, Rng& rng)
   xavier_uniform_reset(*this, rng);
 }
 
-Tensor Transformer::forward(const Tensor& src, const Tensor& tgt, const AttentionMasks& src_masks,
-                            const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks) {
-  detail::check_sequence(src, config_.layer.d_model, "Transformer", "src");
-  detail::check_sequence(tgt, config_.layer.d_model, "Transformer", "tgt");
+ad::Var Transformer::forward(const Context& c, const ad::Var& src, const ad::Var& tgt, const AttentionMasks& src_masks,
+                             const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks) const {
+  detail::check_sequence(src.value, config_.layer.d_model, "Transformer", "src");
+  detail::check_sequence(tgt.value, config_.layer.d_model, "Transformer", "tgt");
   QKV_CHECK_ARG(src.size(0) == tgt.size(0), "[Transformer] src ", str(src.shape()), " and tgt ", str(tgt.shape()),
                 " must have the same batch size");
-  const Tensor memory = encoder.forward(src, src_masks);
-  return decoder.forward(tgt, memory, tgt_masks, memory_masks);
+  return decoder.forward(c, tgt, encoder.forward(c, src, src_masks), tgt_masks, memory_masks);
+}
+
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt, const AttentionMasks& src_masks,
+                            const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks) {
+  Rng* rng = encoder.layers.empty() ? nullptr : &encoder.layers[0]->dropout1.rng();
+  return forward(Context(rng), src, tgt, src_masks, tgt_masks, memory_masks).value;
 }
 
 }  // namespace qkv::nn

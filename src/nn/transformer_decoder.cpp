@@ -5,6 +5,7 @@
 #include "qkv/core/error.h"
 #include "qkv/nn/transformer.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/functional.h"
 #include "transformer_common.h"
 
 namespace qkv::nn {
@@ -33,28 +34,46 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerConfig& c
   register_module("dropout3", &dropout3);
 }
 
-Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks,
-                                        const AttentionMasks& memory_masks) {
-  detail::check_sequence(tgt, config_.d_model, "TransformerDecoderLayer", "tgt");
-  detail::check_sequence(memory, config_.d_model, "TransformerDecoderLayer", "memory");
-  QKV_CHECK_ARG(tgt.size(0) == memory.size(0), "[TransformerDecoderLayer] tgt ", str(tgt.shape()), " and memory ",
-                str(memory.shape()), " must have the same batch size");
-  const MhaForwardOptions self_opts = to_mha_options(tgt_masks);
-  const MhaForwardOptions cross_opts = to_mha_options(memory_masks);
-  auto sa_block = [&](const Tensor& x) { return dropout1.forward(self_attn.forward(x, x, x, self_opts).out); };
-  auto mha_block = [&](const Tensor& x) {
-    return dropout2.forward(multihead_attn.forward(x, memory, memory, cross_opts).out);
-  };
-  auto ff_block = [&](const Tensor& x) { return dropout3.forward(ff.forward(x)); };
-  Tensor x = tgt;
-  if (config_.norm_first) {
-    x = add(x, sa_block(norm1.forward(x)));
-    x = add(x, mha_block(norm2.forward(x)));
-    x = add(x, ff_block(norm3.forward(x)));
+ad::Var TransformerDecoderLayer::forward(const Context& c, const ad::Var& tgt, const ad::Var& memory,
+                                         const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks,
+                                         LayerCache* cache, Tensor* self_weights, Tensor* memory_weights) const {
+  detail::check_sequence(tgt.value, config_.d_model, "TransformerDecoderLayer", "tgt");
+  MhaForwardOptions self_opts = to_mha_options(tgt_masks);
+  MhaForwardOptions cross_opts = to_mha_options(memory_masks);
+  if (cache) {
+    self_opts.kv_cache = &cache->self;
+    cross_opts.kv_cache = &cache->memory;
+    cross_opts.kv_cache_fixed = true;
   } else {
-    x = norm1.forward(add(x, sa_block(x)));
-    x = norm2.forward(add(x, mha_block(x)));
-    x = norm3.forward(add(x, ff_block(x)));
+    detail::check_sequence(memory.value, config_.d_model, "TransformerDecoderLayer", "memory");
+    QKV_CHECK_ARG(tgt.size(0) == memory.size(0), "[TransformerDecoderLayer] tgt ", str(tgt.shape()), " and memory ",
+                  str(memory.shape()), " must have the same batch size");
+  }
+  for (auto [opts, want] : {std::pair{&self_opts, self_weights}, std::pair{&cross_opts, memory_weights}}) {
+    if (!want) continue;
+    opts->need_weights = true;
+    opts->average_attn_weights = false;
+  }
+  auto sa_block = [&](const ad::Var& x) {
+    MhaResult r = self_attn.forward(c, x, x, x, self_opts);
+    if (self_weights) *self_weights = r.weights;
+    return dropout1.forward(c, r.out);
+  };
+  auto mha_block = [&](const ad::Var& x) {
+    MhaResult r = multihead_attn.forward(c, x, memory, memory, cross_opts);
+    if (memory_weights) *memory_weights = r.weights;
+    return dropout2.forward(c, r.out);
+  };
+  auto ff_block = [&](const ad::Var& x) { return dropout3.forward(c, ff.forward(c, x)); };
+  ad::Var x = tgt;
+  if (config_.norm_first) {
+    x = ad::add(x, sa_block(norm1.forward(c, x)));
+    x = ad::add(x, mha_block(norm2.forward(c, x)));
+    x = ad::add(x, ff_block(norm3.forward(c, x)));
+  } else {
+    x = norm1.forward(c, ad::add(x, sa_block(x)));
+    x = norm2.forward(c, ad::add(x, mha_block(x)));
+    x = norm3.forward(c, ad::add(x, ff_block(x)));
   }
   return x;
 }
@@ -73,13 +92,13 @@ TransformerDecoder::TransformerDecoder(const TransformerLayerConfig& c, int64_t 
   }
 }
 
-Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks,
-                                   const AttentionMasks& memory_masks) {
-  detail::check_sequence(tgt, d_model_, "TransformerDecoder", "tgt");
-  detail::check_sequence(memory, d_model_, "TransformerDecoder", "memory");
-  Tensor x = tgt;
-  for (auto& layer : layers) x = layer->forward(x, memory, tgt_masks, memory_masks);
-  if (norm) x = norm->forward(x);
+ad::Var TransformerDecoder::forward(const Context& c, const ad::Var& tgt, const ad::Var& memory,
+                                    const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks) const {
+  detail::check_sequence(tgt.value, d_model_, "TransformerDecoder", "tgt");
+  detail::check_sequence(memory.value, d_model_, "TransformerDecoder", "memory");
+  ad::Var x = tgt;
+  for (const auto& layer : layers) x = layer->forward(c, x, memory, tgt_masks, memory_masks);
+  if (norm) x = norm->forward(c, x);
   return x;
 }
 

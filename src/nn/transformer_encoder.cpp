@@ -5,6 +5,7 @@
 #include "qkv/core/error.h"
 #include "qkv/nn/transformer.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/functional.h"
 #include "transformer_common.h"
 
 namespace qkv::nn {
@@ -26,26 +27,28 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
   register_module("dropout2", &dropout2);
 }
 
-Tensor TransformerEncoderLayer::forward(const Tensor& src, const AttentionMasks& masks, Tensor* weights) {
-  detail::check_sequence(src, config_.d_model, "TransformerEncoderLayer", "src");
+ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
+                                         LayerCache* cache, Tensor* weights) const {
+  detail::check_sequence(src.value, config_.d_model, "TransformerEncoderLayer", "src");
   MhaForwardOptions mo = to_mha_options(masks);
+  if (cache) mo.kv_cache = &cache->self;
   if (weights) {
     mo.need_weights = true;
     mo.average_attn_weights = false;
   }
-  auto sa_block = [&](const Tensor& x) {
-    MhaOutput r = self_attn.forward(x, x, x, mo);
+  auto sa_block = [&](const ad::Var& x) {
+    MhaResult r = self_attn.forward(c, x, x, x, mo);
     if (weights) *weights = r.weights;
-    return dropout1.forward(r.out);
+    return dropout1.forward(c, r.out);
   };
-  auto ff_block = [&](const Tensor& x) { return dropout2.forward(ff.forward(x)); };
-  Tensor x = src;
+  auto ff_block = [&](const ad::Var& x) { return dropout2.forward(c, ff.forward(c, x)); };
+  ad::Var x = src;
   if (config_.norm_first) {
-    x = add(x, sa_block(norm1.forward(x)));
-    x = add(x, ff_block(norm2.forward(x)));
+    x = ad::add(x, sa_block(norm1.forward(c, x)));
+    x = ad::add(x, ff_block(norm2.forward(c, x)));
   } else {
-    x = norm1.forward(add(x, sa_block(x)));
-    x = norm2.forward(add(x, ff_block(x)));
+    x = norm1.forward(c, ad::add(x, sa_block(x)));
+    x = norm2.forward(c, ad::add(x, ff_block(x)));
   }
   return x;
 }
@@ -64,12 +67,14 @@ TransformerEncoder::TransformerEncoder(const TransformerLayerConfig& c, int64_t 
   }
 }
 
-Tensor TransformerEncoder::forward(const Tensor& src, const AttentionMasks& masks, std::vector<Tensor>* weights) {
-  detail::check_sequence(src, d_model_, "TransformerEncoder", "src");
-  Tensor x = src;
+ad::Var TransformerEncoder::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
+                                    std::vector<Tensor>* weights) const {
+  detail::check_sequence(src.value, d_model_, "TransformerEncoder", "src");
+  ad::Var x = src;
   if (weights) weights->assign(layers.size(), Tensor());
-  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(x, masks, weights ? &(*weights)[i] : nullptr);
-  if (norm) x = norm->forward(x);
+  for (size_t i = 0; i < layers.size(); ++i)
+    x = layers[i]->forward(c, x, masks, nullptr, weights ? &(*weights)[i] : nullptr);
+  if (norm) x = norm->forward(c, x);
   return x;
 }
 

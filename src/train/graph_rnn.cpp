@@ -6,6 +6,11 @@
 #include "qkv/train/graph.h"
 
 namespace qkv::train {
+using ad::Parameter;
+using ad::ParameterSet;
+using ad::Tape;
+using ad::Var;
+
 
 RnnVars Graph::rnn_layers(int64_t gates, const std::vector<RnnLayerVars>& layers, const Var& x, const Var& h0,
                           const Var& c0, const std::vector<int64_t>& lengths) {
@@ -46,7 +51,7 @@ RnnVars Graph::rnn_layers(int64_t gates, const std::vector<RnnLayerVars>& layers
   Var in = x;
   for (int64_t l = 0; l < nl; ++l) {
     const RnnLayerVars& p = layers[static_cast<size_t>(l)];
-    const Var gi = train::linear(in, p.w_ih, p.b_ih);  // (B, T, G·H): every step's input projection in one GEMM
+    const Var gi = ad::linear(in, p.w_ih, p.b_ih);  // (B, T, G·H): every step's input projection in one GEMM
     Var h = h0.defined() ? select(h0, 0, l) : Var(Tensor::zeros({nb, hs}));
     Var c = gates == 4 ? (c0.defined() ? select(c0, 0, l) : Var(Tensor::zeros({nb, hs}))) : Var();
     std::vector<Var> outs;
@@ -57,7 +62,7 @@ RnnVars Graph::rnn_layers(int64_t gates, const std::vector<RnnLayerVars>& layers
       if (gates == 3) {
         h = gru_cell(g, h, p.w_hh, p.b_hh, act);
       } else {
-        LstmVars s = lstm_cell(g, h, c, p.w_hh, p.b_hh, act);
+        ad::LstmVars s = lstm_cell(g, h, c, p.w_hh, p.b_hh, act);
         h = s.h;
         c = s.c;
       }

@@ -6,10 +6,15 @@
 #include <memory>
 #include <span>
 
-#include "functional_internal.h"
+#include "../ops/functional_internal.h"
 #include "qkv/core/error.h"
 
 namespace qkv::train {
+using ad::Parameter;
+using ad::ParameterSet;
+using ad::Tape;
+using ad::Var;
+
 
 int64_t count_targets(const std::vector<int64_t>& targets, int64_t ignore_index) {
   int64_t n = 0;
@@ -18,7 +23,7 @@ int64_t count_targets(const std::vector<int64_t>& targets, int64_t ignore_index)
 }
 
 Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets, const CrossEntropyOptions& o) {
-  detail::check_defined(logits, "cross_entropy", "logits");
+  ad::detail::check_defined(logits, "cross_entropy", "logits");
   QKV_CHECK_ARG(logits.dim() >= 2 && logits.size(-1) > 0, "[cross_entropy] logits ", str(logits.shape()),
                 " must be (N, V) or (..., V) with V > 0");
   QKV_CHECK_ARG(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f,
@@ -60,7 +65,7 @@ Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets, const 
   loss = count == 0 ? 0.0 : loss / divisor;
 
   auto saved_targets = std::make_shared<const std::vector<int64_t>>(targets);
-  return detail::record(Tensor::scalar(static_cast<float>(loss)), {&logits},
+  return ad::detail::record(Tensor::scalar(static_cast<float>(loss)), {&logits},
                         [logits, x, lse, saved_targets, o, N, V, divisor, count](Tape& t, std::span<const Tensor> d) {
     const double up = d[0].item();
     Tensor g = Tensor::empty({N, V});

@@ -10,6 +10,11 @@
 #include "qkv/kernels/adam.h"
 
 namespace qkv::train {
+using ad::Parameter;
+using ad::ParameterSet;
+using ad::Tape;
+using ad::Var;
+
 namespace {
 
 constexpr int64_t kParallelMin = int64_t{1} << 17;  // parameter elements per OpenMP region

@@ -9,6 +9,7 @@
 
 namespace qkv::train {
 
+
 double inverse_sqrt_lr(int64_t step, int64_t d_model, int64_t warmup, double scale) {
   QKV_CHECK_ARG(step >= 1 && d_model >= 1 && warmup >= 1, "[inverse_sqrt_lr] step (", step, "), d_model (", d_model,
                 ") and warmup (", warmup, ") must be >= 1");

@@ -6,12 +6,17 @@
 #include <map>
 #include <string>
 
-#include "functional_internal.h"
+#include "../ops/functional_internal.h"
 #include "qkv/core/error.h"
 #include "qkv/nn/additive_attention.h"
 
 namespace qkv::train {
-using detail::check_ids;
+using ad::Parameter;
+using ad::ParameterSet;
+using ad::Tape;
+using ad::Var;
+
+using ad::detail::check_ids;
 
 Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::vector<int64_t>& src_lengths,
                        const Ids& tgt_in) {
@@ -62,7 +67,7 @@ Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::
       Var x = emb;
       if (cfg.feed_context) {
         const Var c = expand(unsqueeze(select(enc.h_n, 0, L - 1), 1), {B, Tt, H});
-        x = concat({x, c}, -1);
+        x = ad::concat({x, c}, -1);
       }
       const RnnVars dec = g.rnn_layers(G, dec_layers, x, enc.h_n, enc.c_n, {});
       return linear(dec.output, out_w, out_b);
@@ -75,7 +80,7 @@ Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::
       Var scores = matmul(dec.output, transpose(prepared, 1, 2));  // (B, Tt, Ts)
       if (score_mask.defined()) scores = add(scores, Var(score_mask.unsqueeze(1)));
       const Var ctx = matmul(softmax(scores, -1), states);  // (B, Tt, H)
-      const Var combined = tanh(linear(concat({ctx, dec.output}, -1), P("attn_combine.weight")));
+      const Var combined = tanh(linear(ad::concat({ctx, dec.output}, -1), P("attn_combine.weight")));
       return linear(combined, out_w, out_b);
     }
     case models::Seq2SeqAttention::kBahdanau: {
@@ -94,7 +99,7 @@ Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::
         Var sc = squeeze(linear(e, v), 2);                                      // (B, Ts)
         if (score_mask.defined()) sc = add(sc, Var(score_mask));
         const Var ctx = squeeze(matmul(unsqueeze(softmax(sc, -1), 1), states), 1);  // (B, H)
-        Var in = concat({select(emb, 1, t), ctx}, -1);
+        Var in = ad::concat({select(emb, 1, t), ctx}, -1);
         for (int64_t l = 0; l < L; ++l) {
           const RnnLayerVars& p = dec_layers[static_cast<size_t>(l)];
           const Var gi = linear(in, p.w_ih, p.b_ih);
@@ -102,13 +107,13 @@ Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::
           if (G == 3) {
             h[li] = gru_cell(gi, h[li], p.w_hh, p.b_hh);
           } else {
-            LstmVars s = lstm_cell(gi, h[li], c[li], p.w_hh, p.b_hh);
+            ad::LstmVars s = lstm_cell(gi, h[li], c[li], p.w_hh, p.b_hh);
             h[li] = s.h;
             c[li] = s.c;
           }
           in = h[li];
         }
-        logits.push_back(linear(concat({h.back(), ctx}, -1), out_w, out_b));
+        logits.push_back(linear(ad::concat({h.back(), ctx}, -1), out_w, out_b));
       }
       return stack(logits, 1);
     }

@@ -13,7 +13,8 @@
 #include "qkv/nn/positional/t5_bias.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/softmax.h"
-#include "qkv/train/functional.h"
+#include "qkv/nn/rnn.h"
+#include "qkv/ops/functional.h"
 #include "qkv/train/loss.h"
 
 namespace qkv {
@@ -24,8 +25,8 @@ using testing::GradsMatchAffine;
 using testing::GradsMatchTwin;
 using testing::randn;
 using testing::ThrowsArg;
-using train::Tape;
-using train::Var;
+using ad::Tape;
+using ad::Var;
 using Vars = std::vector<Var>;
 using DVec = std::vector<double>;
 using DIn = std::vector<DVec>;
@@ -38,7 +39,7 @@ TEST(Tape, GradientAccumulatesWhenAVarIsUsedTwice) {
   Tape tape;
   const Tensor xv = Tensor::from_vector({3}, {1.0f, -2.0f, 0.5f});
   const Var x = tape.leaf(xv);
-  const Var y = train::add(train::mul(x, x), x);  // x² + x -> 2x + 1
+  const Var y = ad::add(ad::mul(x, x), x);  // x² + x -> 2x + 1
   tape.backward(y, Tensor::ones({3}));
   EXPECT_TRUE(AllClose(x.grad(), DVec{3.0, -3.0, 2.0}, testing::kExact));
 }
@@ -46,7 +47,7 @@ TEST(Tape, GradientAccumulatesWhenAVarIsUsedTwice) {
 TEST(Tape, ConstantsRecordNothing) {
   Tape tape;
   const Var a = Tensor::ones({2, 2});
-  const Var b = train::matmul(a, train::relu(a));
+  const Var b = ad::matmul(a, ad::relu(a));
   EXPECT_FALSE(b.requires_grad());
   EXPECT_EQ(tape.num_nodes(), 0u);
   EXPECT_TRUE(AllClose(b.value, DVec{2, 2, 2, 2}, testing::kExact));
@@ -56,7 +57,7 @@ TEST(Tape, UpstreamGradientIsNeverWrittenInPlace) {
   // add() hands dy to both operands without a copy; x then receives it twice and must copy before adding.
   Tape tape;
   const Var x = tape.leaf(Tensor::from_vector({2}, {1.0f, 2.0f}));
-  const Var y = train::add(x, x);
+  const Var y = ad::add(x, x);
   const Tensor dout = Tensor::from_vector({2}, {1.0f, 10.0f});
   tape.backward(y, dout);
   EXPECT_TRUE(AllClose(x.grad(), DVec{2.0, 20.0}, testing::kExact));
@@ -65,14 +66,14 @@ TEST(Tape, UpstreamGradientIsNeverWrittenInPlace) {
 
 TEST(Tape, ParameterGradientOverwritesAfterZeroGradAndAccumulatesWithin) {
   Tensor w = Tensor::from_vector({2}, {1.0f, 2.0f});
-  train::ParameterSet params;
+  ad::ParameterSet params;
   params.add("w", &w);
   for (int step = 0; step < 2; ++step) {
     params.zero_grad();
     EXPECT_FALSE(params[0].has_grad);
     Tape tape;
     const Var p = tape.param(params[0]);
-    const Var y = train::sum(train::add(train::scale(p, 3.0f), p));  // d/dw = 4 each
+    const Var y = ad::sum(ad::add(ad::scale(p, 3.0f), p));  // d/dw = 4 each
     tape.backward(y);
     EXPECT_TRUE(params[0].has_grad);
     EXPECT_TRUE(AllClose(params[0].grad, DVec{4.0, 4.0}, testing::kExact)) << "step " << step;
@@ -82,12 +83,12 @@ TEST(Tape, ParameterGradientOverwritesAfterZeroGradAndAccumulatesWithin) {
 TEST(Tape, ClearAllowsReuseAndBackwardTwiceThrows) {
   Tape tape;
   Var x = tape.leaf(Tensor::ones({2}));
-  Var y = train::sum(train::scale(x, 2.0f));
+  Var y = ad::sum(ad::scale(x, 2.0f));
   tape.backward(y);
   EXPECT_TRUE(ThrowsArg([&] { tape.backward(y); }, "[Tape.backward]"));
   tape.clear();
   x = tape.leaf(Tensor::ones({2}));
-  y = train::sum(train::scale(x, 5.0f));
+  y = ad::sum(ad::scale(x, 5.0f));
   tape.backward(y);
   EXPECT_TRUE(AllClose(x.grad(), DVec{5.0, 5.0}, testing::kExact));
 }
@@ -95,17 +96,17 @@ TEST(Tape, ClearAllowsReuseAndBackwardTwiceThrows) {
 TEST(Tape, BadBackwardCallsThrow) {
   Tape tape, other;
   const Var x = tape.leaf(Tensor::ones({2}));
-  const Var y = train::scale(x, 2.0f);
+  const Var y = ad::scale(x, 2.0f);
   EXPECT_TRUE(ThrowsArg([&] { tape.backward(y); }, "[Tape.backward]"));  // not a scalar
   EXPECT_TRUE(ThrowsArg([&] { tape.backward(y, Tensor::ones({3})); }, "[Tape.backward]"));
   EXPECT_TRUE(ThrowsArg([&] { tape.backward(Var(Tensor::ones({1}))); }, "[Tape.backward]"));
   const Var z = other.leaf(Tensor::ones({2}));
-  EXPECT_TRUE(ThrowsArg([&] { train::add(x, z); }, "[Tape]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::add(x, z); }, "[Tape]"));
 }
 
 TEST(ParameterSet, RejectsDuplicatesAndUndefined) {
   Tensor a = Tensor::ones({2}), b;
-  train::ParameterSet ps;
+  ad::ParameterSet ps;
   ps.add("a", &a);
   EXPECT_TRUE(ThrowsArg([&] { ps.add("a", &a); }, "[ParameterSet]"));
   EXPECT_TRUE(ThrowsArg([&] { ps.add("b", &b); }, "[ParameterSet]"));
@@ -118,35 +119,35 @@ TEST(ParameterSet, RejectsDuplicatesAndUndefined) {
 
 TEST(Grad, MatmulBroadcastBatch) {
   const Tensor a = randn({2, 3, 4, 5}, 1), b = randn({3, 5, 2}, 2);  // b broadcast over the first dim
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::matmul(v[0], v[1]); }, {a, b}, 3));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::matmul(v[0], v[1]); }, {a, b}, 3));
 }
 
 TEST(Grad, LinearWithBiasOnStridedInput) {
   const Tensor x = randn({5, 3, 4}, 4).transpose(0, 1);  // (3, 5, 4), not contiguous
   const Tensor w = randn({6, 4}, 5), b = randn({6}, 6);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::linear(v[0], v[1], v[2]); }, {x, w, b}, 7));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::linear(v[0], v[1]); }, {x, w}, 8));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::linear(v[0], v[1], v[2]); }, {x, w, b}, 7));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::linear(v[0], v[1]); }, {x, w}, 8));
 }
 
 TEST(Grad, LinearAccumulatesIntoAParameterUsedTwice) {
   const Tensor x = randn({3, 4}, 9), w = randn({2, 4}, 10);
   EXPECT_TRUE(GradsMatchAffine(
-      [](const Vars& v) { return train::add(train::linear(v[0], v[1]), train::linear(train::scale(v[0], 2.0f), v[1])); },
+      [](const Vars& v) { return ad::add(ad::linear(v[0], v[1]), ad::linear(ad::scale(v[0], 2.0f), v[1])); },
       {x, w}, 11));
 }
 
 TEST(Grad, AddSubMulBroadcast) {
   const Tensor a = randn({2, 3, 4}, 12), b = randn({3, 1}, 13);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add(v[0], v[1]); }, {a, b}, 14));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::sub(v[0], v[1]); }, {a, b}, 15));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::mul(v[0], v[1]); }, {a, b}, 16));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::mul(v[1], v[0]); }, {a, b}, 17));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::add(v[0], v[1]); }, {a, b}, 14));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::sub(v[0], v[1]); }, {a, b}, 15));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::mul(v[0], v[1]); }, {a, b}, 16));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::mul(v[1], v[0]); }, {a, b}, 17));
   // Broadcast along leading dims only (the sgemv reduction), with and without leading 1s.
   for (const Shape& s : {Shape{3, 4}, Shape{1, 3, 4}}) {
     const Tensor c = randn(s, 171);
-    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add(v[0], v[1]); }, {a, c}, 172));
-    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::sub(v[1], v[0]); }, {a, c}, 173));
-    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::expand(v[0], {2, 3, 4}); }, {c}, 174));
+    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::add(v[0], v[1]); }, {a, c}, 172));
+    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::sub(v[1], v[0]); }, {a, c}, 173));
+    EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::expand(v[0], {2, 3, 4}); }, {c}, 174));
   }
 }
 
@@ -155,16 +156,16 @@ TEST(Tape, OwnedContributionJoinsASharedGradientWithoutTouchingIt) {
   Tape tape;
   const Var x = tape.leaf(Tensor::from_vector({2}, {1.0f, 2.0f}));
   const Tensor dout = Tensor::from_vector({2}, {1.0f, -2.0f});
-  tape.backward(train::add(x, train::scale(x, 3.0f)), dout);
+  tape.backward(ad::add(x, ad::scale(x, 3.0f)), dout);
   EXPECT_TRUE(AllClose(x.grad(), DVec{4.0, -8.0}, testing::kExact));
   EXPECT_TRUE(AllClose(dout, DVec{1.0, -2.0}, testing::kExact));
 }
 
 TEST(Grad, ScaleSumMean) {
   const Tensor a = randn({3, 4}, 18);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::scale(v[0], -1.5f); }, {a}, 19));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::sum(v[0]); }, {a}, 20));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::mean(v[0]); }, {a}, 21));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::scale(v[0], -1.5f); }, {a}, 19));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::sum(v[0]); }, {a}, 20));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::mean(v[0]); }, {a}, 21));
 }
 
 // Unary twins.
@@ -186,15 +187,15 @@ TEST(Grad, Activations) {
   };
   auto sigm = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
   auto tnh = [](double v) { return std::tanh(v); };
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::relu(v[0]); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::relu(v[0]); },
                              [&](const DIn& in) { return unary_twin(in[0], +relu); }, {x}, 23));
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::gelu(v[0]); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::gelu(v[0]); },
                              [&](const DIn& in) { return unary_twin(in[0], +gelu); }, {x}, 24));
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::gelu(v[0], GeluApprox::kTanh); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::gelu(v[0], GeluApprox::kTanh); },
                              [&](const DIn& in) { return unary_twin(in[0], +gelu_tanh); }, {x}, 25));
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::sigmoid(v[0]); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::sigmoid(v[0]); },
                              [&](const DIn& in) { return unary_twin(in[0], +sigm); }, {x}, 26));
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::tanh(v[0]); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::tanh(v[0]); },
                              [&](const DIn& in) { return unary_twin(in[0], +tnh); }, {x}, 27));
 }
 
@@ -216,16 +217,16 @@ DVec softmax_twin(const DVec& x, int64_t n, bool log) {
 
 TEST(Grad, SoftmaxAndLogSoftmaxLastAxis) {
   const Tensor x = randn({3, 5}, 28);
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::softmax(v[0]); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::softmax(v[0]); },
                              [](const DIn& in) { return softmax_twin(in[0], 5, false); }, {x}, 29));
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::log_softmax(v[0]); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::log_softmax(v[0]); },
                              [](const DIn& in) { return softmax_twin(in[0], 5, true); }, {x}, 30));
 }
 
 TEST(Grad, SoftmaxAlongAxisZero) {
   const Tensor x = randn({4, 3}, 31);
   EXPECT_TRUE(GradsMatchTwin(
-      [](const Vars& v) { return train::transpose(train::softmax(v[0], 0), 0, 1); },
+      [](const Vars& v) { return ad::transpose(ad::softmax(v[0], 0), 0, 1); },
       [](const DIn& in) {
         DVec t(12);
         for (int i = 0; i < 4; ++i)
@@ -240,7 +241,7 @@ TEST(Grad, SoftmaxFullyMaskedRowGivesZeroGradientNotNaN) {
   Tensor xv = randn({2, 3}, 33);
   for (int j = 0; j < 3; ++j) xv.data()[j] = -std::numeric_limits<float>::infinity();
   const Var x = tape.leaf(xv);
-  tape.backward(train::softmax(x), randn({2, 3}, 34));
+  tape.backward(ad::softmax(x), randn({2, 3}, 34));
   const std::vector<float> g = x.grad().to_vector();
   for (int j = 0; j < 3; ++j) EXPECT_EQ(g[j], 0.0f);
   for (float v : g) EXPECT_FALSE(std::isnan(v));
@@ -266,10 +267,10 @@ DVec layer_norm_twin(const DVec& x, const DVec* w, const DVec* b, int64_t e, dou
 
 TEST(Grad, LayerNormWithAndWithoutAffine) {
   const Tensor x = randn({2, 3, 6}, 35), w = randn({6}, 36), b = randn({6}, 37);
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::layer_norm(v[0], v[1], v[2], 1e-5f); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::layer_norm(v[0], v[1], v[2], 1e-5f); },
                              [](const DIn& in) { return layer_norm_twin(in[0], &in[1], &in[2], 6, 1e-5); },
                              {x, w, b}, 38));
-  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return train::layer_norm(v[0], Var(), Var(), 1e-5f); },
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::layer_norm(v[0], Var(), Var(), 1e-5f); },
                              [](const DIn& in) { return layer_norm_twin(in[0], nullptr, nullptr, 6, 1e-5); }, {x},
                              39));
 }
@@ -279,16 +280,16 @@ TEST(Grad, LayerNormWithAndWithoutAffine) {
 TEST(Grad, EmbeddingRepeatedIdsAddUp) {
   const Tensor w = randn({5, 3}, 40);
   const Ids ids{{1, 3, 1, 0, 1, 4}, {2, 3}};
-  EXPECT_TRUE(GradsMatchAffine([&](const Vars& v) { return train::embedding(v[0], ids); }, {w}, 41));
+  EXPECT_TRUE(GradsMatchAffine([&](const Vars& v) { return ad::embedding(v[0], ids); }, {w}, 41));
 }
 
 TEST(Grad, EmbeddingPaddingIdxRowGetsNoGradient) {
   Tape tape;
   const Var w = tape.leaf(randn({4, 2}, 42));
   const Ids ids{{2, 0, 2, 3}, {4}};
-  tape.backward(train::embedding(w, ids, -2), Tensor::ones({4, 2}));  // -2 == row 2
+  tape.backward(ad::embedding(w, ids, -2), Tensor::ones({4, 2}));  // -2 == row 2
   EXPECT_TRUE(AllClose(w.grad(), DVec{1, 1, 0, 0, 0, 0, 1, 1}, testing::kExact));
-  EXPECT_TRUE(ThrowsArg([&] { train::embedding(w, ids, 4); }, "[embedding]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::embedding(w, ids, 4); }, "[embedding]"));
 }
 
 TEST(Grad, DropoutScalesKeptAndZeroesDropped) {
@@ -298,11 +299,11 @@ TEST(Grad, DropoutScalesKeptAndZeroesDropped) {
   EXPECT_TRUE(GradsMatchAffine(
       [p](const Vars& v) {
         Rng rng(7);
-        return train::dropout(v[0], p, true, rng);
+        return ad::dropout(v[0], p, true, rng);
       },
       {x}, 44));
   Rng rng(1);
-  const Var same = train::dropout(Var(x), p, false, rng);
+  const Var same = ad::dropout(Var(x), p, false, rng);
   EXPECT_TRUE(same.value.shares_storage(x));  // eval: identity, no copy
 }
 
@@ -310,34 +311,34 @@ TEST(Grad, DropoutScalesKeptAndZeroesDropped) {
 
 TEST(Grad, ViewsAndTheirInverses) {
   const Tensor x = randn({2, 3, 4}, 45);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::reshape(v[0], {6, 4}); }, {x}, 46));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::transpose(v[0], 0, 2); }, {x}, 47));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::permute(v[0], {1, 2, 0}); }, {x}, 48));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::select(v[0], 1, 2); }, {x}, 49));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::slice(v[0], 2, 0, 4, 2); }, {x}, 50));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::unsqueeze(v[0], -1); }, {x}, 51));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::squeeze(train::unsqueeze(v[0], 1), 1); }, {x}, 52));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::contiguous(train::transpose(v[0], 0, 1)); }, {x},
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::reshape(v[0], {6, 4}); }, {x}, 46));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::transpose(v[0], 0, 2); }, {x}, 47));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::permute(v[0], {1, 2, 0}); }, {x}, 48));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::select(v[0], 1, 2); }, {x}, 49));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::slice(v[0], 2, 0, 4, 2); }, {x}, 50));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::unsqueeze(v[0], -1); }, {x}, 51));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::squeeze(ad::unsqueeze(v[0], 1), 1); }, {x}, 52));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::contiguous(ad::transpose(v[0], 0, 1)); }, {x},
                                53));
   const Tensor y = randn({3, 1}, 54);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::expand(v[0], {2, 3, 5}); }, {y}, 55));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::expand(v[0], {2, 3, 5}); }, {y}, 55));
 }
 
 TEST(Grad, ConcatStackAndSplitWithAnUnusedPiece) {
   const Tensor a = randn({2, 3}, 56), b = randn({2, 2}, 57);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::concat({v[0], v[1], v[0]}, 1); }, {a, b}, 58));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::stack({v[0], v[0]}, 0); }, {a}, 59));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::concat({v[0], v[1], v[0]}, 1); }, {a, b}, 58));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::stack({v[0], v[0]}, 0); }, {a}, 59));
   const Tensor x = randn({2, 7}, 60);
   EXPECT_TRUE(GradsMatchAffine(
       [](const Vars& v) {
-        std::vector<Var> p = train::split(v[0], {2, 3, 2}, 1);
-        return train::concat({p[2], p[0]}, 1);  // the middle piece takes no gradient
+        std::vector<Var> p = ad::split(v[0], {2, 3, 2}, 1);
+        return ad::concat({p[2], p[0]}, 1);  // the middle piece takes no gradient
       },
       {x}, 61));
   EXPECT_TRUE(GradsMatchAffine(
       [](const Vars& v) {
-        std::vector<Var> p = train::split(v[0], {2, 3, 2}, 1);
-        return train::concat({p[2], p[1], p[0]}, 1);
+        std::vector<Var> p = ad::split(v[0], {2, 3, 2}, 1);
+        return ad::concat({p[2], p[1], p[0]}, 1);
       },
       {x}, 62));
 }
@@ -357,7 +358,7 @@ testing::TwinFn attention_twin(const Shape& qs, const Shape& ks, const Shape& vs
 
 ::testing::AssertionResult AttentionGradsMatch(const Tensor& q, const Tensor& k, const Tensor& v,
                                                const AttentionOptions& o, uint64_t seed) {
-  return GradsMatchTwin([o](const Vars& x) { return train::attention(x[0], x[1], x[2], o); },
+  return GradsMatchTwin([o](const Vars& x) { return ad::attention(x[0], x[1], x[2], o); },
                         attention_twin(q.shape(), k.shape(), v.shape(), o), {q, k, v}, seed);
 }
 
@@ -408,7 +409,7 @@ TEST(GradAttention, FullyMaskedRowGivesZeroGradientNotNaN) {
   EXPECT_TRUE(AttentionGradsMatch(q, k, v, o, 84));
   Tape tape;
   const Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
-  tape.backward(train::attention(qv, kv, vv, o), randn({1, 3, 2}, 85));
+  tape.backward(ad::attention(qv, kv, vv, o), randn({1, 3, 2}, 85));
   const std::vector<float> dq = qv.grad().to_vector();
   for (int c = 0; c < 4; ++c) EXPECT_EQ(dq[4 + c], 0.0f);
   for (const Var* x : {&qv, &kv, &vv})
@@ -429,9 +430,9 @@ TEST(GradAttention, ComposedPathMatchesFusedPath) {
   for (int path = 0; path < 2; ++path) {
     Tape tape;
     const Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
-    train::AttentionExtras ex;
+    ad::AttentionExtras ex;
     if (path == 1) ex.bias = tape.leaf(Tensor::zeros({1, 2, 5, 5}));
-    const Var out = train::attention(qv, kv, vv, o, ex);
+    const Var out = ad::attention(qv, kv, vv, o, ex);
     tape.backward(out, dout);
     outs[path] = out.value;
     grads[path] = {qv.grad(), kv.grad(), vv.grad()};
@@ -447,9 +448,9 @@ TEST(GradAttention, DifferentiableBiasGetsTheScoreGradient) {
   o.causal = Causal::kBottomRight;
   EXPECT_TRUE(GradsMatchTwin(
       [o](const Vars& x) {
-        train::AttentionExtras ex;
+        ad::AttentionExtras ex;
         ex.bias = x[3];
-        return train::attention(x[0], x[1], x[2], o, ex);
+        return ad::attention(x[0], x[1], x[2], o, ex);
       },
       [&](const DIn& in) {
         // The bias enters the float64 oracle as a double additive mask (scale 1/sqrt(4)).
@@ -472,13 +473,13 @@ TEST(GradAttention, WeightDropoutMatchesManualComposition) {
     Rng rng(5);
     Var out;
     if (path == 0) {
-      train::AttentionExtras ex;
+      ad::AttentionExtras ex;
       ex.dropout = 0.3f;
       ex.dropout_rng = &rng;
-      out = train::attention(qv, kv, vv, {}, ex);
+      out = ad::attention(qv, kv, vv, {}, ex);
     } else {
-      const Var s = train::scale(train::matmul(qv, train::transpose(kv, -1, -2)), 0.5f);
-      out = train::matmul(train::dropout(train::softmax(s), 0.3f, true, rng), vv);
+      const Var s = ad::scale(ad::matmul(qv, ad::transpose(kv, -1, -2)), 0.5f);
+      out = ad::matmul(ad::dropout(ad::softmax(s), 0.3f, true, rng), vv);
     }
     tape.backward(out, dout);
     grads[path] = {qv.grad(), kv.grad(), vv.grad()};
@@ -522,15 +523,15 @@ TEST(GradAttention, ShawRelativeWithBothTablesAndCausal) {
   AttentionOptions o;
   o.causal = Causal::kTopLeft;
   EXPECT_TRUE(GradsMatchTwin(
-      [o](const Vars& x) { return train::relative_attention(x[0], x[1], x[2], x[3], x[4], clip, o); },
+      [o](const Vars& x) { return ad::relative_attention(x[0], x[1], x[2], x[3], x[4], clip, o); },
       [](const DIn& in) { return relative_twin(in, 2, 4, 4, 3, 2, clip, Causal::kTopLeft, true); },
       {q, k, v, rk, rv}, 104));
   // Values agree with the forward-only op.
   const Tensor ref = relative_attention(q, k, v, rk, rv, clip, o).out;
-  EXPECT_TRUE(AllClose(train::relative_attention(q, k, v, rk, rv, clip, o).value, testing::to_double(ref),
+  EXPECT_TRUE(AllClose(ad::relative_attention(q, k, v, rk, rv, clip, o).value, testing::to_double(ref),
                        {1e-6, 1e-5}));
   EXPECT_TRUE(GradsMatchTwin(
-      [](const Vars& x) { return train::relative_attention(x[0], x[1], x[2], x[3], Var(), clip); },
+      [](const Vars& x) { return ad::relative_attention(x[0], x[1], x[2], x[3], Var(), clip); },
       [](const DIn& in) { return relative_twin(in, 2, 4, 4, 3, 2, clip, Causal::kNone, false); }, {q, k, v, rk},
       105));
 }
@@ -540,7 +541,7 @@ TEST(GradAttention, ShawRelativeWithBothTablesAndCausal) {
 TEST(GradPositional, RopeBackwardIsTheInverseRotation) {
   const Tensor x = randn({2, 5, 6}, 106);
   for (RopeVariant variant : {RopeVariant::kHalfSplit, RopeVariant::kInterleaved}) {
-    EXPECT_TRUE(GradsMatchAffine([variant](const Vars& v) { return train::rope(v[0], 3, 10000.0f, variant); }, {x},
+    EXPECT_TRUE(GradsMatchAffine([variant](const Vars& v) { return ad::rope(v[0], 3, 10000.0f, variant); }, {x},
                                  107))
         << static_cast<int>(variant);
   }
@@ -548,18 +549,18 @@ TEST(GradPositional, RopeBackwardIsTheInverseRotation) {
 
 TEST(GradPositional, T5BiasScatterAddsIntoItsTable) {
   const Tensor table = randn({8, 2}, 108);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::t5_bias(v[0], 4, 6, true, 16, 2); }, {table}, 109));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::t5_bias(v[0], 5, 5, false, 16); }, {table}, 110));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::t5_bias(v[0], 4, 6, true, 16, 2); }, {table}, 109));
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::t5_bias(v[0], 5, 5, false, 16); }, {table}, 110));
 }
 
 TEST(GradPositional, LearnedTableAndSinusoidal) {
   const Tensor x = randn({2, 3, 4}, 111), table = randn({6, 4}, 112);
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add_learned_positions(v[0], v[1], 2); }, {x, table},
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::add_learned_positions(v[0], v[1], 2); }, {x, table},
                                113));
-  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return train::add_sinusoidal(v[0], 1); }, {x}, 114));
-  EXPECT_TRUE(AllClose(train::add_sinusoidal(Var(x), 1).value, testing::to_double(add_sinusoidal(x, 1)),
+  EXPECT_TRUE(GradsMatchAffine([](const Vars& v) { return ad::add_sinusoidal(v[0], 1); }, {x}, 114));
+  EXPECT_TRUE(AllClose(ad::add_sinusoidal(Var(x), 1).value, testing::to_double(add_sinusoidal(x, 1)),
                        testing::kExact));
-  EXPECT_TRUE(ThrowsArg([&] { train::add_learned_positions(Var(x), Var(table), 4); }, "[add_learned_positions]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::add_learned_positions(Var(x), Var(table), 4); }, "[add_learned_positions]"));
 }
 
 // --- recurrent cells ---------------------------------------------------------------------------------------------
@@ -598,10 +599,10 @@ TEST(GradRnn, GruCellStepWithAnInactiveRow) {
   const Tensor gi = randn({nb, 3 * hs}, 115), h = randn({nb, hs}, 116), w = randn({3 * hs, hs}, 117, 0.5f),
                b = randn({3 * hs}, 118);
   const std::vector<uint8_t> active{1, 0, 1};
-  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return train::gru_cell(x[0], x[1], x[2], x[3], active); },
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return ad::gru_cell(x[0], x[1], x[2], x[3], active); },
                              [&](const DIn& in) { return gru_twin(in, nb, hs, active); }, {gi, h, w, b}, 119,
                              kCellGradTol));
-  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return train::gru_cell(x[0], x[1], x[2], x[3]); },
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return ad::gru_cell(x[0], x[1], x[2], x[3]); },
                              [&](const DIn& in) { return gru_twin(in, nb, hs); }, {gi, h, w, b}, 120, kCellGradTol));
 }
 
@@ -636,8 +637,8 @@ TEST(GradRnn, LstmCellStepBothOutputsAndAnInactiveRow) {
   for (const std::vector<uint8_t>& active : {std::vector<uint8_t>{}, std::vector<uint8_t>{0, 1}}) {
     EXPECT_TRUE(GradsMatchTwin(
         [&](const Vars& x) {
-          train::LstmVars s = train::lstm_cell(x[0], x[1], x[2], x[3], x[4], active);
-          return train::concat({train::reshape(s.h, {nb * hs}), train::reshape(s.c, {nb * hs})}, 0);
+          ad::LstmVars s = ad::lstm_cell(x[0], x[1], x[2], x[3], x[4], active);
+          return ad::concat({ad::reshape(s.h, {nb * hs}), ad::reshape(s.c, {nb * hs})}, 0);
         },
         [&](const DIn& in) { return lstm_twin(in, nb, hs, active); }, {gi, h, c, w, b}, 126, kCellGradTol));
   }
@@ -648,7 +649,7 @@ TEST(GradRnn, LstmCellOnlyHiddenUsed) {
   const Tensor gi = randn({nb, 4 * hs}, 127), h = randn({nb, hs}, 128), c = randn({nb, hs}, 129),
                w = randn({4 * hs, hs}, 130, 0.5f), b = randn({4 * hs}, 131);
   EXPECT_TRUE(GradsMatchTwin(
-      [&](const Vars& x) { return train::lstm_cell(x[0], x[1], x[2], x[3], x[4]).h; },
+      [&](const Vars& x) { return ad::lstm_cell(x[0], x[1], x[2], x[3], x[4]).h; },
       [&](const DIn& in) {
         DVec both = lstm_twin(in, nb, hs);
         return DVec(both.begin(), both.begin() + nb * hs);
@@ -658,9 +659,9 @@ TEST(GradRnn, LstmCellOnlyHiddenUsed) {
 
 TEST(GradRnn, CellErrorsNameTheOp) {
   const Tensor gi = randn({2, 6}, 133), h = randn({2, 2}, 134), w = randn({6, 2}, 135);
-  EXPECT_TRUE(ThrowsArg([&] { train::gru_cell(gi, h, w, Var(), {1, 1, 1}); }, "[gru_cell]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::gru_cell(Var(), h, w, Var()); }, "[gru_cell]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::lstm_cell(randn({2, 8}, 1), h, Var(), randn({8, 2}, 2), Var()); },
+  EXPECT_TRUE(ThrowsArg([&] { ad::gru_cell(gi, h, w, Var(), {1, 1, 1}); }, "[gru_cell]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::gru_cell(Var(), h, w, Var()); }, "[gru_cell]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::lstm_cell(randn({2, 8}, 1), h, Var(), randn({8, 2}, 2), Var()); },
                         "[lstm_cell]"));
 }
 
@@ -729,23 +730,23 @@ TEST(GradLoss, CrossEntropyErrorsNameTheOp) {
 
 TEST(GradErrors, OpsNameThemselves) {
   const Var a = randn({2, 3}, 141);
-  EXPECT_TRUE(ThrowsArg([&] { train::matmul(a, a); }, "[matmul]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::linear(a, Var()); }, "[linear]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::add(a, Var(randn({4}, 1))); }, "[add]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::mean(Var(Tensor::zeros({0}))); }, "[mean]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::concat({}, 0); }, "[concat]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::stack({a, Var(randn({3, 2}, 1))}, 0); }, "[stack]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::matmul(a, a); }, "[matmul]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::linear(a, Var()); }, "[linear]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::add(a, Var(randn({4}, 1))); }, "[add]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::mean(Var(Tensor::zeros({0}))); }, "[mean]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::concat({}, 0); }, "[concat]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::stack({a, Var(randn({3, 2}, 1))}, 0); }, "[stack]"));
   const Var q = randn({2, 3, 4}, 142);
-  train::AttentionExtras ex;
+  ad::AttentionExtras ex;
   ex.dropout = 0.5f;
-  EXPECT_TRUE(ThrowsArg([&] { train::attention(q, q, q, {}, ex); }, "[attention]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::attention(q, q, q, {}, ex); }, "[attention]"));
   ex.dropout = 0.0f;
   ex.bias = randn({5, 3, 3}, 1);
-  EXPECT_TRUE(ThrowsArg([&] { train::attention(q, q, q, {}, ex); }, "[attention]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::relative_attention(q, q, q, Var(randn({4, 4}, 1)), Var(), 2); },
+  EXPECT_TRUE(ThrowsArg([&] { ad::attention(q, q, q, {}, ex); }, "[attention]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::relative_attention(q, q, q, Var(randn({4, 4}, 1)), Var(), 2); },
                         "[relative_attention]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::t5_bias(Var(randn({8}, 1)), 2, 2, true); }, "[t5_relative_bias]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::rope(Var(randn({2, 3}, 1))); }, "[rope_apply]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::t5_bias(Var(randn({8}, 1)), 2, 2, true); }, "[t5_relative_bias]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::rope(Var(randn({2, 3}, 1))); }, "[rope_apply]"));
 }
 
 }  // namespace

@@ -11,11 +11,14 @@
 #include <map>
 
 #include "ops_testing.h"
-#include "qkv/decode/kv_cache.h"
+#include "qkv/nn/kv_cache.h"
 #include "qkv/decode/search.h"
 #include "qkv/decode/transformer_step.h"
 
 namespace qkv::decode {
+using nn::gather_rows;
+using nn::is_identity;
+using nn::KvCache;
 namespace {
 
 using qkv::testing::AllClose;

@@ -11,12 +11,12 @@
 #include "ops_testing.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
-#include "qkv/train/autograd.h"
+#include "qkv/ops/autograd.h"
 
 namespace qkv::testing {
 
-using train::Tape;
-using train::Var;
+using ad::Tape;
+using ad::Var;
 
 // f: the op under test on Vars (one per input).
 using VarFn = std::function<Var(const std::vector<Var>&)>;

@@ -14,14 +14,14 @@ namespace {
 
 using testing::AllClose;
 using testing::ThrowsArg;
-using train::ParameterSet;
+using ad::ParameterSet;
 using DVec = std::vector<double>;
 
 // A float32 update chain against the same formulas in double: a few ulps per step.
 constexpr testing::Tol kStepTol{1e-7, 1e-6};
 
 // Sets p's gradient (marks it present), as a backward pass would.
-void set_grad(train::Parameter& p, const DVec& g) {
+void set_grad(ad::Parameter& p, const DVec& g) {
   for (size_t i = 0; i < g.size(); ++i) p.grad.data()[i] = static_cast<float>(g[i]);
   p.has_grad = true;
 }

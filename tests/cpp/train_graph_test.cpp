@@ -7,14 +7,14 @@
 
 #include "grad_testing.h"
 #include "nn_testing.h"
+#include "qkv/models/transformer.h"
 #include "qkv/nn/multihead_attention.h"
 #include "qkv/nn/positional/t5_bias.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/nn/transformer.h"
-#include "qkv/train/functional.h"
+#include "qkv/ops/functional.h"
 #include "qkv/train/graph.h"
 #include "qkv/train/loss.h"
-#include "qkv/train/transformer_models.h"
 
 namespace qkv {
 namespace {
@@ -23,9 +23,9 @@ using testing::AllClose;
 using testing::randn;
 using testing::ThrowsArg;
 using train::Graph;
-using train::ParameterSet;
-using train::Tape;
-using train::Var;
+using ad::ParameterSet;
+using ad::Tape;
+using ad::Var;
 using DVec = std::vector<double>;
 using DIn = std::vector<DVec>;
 
@@ -52,20 +52,20 @@ TEST(Graph, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
   ParameterSet pp(packed), ps(separate);
   Tape tape;
   Graph g(tape, pp), gs(tape, ps);
-  EXPECT_TRUE(AllClose(g.multihead_attention(packed, x, x, x, o).value, packed.forward(x, x, x, o).out, kSameOps));
+  EXPECT_TRUE(AllClose(packed.forward(g, x, x, x, o).out.value, packed.forward(x, x, x, o).out, kSameOps));
   nn::MhaForwardOptions cross;
   cross.need_weights = false;
   cross.key_padding_mask = block_mask_row(2, 5, 2);
-  EXPECT_TRUE(AllClose(g.multihead_attention(packed, x, mem, mem, cross).value,
+  EXPECT_TRUE(AllClose(packed.forward(g, x, mem, mem, cross).out.value,
                        packed.forward(x, mem, mem, cross).out, kSameOps));
-  EXPECT_TRUE(AllClose(g.multihead_attention(packed, x, mem, randn({2, 5, 8}, 8), cross).value,
+  EXPECT_TRUE(AllClose(packed.forward(g, x, mem, randn({2, 5, 8}, 8), cross).out.value,
                        packed.forward(x, mem, randn({2, 5, 8}, 8), cross).out, kSameOps));
-  EXPECT_TRUE(AllClose(gs.multihead_attention(separate, x, k6, v5, cross).value,
+  EXPECT_TRUE(AllClose(separate.forward(gs, x, k6, v5, cross).out.value,
                        separate.forward(x, k6, v5, cross).out, kSameOps));
   const Tensor u = randn({4, 8}, 9);  // unbatched
   nn::MhaForwardOptions plain;
   plain.need_weights = false;
-  EXPECT_TRUE(AllClose(g.multihead_attention(packed, u, u, u, plain).value, packed.forward(u, u, u, plain).out,
+  EXPECT_TRUE(AllClose(packed.forward(g, u, u, u, plain).out.value, packed.forward(u, u, u, plain).out,
                        kSameOps));
 }
 
@@ -76,15 +76,15 @@ TEST(Graph, MultiheadAttentionErrorsNameTheModule) {
   Tape tape;
   Graph g(tape, ps);
   const Tensor x = randn({2, 4, 8}, 1);
-  EXPECT_TRUE(ThrowsArg([&] { g.multihead_attention(m, x, x, randn({2, 4, 7}, 2)); }, "[MultiheadAttention]"));
+  EXPECT_TRUE(ThrowsArg([&] { m.forward(g, x, x, randn({2, 4, 7}, 2)); }, "[MultiheadAttention]"));
   nn::MhaForwardOptions o;
   o.key_padding_mask = Tensor::zeros({2, 5});
-  EXPECT_TRUE(ThrowsArg([&] { g.multihead_attention(m, x, x, x, o); }, "[MultiheadAttention]"));
+  EXPECT_TRUE(ThrowsArg([&] { m.forward(g, x, x, x, o); }, "[MultiheadAttention]"));
   Rng rng2(2);
   nn::MultiheadAttention drop(8, 2, rng2, 0.5f);
   ParameterSet pd(drop);
   Graph gd(tape, pd);  // no dropout Rng
-  EXPECT_TRUE(ThrowsArg([&] { gd.multihead_attention(drop, x, x, x); }, "[MultiheadAttention]"));
+  EXPECT_TRUE(ThrowsArg([&] { drop.forward(gd, x, x, x); }, "[MultiheadAttention]"));
 }
 
 TEST(Graph, MultiheadAttentionTrainsAT5BiasTable) {
@@ -105,15 +105,15 @@ TEST(Graph, MultiheadAttentionTrainsAT5BiasTable) {
   auto loss = [&](bool backward) {
     Tape tape;
     Graph g(tape, ps);
-    const Var bias = train::t5_bias(g.param(t5.weight), 5, 5, true, 16);
-    const Var out = g.multihead_attention(m, x, x, x, o, bias);
-    const Var l = train::sum(train::mul(out, Var(r)));
+    const Var bias = ad::t5_bias(g.param(t5.weight), 5, 5, true, 16);
+    const Var out = m.forward(g, x, x, x, o, bias).out;
+    const Var l = ad::sum(ad::mul(out, Var(r)));
     if (backward) tape.backward(l);
     return std::make_pair(out.value, static_cast<double>(l.value.item()));
   };
   ps.zero_grad();
   EXPECT_TRUE(AllClose(loss(true).first, m.forward(x, x, x, with_bias).out, kSameOps));
-  const train::Parameter& table = *ps.find("relative_attention_bias.weight");
+  const ad::Parameter& table = *ps.find("relative_attention_bias.weight");
   ASSERT_TRUE(table.has_grad);
   const Tensor grad = table.grad.clone();
   for (int64_t e = 0; e < t5.weight.numel(); ++e) {
@@ -151,8 +151,8 @@ TEST(Graph, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
     ParameterSet pe(enc), pd(dec);
     Tape tape;
     Graph ge(tape, pe), gd(tape, pd);
-    EXPECT_TRUE(AllClose(ge.encoder_layer(enc, src, sm).value, enc.forward(src, sm), kSameOps)) << pre;
-    EXPECT_TRUE(AllClose(gd.decoder_layer(dec, tgt, src, tm, sm).value, dec.forward(tgt, src, tm, sm), kSameOps))
+    EXPECT_TRUE(AllClose(enc.forward(ge, src, sm).value, enc.forward(src, sm), kSameOps)) << pre;
+    EXPECT_TRUE(AllClose(dec.forward(gd, tgt, src, tm, sm).value, dec.forward(tgt, src, tm, sm), kSameOps))
         << pre;
   }
 }
@@ -176,7 +176,7 @@ TEST(Graph, TransformerModelsMatchTheirForwards) {
   ParameterSet ps(s2s);
   Tape tape;
   Graph g(tape, ps);
-  EXPECT_TRUE(AllClose(train::seq2seq_transformer_logits(g, s2s, src, tgt, masks).value, s2s.forward(src, tgt, masks),
+  EXPECT_TRUE(AllClose(s2s.forward(g, src, tgt, masks).value, s2s.forward(src, tgt, masks),
                        kSameOps));
 
   models::DecoderOnlyConfig dc;
@@ -191,9 +191,9 @@ TEST(Graph, TransformerModelsMatchTheirForwards) {
   const Ids ids{{1, 2, 3, 4, 5, 8, 7, 6, 5, 0}, {2, 5}};
   ParameterSet pl(lm);
   Graph gl(tape, pl);
-  EXPECT_TRUE(AllClose(train::decoder_only_logits(gl, lm, ids, block_mask_row(2, 5, 4)).value,
+  EXPECT_TRUE(AllClose(lm.forward(gl, ids, block_mask_row(2, 5, 4)).value,
                        lm.forward(ids, block_mask_row(2, 5, 4)), kSameOps));
-  EXPECT_TRUE(ThrowsArg([&] { train::decoder_only_logits(gl, lm, Ids{std::vector<int64_t>(9, 1), {1, 9}}); },
+  EXPECT_TRUE(ThrowsArg([&] { lm.forward(gl, Ids{std::vector<int64_t>(9, 1), {1, 9}}); },
                         "[DecoderOnlyTransformer]"));
 }
 
@@ -214,7 +214,7 @@ TEST(Graph, DropoutFollowsModuleModeAndTheGraphRng) {
     Tape tape;
     Rng drop(seed);
     Graph g(tape, ps, &drop);
-    return train::decoder_only_logits(g, lm, ids).value;
+    return lm.forward(g, ids).value;
   };
   lm.eval();
   EXPECT_TRUE(AllClose(run(1), lm.forward(ids), kSameOps));
@@ -224,7 +224,7 @@ TEST(Graph, DropoutFollowsModuleModeAndTheGraphRng) {
   EXPECT_FALSE(AllClose(a, c, kSameOps));
   Tape tape;
   Graph no_rng(tape, ps);
-  EXPECT_TRUE(ThrowsArg([&] { train::decoder_only_logits(no_rng, lm, ids); }, "dropout"));
+  EXPECT_TRUE(ThrowsArg([&] { lm.forward(no_rng, ids); }, "dropout"));
 }
 
 TEST(Graph, LayerErrorsNameTheModule) {
@@ -241,14 +241,14 @@ TEST(Graph, LayerErrorsNameTheModule) {
   ParameterSet pe(enc), pd(dec), pg(gru);
   Tape tape;
   Graph ge(tape, pe), gd(tape, pd), gg(tape, pg);
-  EXPECT_TRUE(ThrowsArg([&] { ge.encoder_layer(enc, randn({2, 3, 6}, 1)); }, "[TransformerEncoderLayer]"));
-  EXPECT_TRUE(ThrowsArg([&] { gd.decoder_layer(dec, randn({2, 3, 8}, 1), randn({3, 4, 8}, 2)); },
+  EXPECT_TRUE(ThrowsArg([&] { enc.forward(ge, randn({2, 3, 6}, 1)); }, "[TransformerEncoderLayer]"));
+  EXPECT_TRUE(ThrowsArg([&] { dec.forward(gd, randn({2, 3, 8}, 1), randn({3, 4, 8}, 2)); },
                         "[TransformerDecoderLayer]"));
-  EXPECT_TRUE(ThrowsArg([&] { ge.layer_norm(ln, randn({2, 7}, 1)); }, "[LayerNorm]"));
+  EXPECT_TRUE(ThrowsArg([&] { ln.forward(ge, randn({2, 7}, 1)); }, "[LayerNorm]"));
   EXPECT_TRUE(ThrowsArg([&] { gg.gru(gru, randn({2, 5, 4}, 1)); }, "[GRU]"));
   EXPECT_TRUE(ThrowsArg([&] { gg.gru(gru, randn({2, 5, 3}, 1), randn({1, 3, 4}, 2)); }, "[GRU]"));
   EXPECT_TRUE(ThrowsArg([&] { gg.rnn_layers(5, {}, randn({2, 5, 3}, 1), Var(), Var(), {}); }, "[rnn_layers]"));
-  EXPECT_TRUE(ThrowsArg([&] { gg.dropout(randn({2, 2}, 1), 0.5f, true); }, "[Graph]"));
+  EXPECT_TRUE(ThrowsArg([&] { gg.dropout(randn({2, 2}, 1), 0.5f, true); }, "[Dropout]"));
 }
 
 // --- GRU / LSTM through time ---------------------------------------------------------------------------------
@@ -329,9 +329,9 @@ void rnn_through_time(int gates) {
     Tape scratch;
     Graph g(tp ? *tp : scratch, none);
     train::RnnVars r = g.rnn_layers(gates, layers, v[0], v[1], gates == 4 ? v[2] : Var(), lengths);
-    std::vector<Var> parts{train::reshape(r.output, {-1}), train::reshape(r.h_n, {-1})};
-    if (gates == 4) parts.push_back(train::reshape(r.c_n, {-1}));
-    return train::concat(parts, 0);
+    std::vector<Var> parts{ad::reshape(r.output, {-1}), ad::reshape(r.h_n, {-1})};
+    if (gates == 4) parts.push_back(ad::reshape(r.c_n, {-1}));
+    return ad::concat(parts, 0);
   };
   EXPECT_TRUE(testing::GradsMatchTwin(f, [&](const DIn& in) { return rnn_twin(in, gates, B, T, E, H, L, lengths); },
                                       xs, 47, testing::kChainGradTol));
@@ -388,7 +388,7 @@ constexpr testing::Tol kSpotTol{2e-4, 3e-2};
   };
   Rng pick(seed);
   for (size_t i = 0; i < ps.size(); ++i) {
-    train::Parameter& p = ps[i];
+    ad::Parameter& p = ps[i];
     if (!p.has_grad) return ::testing::AssertionFailure() << p.name << " got no gradient";
     for (int s = 0; s < samples_per_param; ++s) {
       const int64_t e = static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.value->numel())));
@@ -429,7 +429,7 @@ TEST(GraphModels, Seq2SeqTransformerGradientSpotCheck) {
   ce.ignore_index = 0;
   ce.label_smoothing = 0.1f;
   EXPECT_TRUE(SpotCheck(
-      m, [&](Graph& g) { return train::cross_entropy(train::seq2seq_transformer_logits(g, m, src, tgt, masks), target, ce); },
+      m, [&](Graph& g) { return train::cross_entropy(m.forward(g, src, tgt, masks), target, ce); },
       61));
 }
 
@@ -446,7 +446,7 @@ TEST(GraphModels, DecoderOnlyGradientSpotCheck) {
   models::DecoderOnlyTransformer m(dc, rng);
   const Ids ids{{1, 2, 3, 4, 5, 6, 1, 2}, {2, 4}};
   const std::vector<int64_t> target{2, 3, 4, 5, 6, 1, 2, 3};
-  EXPECT_TRUE(SpotCheck(m, [&](Graph& g) { return train::cross_entropy(train::decoder_only_logits(g, m, ids), target); },
+  EXPECT_TRUE(SpotCheck(m, [&](Graph& g) { return train::cross_entropy(m.forward(g, ids), target); },
                         63));
 }
 

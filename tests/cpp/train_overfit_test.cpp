@@ -5,17 +5,18 @@
 
 #include <vector>
 
+#include "qkv/models/transformer.h"
+#include "qkv/train/graph.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
-#include "qkv/train/transformer_models.h"
 
 namespace qkv {
 namespace {
 
 using train::Graph;
-using train::ParameterSet;
-using train::Tape;
+using ad::ParameterSet;
+using ad::Tape;
 
 // Near zero for a memorised batch (the start is about log(V) ≈ 2.5).
 constexpr float kOverfitLoss = 0.05f;
@@ -35,7 +36,7 @@ float train_steps(nn::Module& model, int steps, LossFn&& loss_fn) {
     params.zero_grad();
     tape.clear();
     Graph g(tape, params, &dropout);
-    const train::Var loss = loss_fn(g);
+    const ad::Var loss = loss_fn(g);
     tape.backward(loss);
     train::clip_grad_norm(params, 1.0);
     opt.step();
@@ -67,7 +68,7 @@ TEST(Overfit, EncoderDecoderTransformerMemorisesABatch) {
   train::CrossEntropyOptions ce;
   ce.ignore_index = 0;
   const float loss = train_steps(m, 120, [&](Graph& g) {
-    return train::cross_entropy(train::seq2seq_transformer_logits(g, m, src, tgt_in, masks), target, ce);
+    return train::cross_entropy(m.forward(g, src, tgt_in, masks), target, ce);
   });
   EXPECT_LT(loss, kOverfitLoss);
 }
@@ -89,7 +90,7 @@ TEST(Overfit, DecoderOnlyTransformerMemorisesABatch) {
   for (int64_t b = 0; b < 3; ++b)
     for (int64_t t = 0; t < 8; ++t) target.push_back(t + 1 < 8 ? ids.data[b * 8 + t + 1] : -100);
   const float loss =
-      train_steps(m, 120, [&](Graph& g) { return train::cross_entropy(train::decoder_only_logits(g, m, ids), target); });
+      train_steps(m, 120, [&](Graph& g) { return train::cross_entropy(m.forward(g, ids), target); });
   EXPECT_LT(loss, kOverfitLoss);
 }
 

@@ -17,9 +17,9 @@ namespace {
 using testing::AllClose;
 using testing::ThrowsArg;
 using train::Graph;
-using train::ParameterSet;
-using train::Tape;
-using train::Var;
+using ad::ParameterSet;
+using ad::Tape;
+using ad::Var;
 
 constexpr testing::Tol kSameOps{1e-6, 1e-5};
 // Central differences of the float32 loss with step 1e-2 against the tape (see train_graph_test.cpp).
@@ -91,7 +91,7 @@ TEST(TrainSeq2Seq, EveryParameterGetsTheFiniteDifferenceGradient) {
     };
     Rng pick(3);
     for (size_t i = 0; i < ps.size(); ++i) {
-      train::Parameter& p = ps[i];
+      ad::Parameter& p = ps[i];
       ASSERT_TRUE(p.has_grad) << p.name;
       for (int s = 0; s < 2; ++s) {
         const int64_t e = static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.value->numel())));

@@ -7,7 +7,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
-#include "qkv/ops/embedding.h"
+#include "qkv/core/ids.h"
 
 namespace qkv::data {
 

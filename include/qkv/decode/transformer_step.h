@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "qkv/decode/kv_cache.h"
+#include "qkv/nn/kv_cache.h"
 #include "qkv/decode/search.h"
 #include "qkv/models/transformer.h"
 #include "qkv/ops/embedding.h"
@@ -31,10 +31,9 @@ class TransformerCachedStep : public StepModel {
   int64_t sources_;
   std::vector<Tensor> layer_mem_k_, layer_mem_v_;  // per layer (S, H, Ts, D)
   Tensor src_block_;        // (S, Ts) 1 at padding
-  std::vector<Tensor> row_mem_k_, row_mem_v_;      // gathered for the current rows (N, H, Ts, D)
-  Tensor row_block_;        // (N, 1, 1, Ts)
+  Tensor row_block_;        // (N, Ts) for the current rows
   std::vector<int64_t> row_source_, gathered_for_;
-  std::vector<KvCache> caches_;
+  std::vector<nn::LayerCache> caches_;  // per layer: self-attention cache, the rows' memory keys/values
   int64_t t_ = 0;
   bool record_ = false;
   Tensor attention_;
@@ -81,7 +80,7 @@ class DecoderOnlyCachedStep : public StepModel {
   std::vector<std::vector<int64_t>> prompts_;
   int64_t prompt_len_ = 0;         // P: longest prompt
   std::vector<int64_t> pad_left_;  // per row: number of left padding positions
-  std::vector<KvCache> caches_;
+  std::vector<nn::LayerCache> caches_;
   bool record_ = false;
   Tensor attention_;
 };

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "qkv/ops/attention.h"
+#include "qkv/core/attention_types.h"
 
 namespace qkv::kernels {
 

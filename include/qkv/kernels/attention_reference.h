@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "qkv/ops/attention.h"
+#include "qkv/core/attention_types.h"
 
 namespace qkv::kernels {
 

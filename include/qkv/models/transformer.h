@@ -50,13 +50,26 @@ class Seq2SeqTransformer : public nn::Module {
  public:
   Seq2SeqTransformer(const TransformerSeq2SeqConfig& config, Rng& rng);
 
-  // src: ids (B, Ts)  tgt: ids (B, Tt)  ->  logits (B, Tt, Vt)
-  Tensor forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {});
+  // src: ids (B, Ts)  tgt: ids (B, Tt)  ->  logits (B, Tt, Vt). Records its backward when `c` trains.
+  ad::Var forward(const nn::Context& c, const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {}) const;
   // src: ids (B, Ts) -> memory (B, Ts, E)
-  Tensor encode(const Ids& src, const nn::AttentionMasks& src_masks = {});
+  ad::Var encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks = {}) const;
   // tgt: ids (B, Tt)  memory: (B, Ts, E)  ->  logits (B, Tt, Vt). Positions start at 0 (no cache; recompute).
-  Tensor decode(const Ids& tgt, const Tensor& memory, const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
-                const nn::AttentionMasks& memory_masks = {});
+  ad::Var decode(const nn::Context& c, const Ids& tgt, const ad::Var& memory,
+                 const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
+                 const nn::AttentionMasks& memory_masks = {}) const;
+  // Inference forms of the three (in training() mode dropout draws from pos_dropout's Rng).
+  Tensor forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {}) {
+    return forward(nn::Context(&pos_dropout.rng()), src, tgt, masks).value;
+  }
+  Tensor encode(const Ids& src, const nn::AttentionMasks& src_masks = {}) {
+    return encode(nn::Context(&pos_dropout.rng()), src, src_masks).value;
+  }
+  Tensor decode(const Ids& tgt, const Tensor& memory,
+                const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
+                const nn::AttentionMasks& memory_masks = {}) {
+    return decode(nn::Context(&pos_dropout.rng()), tgt, memory, tgt_masks, memory_masks).value;
+  }
 
   const TransformerSeq2SeqConfig& config() const { return config_; }
 
@@ -67,7 +80,7 @@ class Seq2SeqTransformer : public nn::Module {
   nn::Linear generator;
 
  private:
-  Tensor embed(const nn::Embedding& table, const Ids& ids, const char* name);
+  ad::Var embed(const nn::Context& c, const nn::Embedding& table, const Ids& ids, const char* name) const;
   TransformerSeq2SeqConfig config_;
 };
 
@@ -94,7 +107,12 @@ class DecoderOnlyTransformer : public nn::Module {
   DecoderOnlyTransformer(const DecoderOnlyConfig& config, Rng& rng);
 
   // ids: (B, T) with T <= max_len  ->  logits (B, T, V). key_padding_mask: optional (B, T), nonzero = padding.
-  Tensor forward(const Ids& ids, const Tensor& key_padding_mask = {});
+  // Records its backward when `c` trains.
+  ad::Var forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask = {}) const;
+  // Inference (in training() mode dropout draws from emb_dropout's Rng).
+  Tensor forward(const Ids& ids, const Tensor& key_padding_mask = {}) {
+    return forward(nn::Context(&emb_dropout.rng()), ids, key_padding_mask).value;
+  }
 
   const DecoderOnlyConfig& config() const { return config_; }
 

@@ -6,6 +6,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
 
 namespace qkv::nn {
@@ -16,6 +17,9 @@ class Dropout : public Module {
   explicit Dropout(float p = 0.5f, uint64_t seed = 0);
 
   // x: any shape -> same shape. Eval mode or p == 0 returns x itself (shared storage, no copy).
+  // On a Context: draws from the Context's dropout Rng (the run's one stream), not from this module's own.
+  ad::Var forward(const Context& c, const ad::Var& x) const { return c.dropout(x, p_, training(), "Dropout"); }
+  // Draws from this module's own Rng.
   Tensor forward(const Tensor& x);
 
   float p() const { return p_; }

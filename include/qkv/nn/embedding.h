@@ -7,6 +7,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/embedding.h"
 
@@ -23,7 +24,9 @@ class Embedding : public Module {
   explicit Embedding(const Tensor& weight, std::optional<int64_t> padding_idx = std::nullopt);
 
   // ids: shape S, values in [0, V)  ->  S + (E)
-  Tensor forward(const Ids& ids) const;
+  // Records its backward when `c` trains (a padding_idx row gets no gradient, as torch.nn.Embedding).
+  ad::Var forward(const Context& c, const Ids& ids) const;
+  Tensor forward(const Ids& ids) const { return forward(Context(), ids).value; }
 
   int64_t num_embeddings() const { return num_; }
   int64_t embedding_dim() const { return dim_; }

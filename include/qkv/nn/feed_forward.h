@@ -7,6 +7,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/ops/autograd.h"
 #include "qkv/nn/dropout.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
@@ -32,8 +33,10 @@ class FeedForward : public Module {
   FeedForward(int64_t d_model, int64_t dim_feedforward, Rng& rng, Activation activation = Activation::kRelu,
               float dropout = 0.0f, bool bias = true);
 
-  // x: (..., E) -> (..., E). Dropout (after the activation) follows the `dropout` child's training flag.
-  Tensor forward(const Tensor& x);
+  // x: (..., E) -> (..., E). Dropout (after the activation) follows the `dropout` child's training flag and draws
+  // from the Context's Rng; the Tensor form draws from the child's own.
+  ad::Var forward(const Context& c, const ad::Var& x) const;
+  Tensor forward(const Tensor& x) { return forward(Context(&dropout.rng()), x).value; }
 
   Activation activation() const { return activation_; }
 
@@ -46,3 +49,8 @@ class FeedForward : public Module {
 };
 
 }  // namespace qkv::nn
+
+namespace qkv::ad {
+// The feed-forward activation of nn::FeedForward on the tape.
+Var activation(const Var& x, nn::Activation a);
+}  // namespace qkv::ad

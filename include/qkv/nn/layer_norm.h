@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
 
 namespace qkv::nn {
@@ -15,8 +16,9 @@ class LayerNorm : public Module {
   explicit LayerNorm(int64_t normalized_shape, float eps = 1e-5f, bool elementwise_affine = true,
                      bool bias = true);
 
-  // x: (..., E)  ->  (..., E)
-  Tensor forward(const Tensor& x) const;
+  // x: (..., E)  ->  (..., E). Records its backward when `c` trains.
+  ad::Var forward(const Context& c, const ad::Var& x) const;
+  Tensor forward(const Tensor& x) const { return forward(Context(), x).value; }
 
   int64_t normalized_shape() const { return size_; }
   float eps() const { return eps_; }

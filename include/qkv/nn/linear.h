@@ -6,6 +6,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
 
 namespace qkv::nn {
@@ -16,8 +17,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng);
   Linear(int64_t in_features, int64_t out_features, Rng& rng) : Linear(in_features, out_features, true, rng) {}
 
-  // x: (..., in)  ->  (..., out)
-  Tensor forward(const Tensor& x) const;
+  // x: (..., in)  ->  (..., out). Records its backward when `c` trains.
+  ad::Var forward(const Context& c, const ad::Var& x) const;
+  Tensor forward(const Tensor& x) const { return forward(Context(), x).value; }
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }

@@ -3,9 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
+#include "qkv/nn/kv_cache.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/attention.h"
@@ -32,6 +36,19 @@ struct MhaForwardOptions {
   bool is_causal = false;
   bool need_weights = true;           // PyTorch's default
   bool average_attn_weights = true;   // weights (B, Tq, Tk) averaged over heads, else (B, H, Tq, Tk)
+  // Incremental decoding (inference only). The new rows' projected keys and values are appended to kv_cache
+  // (reset to (B, H, 0, D) on first use) and the queries attend to every position it then holds: key and value
+  // are the new rows only, the masks are sized for the cache's new length Tk, and is_causal aligns bottom-right
+  // (new query i sits at position Tk - Tq + i). With kv_cache_fixed the cache already holds the keys and values
+  // (a fixed memory for cross-attention, see project_kv): key and value are not used and may be undefined.
+  KvCache* kv_cache = nullptr;
+  bool kv_cache_fixed = false;
+};
+
+// The forward on a Context: out on the tape when the Context trains; weights are never differentiated.
+struct MhaResult {
+  ad::Var out;     // (B, Tq, E)  [(Tq, E) unbatched]
+  Tensor weights;  // as MhaOutput::weights
 };
 
 struct MhaOutput {
@@ -58,6 +75,15 @@ class MultiheadAttention : public Module {
   // query: (B, Tq, E)  key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  out (B, Tq, E), weights (see MhaOutput).
   // Unbatched (Tq, E), (Tk, kdim), (Tk, vdim) are accepted too, as PyTorch.
   // When query, key and value are the same tensor and the weights are packed, one (3E, E) projection is used.
+  // attn_bias: an extra additive bias broadcastable to (B, H, Tq, Tk) that may take a gradient (T5's table
+  // through ad::t5_bias), added to options.attn_bias. Without weight dropout the attention is one fused node.
+  // On a tape, need_weights returns the pre-dropout weights as a constant.
+  MhaResult forward(const Context& c, const ad::Var& query, const ad::Var& key, const ad::Var& value,
+                    const MhaForwardOptions& options = {}, const ad::Var& attn_bias = {}) const;
+  // key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  their projections as heads (B, H, Tk, D), what forward
+  // attends to (a fixed memory for kv_cache_fixed).
+  std::pair<Tensor, Tensor> project_kv(const Tensor& key, const Tensor& value) const;
+  // Inference (or dropout from this module's own Rng in training mode).
   MhaOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
                     const MhaForwardOptions& options = {});
 
@@ -77,6 +103,8 @@ class MultiheadAttention : public Module {
   Linear out_proj;        // "out_proj.weight" (E, E), "out_proj.bias" (E)
 
  private:
+  ad::Var project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const;
+  std::vector<ad::Var> split_heads(const ad::Var& p, int64_t n) const;
   int64_t embed_dim_, num_heads_, head_dim_, kdim_, vdim_;
   float dropout_;
   bool packed_;

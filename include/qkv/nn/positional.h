@@ -2,9 +2,9 @@
 // rotary (RoPE) and linear biases (ALiBi). Each plugs into qkv::attention as an input transform or an additive mask.
 #pragma once
 
-#include "qkv/nn/positional/alibi.h"
+#include "qkv/ops/positional/alibi.h"
 #include "qkv/nn/positional/learned.h"
 #include "qkv/nn/positional/relative.h"
-#include "qkv/nn/positional/rope.h"
+#include "qkv/ops/positional/rope.h"
 #include "qkv/nn/positional/sinusoidal.h"
 #include "qkv/nn/positional/t5_bias.h"

@@ -8,6 +8,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/ops/autograd.h"
 #include "qkv/nn/module.h"
 
 namespace qkv::nn {
@@ -144,3 +145,27 @@ class LSTM : public RnnBase {
 };
 
 }  // namespace qkv::nn
+
+// The cell steps on the tape (ops/autograd.h): one node per step, as the modules' own numerics.
+namespace qkv::ad {
+
+// --- recurrent cells (fused single nodes) ---------------------------------------------------------------------
+// `active`: empty, or one flag per batch row; a row whose flag is 0 keeps its old state (h' = h, c' = c) and
+// passes the gradient straight through (a padded step of a shorter sequence).
+//
+// GRU step, torch.nn.GRU's formulas and gate order (r, z, n), as nn::gru_cell_step:
+// gi: (B, 3H) input projection x·W_ihᵀ + b_ih (may be a strided view)  h: (B, H)  w_hh: (3H, H)
+// b_hh: (3H) or undefined  ->  h' (B, H)
+Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh,
+             const std::vector<uint8_t>& active = {});
+
+// LSTM step, gates (i, f, g, o), as nn::lstm_cell_step: gi: (B, 4H)  h, c: (B, H)  w_hh: (4H, H)
+// b_hh: (4H) or undefined  ->  (h', c')
+struct LstmVars {
+  Var h;
+  Var c;
+};
+LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
+                   const std::vector<uint8_t>& active = {});
+
+}  // namespace qkv::ad

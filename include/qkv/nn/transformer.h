@@ -10,6 +10,7 @@
 #include "qkv/core/tensor.h"
 #include "qkv/nn/dropout.h"
 #include "qkv/nn/feed_forward.h"
+#include "qkv/nn/kv_cache.h"
 #include "qkv/nn/layer_norm.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
@@ -40,6 +41,12 @@ struct AttentionMasks {
   bool is_causal = false;  // applies a top-left causal mask (combined with `mask`)
 };
 
+// Incremental decoding state of one layer (inference only; see MhaForwardOptions::kv_cache).
+struct LayerCache {
+  KvCache self;             // self-attention: keys and values of every position so far (filled by the layer)
+  KvCache memory;           // decoder layers: the memory's keys and values, filled by the caller (project_kv)
+};
+
 // The MHA options for these masks (need_weights false, as the layers ask PyTorch's MHA).
 MhaForwardOptions to_mha_options(const AttentionMasks& masks);
 
@@ -56,9 +63,15 @@ class TransformerEncoderLayer : public Module {
 
   // src: (B, T, E) -> (B, T, E).  post-LN: x = norm1(x + sa(x)); x = norm2(x + ff(x))
   //                              pre-LN:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
-  // weights non-null: also the self-attention weights per head, (B, H, T, T), from the reference attention path
-  // (the fused kernel runs otherwise).
-  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, Tensor* weights = nullptr);
+  // cache: incremental decoding (src holds the new positions only; masks are sized for the cache's new length).
+  // weights non-null: also the self-attention weights per head, (B, H, Tq, Tk), from the reference attention path
+  // (the fused kernel runs otherwise); never differentiated.
+  ad::Var forward(const Context& c, const ad::Var& src, const AttentionMasks& src_masks = {},
+                  LayerCache* cache = nullptr, Tensor* weights = nullptr) const;
+  // Inference; in training() mode dropout draws from dropout1's Rng.
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, Tensor* weights = nullptr) {
+    return forward(Context(&dropout1.rng()), src, src_masks, nullptr, weights).value;
+  }
 
   const TransformerLayerConfig& config() const { return config_; }
 
@@ -81,8 +94,16 @@ class TransformerDecoderLayer : public Module {
   // tgt_masks apply to self-attention (Tq = Tk = Tt); memory_masks to cross-attention (Tq = Tt, Tk = Ts).
   //   post-LN: x = norm1(x + sa(x)); x = norm2(x + mha(x, mem)); x = norm3(x + ff(x))
   //   pre-LN:  x = x + sa(norm1(x)); x = x + mha(norm2(x), mem); x = x + ff(norm3(x))
+  // cache: incremental decoding (tgt holds the new positions only); cache->memory must already hold the memory's
+  // keys and values (MultiheadAttention::project_kv), and `memory` is then not used.
+  // self_weights / memory_weights non-null: the per-head weights (B, H, Tq, Tk) of the self- and cross-attention.
+  ad::Var forward(const Context& c, const ad::Var& tgt, const ad::Var& memory, const AttentionMasks& tgt_masks = {},
+                  const AttentionMasks& memory_masks = {}, LayerCache* cache = nullptr,
+                  Tensor* self_weights = nullptr, Tensor* memory_weights = nullptr) const;
   Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
-                 const AttentionMasks& memory_masks = {});
+                 const AttentionMasks& memory_masks = {}) {
+    return forward(Context(&dropout1.rng()), tgt, memory, tgt_masks, memory_masks).value;
+  }
 
   const TransformerLayerConfig& config() const { return config_; }
 
@@ -104,7 +125,12 @@ class TransformerEncoder : public Module {
   TransformerEncoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
 
   // src: (B, T, E) -> (B, T, E). weights non-null: replaced by one (B, H, T, T) tensor per layer (see the layer).
-  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, std::vector<Tensor>* weights = nullptr);
+  ad::Var forward(const Context& c, const ad::Var& src, const AttentionMasks& src_masks = {},
+                  std::vector<Tensor>* weights = nullptr) const;
+  // Inference; in training() mode dropout draws from the first layer's Rng.
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, std::vector<Tensor>* weights = nullptr) {
+    return forward(Context(layers.empty() ? nullptr : &layers[0]->dropout1.rng()), src, src_masks, weights).value;
+  }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 
@@ -120,8 +146,13 @@ class TransformerDecoder : public Module {
   TransformerDecoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
 
   // tgt: (B, Tt, E)  memory: (B, Ts, E)  ->  (B, Tt, E)
+  ad::Var forward(const Context& c, const ad::Var& tgt, const ad::Var& memory, const AttentionMasks& tgt_masks = {},
+                  const AttentionMasks& memory_masks = {}) const;
   Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
-                 const AttentionMasks& memory_masks = {});
+                 const AttentionMasks& memory_masks = {}) {
+    return forward(Context(layers.empty() ? nullptr : &layers[0]->dropout1.rng()), tgt, memory, tgt_masks,
+                   memory_masks).value;
+  }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 
@@ -147,6 +178,9 @@ class Transformer : public Module {
 
   // src: (B, Ts, E)  tgt: (B, Tt, E)  ->  (B, Tt, E)
   // src_masks: encoder self-attention; tgt_masks: decoder self-attention; memory_masks: cross-attention.
+  ad::Var forward(const Context& c, const ad::Var& src, const ad::Var& tgt, const AttentionMasks& src_masks = {},
+                  const AttentionMasks& tgt_masks = {}, const AttentionMasks& memory_masks = {}) const;
+  // Inference; in training() mode dropout draws from the first encoder layer's Rng.
   Tensor forward(const Tensor& src, const Tensor& tgt, const AttentionMasks& src_masks = {},
                  const AttentionMasks& tgt_masks = {}, const AttentionMasks& memory_masks = {});
 

@@ -4,37 +4,10 @@
 
 #include <optional>
 
+#include "qkv/core/attention_types.h"
 #include "qkv/core/tensor.h"
 
 namespace qkv {
-
-// How `AttentionOptions::mask` is read. Never a bool with two meanings.
-enum class MaskKind {
-  kNone,      // no mask tensor
-  kKeep,      // nonzero = the (query, key) pair takes part   (PyTorch SDPA's bool convention)
-  kBlock,     // nonzero = the pair is blocked                 (PyTorch MHA's bool convention)
-  kAdditive,  // added to the scaled scores; -inf blocks
-};
-
-// Causal masking. For Tq != Tk the two alignments differ:
-//   kTopLeft:     query i sees keys j <= i
-//   kBottomRight: query i sees keys j <= i + (Tk - Tq)   (the last query sees every key; KV-cache decoding)
-enum class Causal { kNone, kTopLeft, kBottomRight };
-
-struct AttentionOptions {
-  Tensor mask;                         // broadcastable to (..., Tq, Tk); undefined when kind is kNone
-  MaskKind mask_kind = MaskKind::kNone;
-  Causal causal = Causal::kNone;       // combines with `mask` (both must allow a pair)
-  std::optional<float> scale;          // default 1/sqrt(Dk); any finite value, 1.0 = unscaled
-  bool return_weights = false;         // forces the reference path: weights (..., Tq, Tk)
-  bool return_lse = false;             // lse (..., Tq): log-sum-exp of the masked, scaled scores
-};
-
-struct AttentionResult {
-  Tensor out;      // (..., Tq, Dv)
-  Tensor weights;  // (..., Tq, Tk) when return_weights, else undefined
-  Tensor lse;      // (..., Tq) when return_lse, else undefined; -inf on a fully masked row
-};
 
 // q: (..., Tq, Dk)  k: (..., Tk, Dk)  v: (..., Tk, Dv)  ->  out: (..., Tq, Dv)
 // Leading dims of q, k, v broadcast together into `batch`; the mask broadcasts to (batch..., Tq, Tk) (it does not
@@ -47,11 +20,6 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
 
-struct AttentionGrads {
-  Tensor dq;  // shape of q
-  Tensor dk;  // shape of k
-  Tensor dv;  // shape of v
-};
 
 // Reference backward of attention_reference (recomputes the weights; never the fused kernel).
 // q, k, v as for attention(); out, d_out: (batch..., Tq, Dv); lse: (batch..., Tq) from the forward

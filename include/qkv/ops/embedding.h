@@ -4,15 +4,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "qkv/core/ids.h"
 #include "qkv/core/tensor.h"
 
 namespace qkv {
 
-// Integer ids with a shape, e.g. token ids (B, T).
-struct Ids {
-  std::vector<int64_t> data;
-  Shape shape;
-};
 
 // weight: (V, E)  ids: shape S with values in [0, V)  ->  S + (E)
 Tensor embedding(const Tensor& weight, const Ids& ids);

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "qkv/train/autograd.h"
+#include "qkv/ops/autograd.h"
 
 namespace qkv::train {
 
@@ -25,7 +25,7 @@ struct CrossEntropyOptions {
 //   loss_n = (1 - ε)·(-log p_n[t_n]) + (ε / V)·Σ_c (-log p_n[c])     p_n = softmax(logits_n)
 // With kMean the sum over non-ignored n is divided by their count. When every target is ignored the mean is 0 with
 // zero gradient (PyTorch returns NaN there). Accumulates in double; the gradient is (p - target distribution) / count.
-Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets, const CrossEntropyOptions& options = {});
+ad::Var cross_entropy(const ad::Var& logits, const std::vector<int64_t>& targets, const CrossEntropyOptions& options = {});
 
 // Number of targets that are not ignore_index (the divisor of kMean).
 int64_t count_targets(const std::vector<int64_t>& targets, int64_t ignore_index = -100);

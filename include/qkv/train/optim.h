@@ -1,4 +1,4 @@
-// Optimizers over a ParameterSet with torch.optim's update formulas (SGD with momentum / Nesterov, Adam, AdamW with
+// Optimizers over a ad::ParameterSet with torch.optim's update formulas (SGD with momentum / Nesterov, Adam, AdamW with
 // decoupled weight decay), their state as named tensors for checkpoints, and clipping by global gradient norm.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "qkv/nn/module.h"
-#include "qkv/train/autograd.h"
+#include "qkv/ops/autograd.h"
 
 namespace qkv::train {
 
@@ -15,7 +15,7 @@ namespace qkv::train {
 // grad None) in place through Parameter::value, so the module sees the new weights.
 class Optimizer {
  public:
-  explicit Optimizer(ParameterSet& params) : params_(&params) {}
+  explicit Optimizer(ad::ParameterSet& params) : params_(&params) {}
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -35,10 +35,10 @@ class Optimizer {
   // the parameter's shape; throws invalid_argument ("[Adam.load_state_dict] ...") and changes nothing otherwise.
   virtual void load_state_dict(const nn::StateDict& state) = 0;
 
-  ParameterSet& params() { return *params_; }
+  ad::ParameterSet& params() { return *params_; }
 
  protected:
-  ParameterSet* params_;
+  ad::ParameterSet* params_;
 };
 
 struct SgdOptions {
@@ -55,7 +55,7 @@ struct SgdOptions {
 //   d_p = nesterov ? d_p + momentum·buf : buf;  p -= lr·d_p
 class SGD : public Optimizer {
  public:
-  SGD(ParameterSet& params, const SgdOptions& options);
+  SGD(ad::ParameterSet& params, const SgdOptions& options);
   void step() override;
   double lr() const override { return options_.lr; }
   void set_lr(double lr) override;
@@ -86,7 +86,7 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   // decoupled_weight_decay = true is AdamW.
-  Adam(ParameterSet& params, const AdamOptions& options, bool decoupled_weight_decay = false);
+  Adam(ad::ParameterSet& params, const AdamOptions& options, bool decoupled_weight_decay = false);
   void step() override;
   double lr() const override { return options_.lr; }
   void set_lr(double lr) override;
@@ -113,12 +113,12 @@ class AdamW : public Adam {
     o.weight_decay = 1e-2;
     return o;
   }
-  explicit AdamW(ParameterSet& params, const AdamOptions& options = defaults()) : Adam(params, options, true) {}
+  explicit AdamW(ad::ParameterSet& params, const AdamOptions& options = defaults()) : Adam(params, options, true) {}
 };
 
 // torch.nn.utils.clip_grad_norm_: total = ‖(‖g_1‖, …, ‖g_n‖)‖ over the parameters with a gradient (norm_type 2, or
 // infinity for the max-abs norm); every gradient is multiplied by min(1, max_norm / (total + 1e-6)).
 // Returns the total norm before clipping. max_norm > 0; norm_type 2 or +inf.
-double clip_grad_norm(ParameterSet& params, double max_norm, double norm_type = 2.0);
+double clip_grad_norm(ad::ParameterSet& params, double max_norm, double norm_type = 2.0);
 
 }  // namespace qkv::train

@@ -14,7 +14,7 @@ namespace qkv::train {
 // src: ids (B, Ts)  src_lengths: empty or B values in [0, Ts]  tgt_in: ids (B, Tt) (bos + target[:-1])
 //   ->  logits (B, Tt, Vt), as models::Seq2Seq::forward (teacher forcing). Parameters are read by their names
 // ("encoder.weight_ih_l0", "attention.W.weight", ...), so the model's private layers need no accessors.
-Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::vector<int64_t>& src_lengths,
+ad::Var seq2seq_rnn_logits(Graph& g, models::Seq2Seq& m, const Ids& src, const std::vector<int64_t>& src_lengths,
                        const Ids& tgt_in);
 
 }  // namespace qkv::train

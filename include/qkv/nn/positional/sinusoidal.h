@@ -6,18 +6,7 @@
 
 #include "qkv/core/tensor.h"
 #include "qkv/nn/module.h"
-
-namespace qkv {
-
-// -> (T, E): row t is position offset + t. T >= 0, E >= 1, offset >= 0, base > 0 and finite.
-// Angles are computed in double and rounded once to float32.
-Tensor sinusoidal_table(int64_t T, int64_t E, int64_t offset = 0, float base = 10000.0f);
-
-// x: (..., T, E)  ->  x + PE[offset : offset + T]   (a new contiguous tensor; x may be strided)
-// Pass offset = number of tokens already decoded when feeding one step at a time.
-Tensor add_sinusoidal(const Tensor& x, int64_t offset = 0, float base = 10000.0f);
-
-}  // namespace qkv
+#include "qkv/ops/positional/sinusoidal.h"
 
 namespace qkv::nn {
 

@@ -11,12 +11,12 @@
 #include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 #include "qkv/kernels/attention_reference.h"
-#include "qkv/nn/positional/relative.h"
-#include "qkv/nn/positional/sinusoidal.h"
-#include "qkv/nn/positional/t5_bias.h"
-#include "qkv/train/functional.h"
+#include "qkv/ops/positional/relative.h"
+#include "qkv/ops/positional/sinusoidal.h"
+#include "qkv/ops/positional/t5_bias.h"
+#include "qkv/ops/functional.h"
 
-namespace qkv::train {
+namespace qkv::ad {
 
 using detail::record;
 using Douts = std::span<const Tensor>;
@@ -160,7 +160,7 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
   if (!composed) {
     AttentionOptions o = options;
     o.return_weights = false;
-    o.return_lse = true;
+    o.return_lse = detail::tape_of({&q, &k, &v}) != nullptr;  // the backward needs it; inference does not
     if (extras.bias.defined()) {  // a constant bias joins the mask
       const Tensor m = o.mask_kind != MaskKind::kNone ? to_additive(o.mask, o.mask_kind) : Tensor();
       o.mask = m.defined() ? qkv::add(m, extras.bias.value) : extras.bias.value;
@@ -285,4 +285,4 @@ Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_
   });
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::ad

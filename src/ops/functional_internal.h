@@ -9,9 +9,10 @@
 #include "qkv/kernels/grad.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/embedding.h"
-#include "qkv/train/autograd.h"
+#include "qkv/ops/autograd.h"
 
-namespace qkv::train::detail {
+namespace qkv::ad::detail {
+
 
 inline Tape* tape_of(std::initializer_list<const Var*> inputs) {
   for (const Var* v : inputs)
@@ -47,4 +48,4 @@ inline void check_defined(const Var& v, const char* op, const char* name) {
   QKV_CHECK_ARG(v.defined(), "[", op, "] ", name, " is undefined");
 }
 
-}  // namespace qkv::train::detail
+}  // namespace qkv::ad::detail

@@ -7,14 +7,13 @@
 #include <vector>
 
 #include "qkv/core/rng.h"
-#include "qkv/nn/feed_forward.h"
-#include "qkv/nn/positional/rope.h"
+#include "qkv/ops/positional/rope.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/embedding.h"
-#include "qkv/train/autograd.h"
+#include "qkv/ops/autograd.h"
 
-namespace qkv::train {
+namespace qkv::ad {
 
 // Every function takes Vars (a Tensor converts to a constant Var) and returns a Var on the tape of its inputs;
 // when no input needs a gradient nothing is recorded and the result is a constant. Shapes and errors are those
@@ -36,8 +35,6 @@ Var relu(const Var& x);
 Var gelu(const Var& x, GeluApprox approx = GeluApprox::kNone);
 Var tanh(const Var& x);
 Var sigmoid(const Var& x);
-// The feed-forward activation of nn::FeedForward.
-Var activation(const Var& x, nn::Activation a);
 
 // --- reductions -----------------------------------------------------------------------------------------------
 Var sum(const Var& x);   // -> scalar shape ()
@@ -106,23 +103,4 @@ std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int64_t 
 // The same value as a constant: no gradient flows back through it.
 inline Var detach(const Var& x) { return Var(x.value); }
 
-// --- recurrent cells (fused single nodes) ---------------------------------------------------------------------
-// `active`: empty, or one flag per batch row; a row whose flag is 0 keeps its old state (h' = h, c' = c) and
-// passes the gradient straight through (a padded step of a shorter sequence).
-//
-// GRU step, torch.nn.GRU's formulas and gate order (r, z, n), as nn::gru_cell_step:
-// gi: (B, 3H) input projection x·W_ihᵀ + b_ih (may be a strided view)  h: (B, H)  w_hh: (3H, H)
-// b_hh: (3H) or undefined  ->  h' (B, H)
-Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh,
-             const std::vector<uint8_t>& active = {});
-
-// LSTM step, gates (i, f, g, o), as nn::lstm_cell_step: gi: (B, 4H)  h, c: (B, H)  w_hh: (4H, H)
-// b_hh: (4H) or undefined  ->  (h', c')
-struct LstmVars {
-  Var h;
-  Var c;
-};
-LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
-                   const std::vector<uint8_t>& active = {});
-
-}  // namespace qkv::train
+}  // namespace qkv::ad

@@ -13,9 +13,10 @@
 #include "qkv/ops/dropout.h"
 #include "qkv/ops/matmul.h"
 #include "qkv/ops/softmax.h"
-#include "qkv/train/functional.h"
+#include "qkv/ops/functional.h"
+#include "qkv/ops/layer_norm.h"
 
-namespace qkv::train {
+namespace qkv::ad {
 
 using detail::record;
 using Douts = std::span<const Tensor>;
@@ -200,16 +201,6 @@ Var sigmoid(const Var& x) {
   return record(y, {&x}, [x, y](Tape& t, Douts d) { t.accumulate_owned(x, sigmoid_backward(y, d[0])); });
 }
 
-Var activation(const Var& x, nn::Activation a) {
-  switch (a) {
-    case nn::Activation::kRelu: return relu(x);
-    case nn::Activation::kGelu: return gelu(x, GeluApprox::kNone);
-    case nn::Activation::kGeluTanh: return gelu(x, GeluApprox::kTanh);
-  }
-  QKV_CHECK_ARG(false, "[activation] unknown activation");
-  return Var();
-}
-
 // --- reductions ------------------------------------------------------------------------------------------------
 
 Var sum(const Var& x) {
@@ -254,6 +245,8 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
   for (const Var* p : {&weight, &bias})
     QKV_CHECK_ARG(!p->defined() || p->shape() == Shape{e}, "[layer_norm] weight/bias ", str(p->shape()),
                   " must be (", e, ",) for x ", str(x.shape()));
+  // Nothing to record: the op's own forward (what inference always ran), without saving mean and rstd.
+  if (!detail::tape_of({&x, &weight, &bias})) return Var(qkv::layer_norm(x.value, weight.value, bias.value, eps).y);
   const Tensor xc = x.value.contiguous();
   const Tensor w = weight.defined() ? weight.value.contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.value.contiguous() : Tensor();
@@ -314,4 +307,4 @@ Var dropout(const Var& x, float p, bool training, Rng& rng) {
   });
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::ad

@@ -8,12 +8,12 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "qkv/core/tensor.h"
-#include "qkv/nn/module.h"
 
-namespace qkv::train {
+namespace qkv::ad {
 
 class Tape;
 
@@ -33,8 +33,12 @@ struct Parameter {
 class ParameterSet {
  public:
   ParameterSet() = default;
-  // Every named parameter of `module`, with its dotted PyTorch name.
-  explicit ParameterSet(nn::Module& module);
+  // Every named parameter of `module` (an nn::Module, or anything with named_parameters() giving
+  // (dotted PyTorch name, Tensor*) pairs), in registration order.
+  template <class M, class = decltype(std::declval<M&>().named_parameters())>
+  explicit ParameterSet(M& module) {
+    for (auto& [name, t] : module.named_parameters()) add(name, t);
+  }
   ParameterSet(const ParameterSet&) = delete;
   ParameterSet& operator=(const ParameterSet&) = delete;
 
@@ -84,12 +88,12 @@ struct Var {
 };
 
 // Records differentiable ops in execution order and runs their backward halves in reverse.
-// Typical step (see train/graph.h, loss.h, optim.h):
+// Typical step (see nn/context.h, train/loss.h, train/optim.h):
 //   ParameterSet params(model);  AdamW opt(params);  Tape tape;  Rng dropout_rng(seed);
 //   for each batch:
 //     params.zero_grad();  tape.clear();
-//     Graph g(tape, params, &dropout_rng);
-//     Var loss = cross_entropy(decoder_only_logits(g, model, ids), targets);
+//     nn::Context c(tape, params, &dropout_rng);
+//     Var loss = cross_entropy(model.forward(c, ids), targets);
 //     tape.backward(loss);  clip_grad_norm(params, 1.0);  opt.set_lr(schedule.at(step));  opt.step();
 // Single-threaded bookkeeping; the ops themselves use OpenMP.
 class Tape {
@@ -186,4 +190,4 @@ class Binder {
   std::vector<Var> vars_;
 };
 
-}  // namespace qkv::train
+}  // namespace qkv::ad

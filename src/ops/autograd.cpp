@@ -1,19 +1,16 @@
 // Tape, ParameterSet and Binder: gradient slots with copy-on-write accumulation, nodes run in reverse order,
 // intermediate gradients released as soon as their node has run.
-#include "qkv/train/autograd.h"
+#include "qkv/ops/autograd.h"
 
 #include <algorithm>
 
 #include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 
-namespace qkv::train {
+namespace qkv::ad {
+
 
 // --- ParameterSet ----------------------------------------------------------------------------------------------
-
-ParameterSet::ParameterSet(nn::Module& module) {
-  for (auto& [name, t] : module.named_parameters()) add(name, t);
-}
 
 void ParameterSet::add(const std::string& name, Tensor* value) {
   QKV_CHECK_ARG(value != nullptr && value->defined(), "[ParameterSet] parameter '", name, "' is undefined");
@@ -267,4 +264,4 @@ Var Binder::operator()(const Tensor& module_tensor) const {
   return vars_[static_cast<size_t>(i)];
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::ad

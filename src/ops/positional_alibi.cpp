@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "qkv/core/error.h"
-#include "qkv/nn/positional/alibi.h"
+#include "qkv/ops/positional/alibi.h"
 
 namespace qkv {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "qkv/core/tensor.h"
 
-namespace qkv::decode {
+namespace qkv::nn {
 
 class KvCache {
  public:
@@ -21,6 +21,7 @@ class KvCache {
   Tensor keys() const;    // (N, H, length, D) view into the cache
   Tensor values() const;  // (N, H, length, D)
   int64_t length() const { return len_; }
+  bool ready() const { return k_.defined(); }  // reset() has been called
   int64_t rows() const { return rows_; }
 
  private:
@@ -35,4 +36,4 @@ Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows, int64_t ax
 // True when rows == {0, 1, ..., n - 1} (nothing to reorder).
 bool is_identity(const std::vector<int64_t>& rows, int64_t n);
 
-}  // namespace qkv::decode
+}  // namespace qkv::nn

@@ -1,11 +1,11 @@
 // KvCache storage: amortised-doubling capacity along the time axis, row gathers for beam search.
-#include "qkv/decode/kv_cache.h"
+#include "qkv/nn/kv_cache.h"
 
 #include <algorithm>
 
 #include "qkv/core/error.h"
 
-namespace qkv::decode {
+namespace qkv::nn {
 
 Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows, int64_t axis) {
   QKV_CHECK_ARG(x.defined() && x.dim() >= 1, "[gather_rows] needs a tensor of rank >= 1");
@@ -95,4 +95,4 @@ Tensor KvCache::values() const {
   return v_.slice(2, 0, len_);
 }
 
-}  // namespace qkv::decode
+}  // namespace qkv::nn

@@ -4,13 +4,13 @@
 #include <span>
 #include <vector>
 
-#include "functional_internal.h"
+#include "../ops/functional_internal.h"
 #include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 #include "qkv/nn/rnn.h"
-#include "qkv/train/functional.h"
+#include "qkv/ops/functional.h"
 
-namespace qkv::train {
+namespace qkv::ad {
 
 using Douts = std::span<const Tensor>;
 
@@ -171,4 +171,4 @@ LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, c
   return {out[0], out[1]};
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::ad

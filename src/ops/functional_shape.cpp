@@ -8,9 +8,9 @@
 #include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
 #include "qkv/ops/shape_ops.h"
-#include "qkv/train/functional.h"
+#include "qkv/ops/functional.h"
 
-namespace qkv::train {
+namespace qkv::ad {
 
 using detail::record;
 using Douts = std::span<const Tensor>;
@@ -135,4 +135,4 @@ std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int64_t 
   });
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::ad

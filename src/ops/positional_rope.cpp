@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
-#include "qkv/nn/positional/rope.h"
+#include "qkv/ops/positional/rope.h"
 
 namespace qkv {
 namespace {

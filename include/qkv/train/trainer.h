@@ -1,0 +1,56 @@
+// train::Trainer: the one training loop of the library. `qkv train`, the experiments and the benchmarks all run
+// their steps through it: zero_grad -> forward and loss on a training Context -> backward -> clip -> learning rate
+// from the schedule -> optimizer step. Hooks do the logging, evaluation and checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "qkv/core/rng.h"
+#include "qkv/ops/autograd.h"
+#include "qkv/train/graph.h"
+#include "qkv/train/optim.h"
+#include "qkv/train/schedule.h"
+
+namespace qkv::train {
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0.0;  // the loss of this step's batch, before the update
+  double lr = 0.0;    // the learning rate the update used
+  bool finite = true; // false: the loss was not finite, and no update was made
+};
+
+class Trainer {
+ public:
+  // The forward and loss of one batch, on the training Context the trainer passes (a tape over `params`, dropout
+  // from the trainer's Rng; a Graph, so the recurrent layers run too): returns a scalar loss Var.
+  using LossFn = std::function<ad::Var(Graph& g)>;
+  struct Hooks {
+    std::function<LossFn(int64_t step)> batch;                 // required: the loss of step `step`'s batch
+    std::function<void(const StepResult& r)> on_step;          // after every update (logging, curves)
+    std::function<bool(const StepResult& r)> after_step;       // after on_step: evaluation, checkpoints; true stops
+  };
+
+  // params, optimizer, schedule and dropout_rng must outlive the trainer. clip <= 0: no gradient clipping.
+  Trainer(ad::ParameterSet& params, Optimizer& optimizer, const LrSchedule& schedule, Rng& dropout_rng,
+          double clip = 0.0);
+
+  // One step numbered `step` (the schedule's step, from 1).
+  StepResult step(int64_t step, const LossFn& loss);
+  // Steps first .. last (inclusive); stops after a step whose after_step returns true, or at a non-finite loss
+  // (no update). Returns the last step's result (step 0 when first > last).
+  StepResult run(int64_t first, int64_t last, const Hooks& hooks);
+
+  ad::Tape& tape() { return tape_; }
+
+ private:
+  ad::ParameterSet* params_;
+  Optimizer* optimizer_;
+  const LrSchedule* schedule_;
+  Rng* dropout_rng_;
+  double clip_;
+  ad::Tape tape_;
+};
+
+}  // namespace qkv::train

@@ -1,0 +1,52 @@
+// train::Trainer: one optimisation step and the loop around it with hooks.
+#include "qkv/train/trainer.h"
+
+#include <cmath>
+
+#include "qkv/core/error.h"
+
+namespace qkv::train {
+
+Trainer::Trainer(ad::ParameterSet& params, Optimizer& optimizer, const LrSchedule& schedule, Rng& dropout_rng,
+                 double clip)
+    : params_(&params), optimizer_(&optimizer), schedule_(&schedule), dropout_rng_(&dropout_rng), clip_(clip) {}
+
+StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
+  QKV_CHECK_ARG(static_cast<bool>(loss_fn), "[Trainer] step ", step, " has no loss function");
+  StepResult r;
+  r.step = step;
+  params_->zero_grad();
+  tape_.clear();
+  {
+    Graph g(tape_, *params_, dropout_rng_);
+    const ad::Var loss = loss_fn(g);
+    QKV_CHECK_ARG(loss.defined() && loss.numel() == 1, "[Trainer] the loss of step ", step,
+                  " must be a scalar, got ", loss.defined() ? str(loss.shape()) : std::string("(undefined)"));
+    r.loss = loss.value.item();
+    r.finite = std::isfinite(r.loss);
+    if (!r.finite) {
+      tape_.clear();
+      return r;
+    }
+    tape_.backward(loss);
+  }
+  if (clip_ > 0.0) clip_grad_norm(*params_, clip_);
+  r.lr = schedule_->at(step);
+  optimizer_->set_lr(r.lr);
+  optimizer_->step();
+  return r;
+}
+
+StepResult Trainer::run(int64_t first, int64_t last, const Hooks& hooks) {
+  QKV_CHECK_ARG(static_cast<bool>(hooks.batch), "[Trainer] run needs hooks.batch");
+  StepResult r;
+  for (int64_t s = first; s <= last; ++s) {
+    r = step(s, hooks.batch(s));
+    if (!r.finite) break;
+    if (hooks.on_step) hooks.on_step(r);
+    if (hooks.after_step && hooks.after_step(r)) break;
+  }
+  return r;
+}
+
+}  // namespace qkv::train

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The layer map, enforced: every `#include "qkv/<layer>/..."` in src/, include/, cli/ and python/ must be an edge
+of ALLOWED below (imports point down only). Run by ctest as `layer_map_has_no_upward_include`.
+
+Usage: check_layers.py REPO_ROOT     exits 1 and lists each offending file:line and edge."""
+import os
+import re
+import sys
+
+# layer -> the layers it may include (besides itself). Bottom to top; README.md "What is inside" shows the same map.
+ALLOWED = {
+    "core": set(),
+    "kernels": {"core"},
+    "ops": {"core", "kernels"},
+    "nn": {"core", "kernels", "ops"},
+    "models": {"core", "kernels", "ops", "nn"},
+    "decode": {"core", "kernels", "ops", "nn", "models"},
+    "data": {"core"},
+    "train": {"core", "kernels", "ops", "nn", "models", "decode", "data"},
+    "eval": {"core"},
+    "experiments": {"core", "kernels", "ops", "nn", "models", "decode", "data", "train", "eval"},
+    "cli": {"core", "kernels", "ops", "nn", "models", "decode", "data", "train", "eval", "experiments"},
+    "python": {"core", "kernels", "ops", "nn", "models", "decode", "data", "train", "eval", "experiments"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"qkv/([A-Za-z_]+)/', re.M)
+
+
+def layer_of(path):
+    """The layer a source file belongs to, from its folder."""
+    parts = path.split(os.sep)
+    if parts[0] in ("cli", "python"):
+        return parts[0]
+    if parts[0] == "src" and len(parts) > 2:
+        return parts[1]
+    if parts[0] == "include" and len(parts) > 3 and parts[1] == "qkv":
+        return parts[2]
+    return None
+
+
+def main(root):
+    bad, seen = [], 0
+    for top in ("src", "include", "cli", "python"):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                if not name.endswith((".h", ".hpp", ".cpp", ".cc")):
+                    continue
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, root)
+                layer = layer_of(rel)
+                if layer is None:
+                    bad.append(f"{rel}: a source file outside any layer folder")
+                    continue
+                if layer not in ALLOWED:
+                    bad.append(f"{rel}: folder '{layer}' is not in the layer table")
+                    continue
+                text = open(full, encoding="utf-8").read()
+                for m in INCLUDE.finditer(text):
+                    seen += 1
+                    dep = m.group(1)
+                    if dep != layer and dep not in ALLOWED[layer]:
+                        line = text.count("\n", 0, m.start()) + 1
+                        bad.append(f"{rel}:{line}: {layer} -> {dep} is not an allowed edge")
+    if seen == 0:
+        bad.append("no qkv include found: wrong root?")
+    for b in bad:
+        print(b)
+    print(f"layer map: {seen} includes checked, {len(bad)} violations")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
