@@ -195,7 +195,6 @@ DecoderOnlyCachedStep::DecoderOnlyCachedStep(models::DecoderOnlyTransformer& mod
     : model_(&model), prompts_(std::move(prompts)) {
   prompt_len_ = longest_prompt(model, prompts_, "DecoderOnlyCachedStep");
   model.eval();
-  for (auto& layer : model.layers) check_packed(layer->self_attn, "DecoderOnlyCachedStep");
 }
 
 int64_t DecoderOnlyCachedStep::vocab_size() const { return model_->config().vocab; }

@@ -539,5 +539,74 @@ TEST(MultiheadAttention, ForwardShapeErrorsNameTheModule) {
   EXPECT_TRUE(ThrowsArg([&] { mha.forward(x, x, x, o); }, "[MultiheadAttention] attn_bias (1, 3, 3, 3)"));
 }
 
+
+// Incremental decoding through the module's one forward: chunks of 3, 1 and 2 new positions appended to a KV cache
+// with is_causal (bottom-right) equal the whole sequence's causal self-attention against the float64 oracle.
+TEST(MultiheadAttention, KvCacheChunksEqualCausalSelfAttentionOfTheWholeSequence) {
+  const MhaCase c;
+  Rng rng(3);
+  MultiheadAttention mha(c.E, c.H, rng);
+  randomize_parameters(mha, 41);
+  const int64_t T = 6;
+  const Tensor x = randn({c.B, T, c.E}, 42);
+  const auto ref = mha_reference(x, x, x, params_of(mha), {}, /*causal=*/true);
+  KvCache cache;
+  MhaForwardOptions o;
+  o.is_causal = true;
+  o.need_weights = false;
+  o.kv_cache = &cache;
+  Tensor out = Tensor::empty({c.B, T, c.E});
+  int64_t at = 0;
+  for (int64_t n : {3, 1, 2}) {
+    const Tensor chunk = x.slice(1, at, at + n).contiguous();
+    out.slice(1, at, at + n).copy_from(mha.forward(chunk, chunk, chunk, o).out);
+    at += n;
+  }
+  EXPECT_TRUE(AllClose(out, ref.out, kModuleVsDouble));
+  EXPECT_EQ(cache.length(), T);
+}
+
+// Cross-attention on a fixed memory: project_kv once, then kv_cache_fixed, equals attending to the memory directly;
+// for packed and for separate (kdim, vdim) projections.
+TEST(MultiheadAttention, FixedKvCacheEqualsCrossAttentionOnTheMemory) {
+  const MhaCase c;
+  for (int64_t kdim : {int64_t{0}, int64_t{5}}) {
+    Rng rng(4);
+    MultiheadAttention mha(c.E, c.H, rng, 0.0f, true, kdim, kdim);
+    randomize_parameters(mha, 43);
+    const int64_t dim = kdim ? kdim : c.E;
+    const Tensor x = randn({c.B, c.Tq, c.E}, 44), mem = randn({c.B, c.Tk, dim}, 45);
+    MhaForwardOptions o;
+    o.average_attn_weights = false;
+    const MhaOutput direct = mha.forward(x, mem, mem, o);
+    KvCache cache;
+    auto [k, v] = mha.project_kv(mem, mem);
+    cache.reset(c.B, c.H, c.E / c.H);
+    cache.append(k, v);
+    MhaForwardOptions f = o;
+    f.kv_cache = &cache;
+    f.kv_cache_fixed = true;
+    const MhaOutput cached = mha.forward(x, Tensor(), Tensor(), f);
+    EXPECT_TRUE(AllClose(cached.out, direct.out, kFloatReorder)) << "kdim " << kdim;
+    EXPECT_TRUE(AllClose(cached.weights, direct.weights, kFloatReorder)) << "kdim " << kdim;
+    EXPECT_EQ(cache.length(), c.Tk);  // a fixed cache is never appended to
+  }
+}
+
+TEST(MultiheadAttention, KvCacheIsRefusedOnATapeAndForUnbatchedInput) {
+  Rng rng(5);
+  MultiheadAttention mha(8, 2, rng);
+  KvCache cache;
+  MhaForwardOptions o;
+  o.kv_cache = &cache;
+  EXPECT_TRUE(ThrowsArg([&] { mha.forward(randn({5, 8}, 1), randn({5, 8}, 2), randn({5, 8}, 3), o); },
+                        "[MultiheadAttention] kv_cache needs batched"));
+  ad::Tape tape;
+  ad::ParameterSet params(mha);
+  const Context train(tape, params);
+  const Tensor x = randn({1, 3, 8}, 4);
+  EXPECT_TRUE(ThrowsArg([&] { mha.forward(train, x, x, x, o); }, "[MultiheadAttention] kv_cache is for inference"));
+}
+
 }  // namespace
 }  // namespace qkv::nn
