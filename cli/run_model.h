@@ -1,6 +1,6 @@
 // The model of a `qkv train` run behind one face, whatever its kind: teacher-forced logits on a tape for training,
 // a step model for decoding, and evaluation (exact match, token accuracy) shared by train / eval / translate.
-// The kinds live in separate units (models/seq2seq.h and models/transformer.h cannot share one).
+// One file per family of kinds (run_model_rnn.cpp, run_model_transformer.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,5 @@
 // Tests of the RNN Seq2Seq step model: greedy search through RnnStep gives Seq2Seq::greedy_decode's tokens, beam
-// search and forced attention run on the same rows machinery. (models/seq2seq.h and models/transformer.h both
-// define models::Seq2SeqConfig, so this cannot share a unit with decode_test.cpp; configs are aggregate-initialised
-// ({}) so that no implicit constructor of either struct is emitted.)
+// search and forced attention run on the same rows machinery.
 #include <gtest/gtest.h>
 
 #include "ops_testing.h"

@@ -1,6 +1,6 @@
 // Overfit tests: the whole training loop (tape forward, cross-entropy with padding, backward, clipping, AdamW with
 // a schedule) drives one small batch to near-zero loss for the encoder-decoder and the decoder-only Transformer.
-// The RNN-attention overfit lives in train_seq2seq_test.cpp (models/seq2seq.h and models/transformer.h clash).
+// The RNN-attention overfit lives in train_seq2seq_test.cpp.
 #include <gtest/gtest.h>
 
 #include <vector>

@@ -1,5 +1,5 @@
 // Teacher-forced forward of the RNN Seq2Seq (models::Seq2Seq: no attention, Bahdanau or Luong) on a Graph.
-// Separate from transformer_models.h because models/seq2seq.h and models/transformer.h cannot share a unit.
+// The recurrent layers still run on the tape through train::Graph; the Transformer models take a Context directly.
 #pragma once
 
 #include <cstdint>
