@@ -43,21 +43,6 @@ bool same_var(const ad::Var& a, const ad::Var& b) {
   return a.tape == b.tape && a.slot == b.slot && same_tensor(a.value, b.value);
 }
 
-// A mask of any kind as an additive float tensor of the same shape (0 = allowed, -inf = blocked).
-Tensor to_additive(const Tensor& m, MaskKind kind) {
-  if (kind == MaskKind::kAdditive) return m;
-  const float ninf = -std::numeric_limits<float>::infinity();
-  Tensor out = Tensor::empty(m.shape());
-  float* po = out.data();
-  const float* pm = m.data();
-  const bool block = kind == MaskKind::kBlock;
-  for_each_offset(m.shape(), m.strides(), [&](int64_t i, int64_t off) {
-    const bool nonzero = pm[off] != 0.0f;
-    po[i] = (nonzero == block) ? ninf : 0.0f;
-  });
-  return out;
-}
-
 // weights (B, H, Tq, Tk) -> mean over H: (B, Tq, Tk).
 Tensor mean_over_heads(const Tensor& w) {
   const Tensor c = w.contiguous();
@@ -231,8 +216,8 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
     ao.mask = parts[0].t;
     ao.mask_kind = parts[0].kind;
   } else if (parts.size() > 1) {
-    Tensor combined = to_additive(parts[0].t, parts[0].kind);
-    for (size_t i = 1; i < parts.size(); ++i) combined = add(combined, to_additive(parts[i].t, parts[i].kind));
+    Tensor combined = mask_to_additive(parts[0].t, parts[0].kind);
+    for (size_t i = 1; i < parts.size(); ++i) combined = add(combined, mask_to_additive(parts[i].t, parts[i].kind));
     ao.mask = combined;
     ao.mask_kind = MaskKind::kAdditive;
   }
@@ -283,11 +268,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   } else if (!on_tape && (o.need_weights || drop)) {
     // Weights asked for, or dropped (dropout acts on the weights, as PyTorch): the composed path materialises
     // them, and the returned weights are the dropped ones.
-    if (attn_bias.defined()) {
-      const Tensor m = ao.mask_kind != MaskKind::kNone ? to_additive(ao.mask, ao.mask_kind) : Tensor();
-      ao.mask = m.defined() ? add(m, attn_bias.value) : attn_bias.value;
-      ao.mask_kind = MaskKind::kAdditive;
-    }
+    ao = with_additive_bias(ao, attn_bias.value);
     ao.return_weights = true;
     AttentionResult r = attention(qh.value, kh.value, vh.value, ao);
     weights = r.weights;
@@ -311,12 +292,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
     }
     attn = ad::attention(qh, kh, vh, ao, ex);
     if (o.need_weights) {  // on a tape: the (pre-dropout) weights, as a constant
-      AttentionOptions wo = ao;
-      if (attn_bias.defined()) {
-        const Tensor m = wo.mask_kind != MaskKind::kNone ? to_additive(wo.mask, wo.mask_kind) : Tensor();
-        wo.mask = m.defined() ? add(m, attn_bias.value) : attn_bias.value;
-        wo.mask_kind = MaskKind::kAdditive;
-      }
+      AttentionOptions wo = with_additive_bias(ao, attn_bias.value);
       wo.return_weights = true;
       weights = attention(qh.value, kh.value, vh.value, wo).weights;
     }

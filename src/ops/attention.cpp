@@ -2,10 +2,13 @@
 // The math lives in kernels/attention_reference.cpp (and, for the fused path, kernels/attention_flash.cpp).
 #include "qkv/ops/attention.h"
 
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 
 #include "qkv/core/error.h"
+#include "qkv/ops/elementwise.h"
 #include "qkv/kernels/attention_reference.h"
 
 namespace qkv {
@@ -72,6 +75,25 @@ Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const A
   QKV_CHECK_ARG(!options.scale || std::isfinite(*options.scale), "[", op, "] scale ",
                 options.scale.value_or(0.0f), " must be finite (q ", str(q.shape()), ")");
   return batch;
+}
+
+Tensor mask_to_additive(const Tensor& m, MaskKind kind) {
+  if (kind == MaskKind::kAdditive) return m;
+  Tensor out = Tensor::empty(m.shape());
+  float* po = out.data();
+  const float* pm = m.data();
+  const bool block = kind == MaskKind::kBlock;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for_each_offset(m.shape(), m.strides(), [&](int64_t i, int64_t off) { po[i] = ((pm[off] != 0.0f) == block) ? ninf : 0.0f; });
+  return out;
+}
+
+AttentionOptions with_additive_bias(AttentionOptions o, const Tensor& bias) {
+  if (!bias.defined()) return o;
+  const Tensor m = o.mask_kind != MaskKind::kNone && o.mask.defined() ? mask_to_additive(o.mask, o.mask_kind) : Tensor();
+  o.mask = m.defined() ? add(m, bias) : bias;
+  o.mask_kind = MaskKind::kAdditive;
+  return o;
 }
 
 float attention_scale(const AttentionOptions& options, int64_t dk) {

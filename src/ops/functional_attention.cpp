@@ -25,23 +25,10 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// A mask of any kind as an additive tensor of the same shape (0 = allowed, -inf = blocked).
-Tensor to_additive(const Tensor& m, MaskKind kind) {
-  if (kind == MaskKind::kAdditive) return m;
-  Tensor out = Tensor::empty(m.shape());
-  float* po = out.data();
-  const float* pm = m.data();
-  const bool block = kind == MaskKind::kBlock;
-  for_each_offset(m.shape(), m.strides(), [&](int64_t i, int64_t off) {
-    po[i] = ((pm[off] != 0.0f) == block) ? kNegInf : 0.0f;
-  });
-  return out;
-}
-
 // options' mask and causal flag as one additive tensor broadcastable to (batch..., Tq, Tk); undefined when none.
 Tensor additive_mask(const AttentionOptions& o, int64_t tq, int64_t tk) {
   Tensor m;
-  if (o.mask_kind != MaskKind::kNone && o.mask.defined()) m = to_additive(o.mask, o.mask_kind);
+  if (o.mask_kind != MaskKind::kNone && o.mask.defined()) m = mask_to_additive(o.mask, o.mask_kind);
   if (o.causal != Causal::kNone) {
     Tensor c = Tensor::empty({tq, tk});
     float* p = c.data();
@@ -161,11 +148,7 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
     AttentionOptions o = options;
     o.return_weights = false;
     o.return_lse = detail::tape_of({&q, &k, &v}) != nullptr;  // the backward needs it; inference does not
-    if (extras.bias.defined()) {  // a constant bias joins the mask
-      const Tensor m = o.mask_kind != MaskKind::kNone ? to_additive(o.mask, o.mask_kind) : Tensor();
-      o.mask = m.defined() ? qkv::add(m, extras.bias.value) : extras.bias.value;
-      o.mask_kind = MaskKind::kAdditive;
-    }
+    o = with_additive_bias(o, extras.bias.value);  // a constant bias joins the mask
     AttentionResult r = qkv::attention(q.value, k.value, v.value, o);
     o.return_lse = false;
     return record(r.out, {&q, &k, &v}, [q, k, v, o, out = r.out, lse = r.lse](Tape& t, Douts d) {

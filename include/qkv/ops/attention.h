@@ -47,6 +47,13 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                       const char* op);
 
+// A mask of any kind as an additive float tensor of its shape (0 = takes part, -inf = blocked); kAdditive returns
+// the mask itself. Any strides.
+Tensor mask_to_additive(const Tensor& mask, MaskKind kind);
+// options with `bias` (an additive score bias, broadcastable like the mask) joined to its mask: one kAdditive mask.
+// An undefined bias returns options unchanged.
+AttentionOptions with_additive_bias(AttentionOptions options, const Tensor& bias);
+
 // Effective scale: options.scale or 1/sqrt(Dk).
 float attention_scale(const AttentionOptions& options, int64_t dk);
 
