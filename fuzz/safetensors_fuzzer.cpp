@@ -9,18 +9,10 @@
 #include <system_error>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "qkv/core/safetensors.h"
 
 namespace {
-
-// Invariant failure: report and abort, so libFuzzer records the input as a crash.
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 bool same_bits(const qkv::Tensor& a, const qkv::Tensor& b) {
   if (a.shape() != b.shape()) return false;
