@@ -23,6 +23,7 @@ int run(int argc, char** argv) {
   add_experiment(app);
   add_viz(app);
   add_serve(app);
+  add_info(app);
   app.set_version_flag("--version", "qkv " QKV_VERSION);
   std::string names;
   bool known = false;

@@ -17,6 +17,7 @@ void add_eval(CLI::App& app);       // cli/eval.cpp
 void add_translate(CLI::App& app);  // cli/translate.cpp
 void add_experiment(CLI::App& app);  // cli/experiment.cpp
 void add_viz(CLI::App& app);         // cli/viz.cpp
+void add_info(CLI::App& app);        // cli/info.cpp
 void add_serve(CLI::App& app);       // cli/serve.cpp (a stub that explains itself without cpp-httplib)
 
 }  // namespace qkv::cli

@@ -17,6 +17,7 @@ PYTHON="${PYTHON:-python3}"
 # chromium, chromium-driver : the headless browser of the viewer tests (driven by Selenium, never downloaded)
 # fonts-wqy-microhei     : a CJK font, so that the browser and the PNG figures draw Chinese tokens and labels
 # libfreetype-dev        : FreeType, which draws the figures' non-ASCII text with that font
+# openmpi-bin, libopenmpi-dev : Open MPI (mpirun, the C library): data-parallel training and ring attention
 # git                    : its French and Simplified Chinese .mo catalogs are the translation experiment's corpus
 APT_PACKAGES=(
   git
@@ -30,6 +31,7 @@ APT_PACKAGES=(
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libomp-14-dev
   libcpp-httplib-dev nlohmann-json3-dev
   chromium chromium-driver fonts-wqy-microhei libfreetype-dev
+  openmpi-bin libopenmpi-dev
 )
 command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
 

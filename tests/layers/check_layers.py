@@ -16,11 +16,12 @@ ALLOWED = {
     "models": {"core", "kernels", "ops", "nn"},
     "decode": {"core", "kernels", "ops", "nn", "models"},
     "data": {"core"},
-    "train": {"core", "kernels", "ops", "nn", "models", "decode", "data"},
+    "dist": {"core", "kernels", "ops"},
+    "train": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist"},
     "eval": {"core"},
-    "experiments": {"core", "kernels", "ops", "nn", "models", "decode", "data", "train", "eval"},
-    "cli": {"core", "kernels", "ops", "nn", "models", "decode", "data", "train", "eval", "experiments"},
-    "python": {"core", "kernels", "ops", "nn", "models", "decode", "data", "train", "eval", "experiments"},
+    "experiments": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "eval"},
+    "cli": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "eval", "experiments"},
+    "python": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "eval", "experiments"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"qkv/([A-Za-z_]+)/', re.M)
 

@@ -1,0 +1,221 @@
+// Tests of qkv::dist at any group size: ctest runs this binary as one process (the group of one) and again under
+// `mpirun -np 2/3/4` (CMakeLists.txt: dist_test_mpirun_np*). Every rank builds the same global inputs from one seed,
+// computes the one-process fused attention as the reference, and checks its own shard of the ring's results.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ops_testing.h"
+#include "qkv/core/rng.h"
+#include "qkv/dist/comm.h"
+#include "qkv/dist/ring_attention.h"
+#include "qkv/ops/attention.h"
+
+namespace qkv {
+namespace {
+
+using dist::Communicator;
+
+// Normwise relative error bounds of the ring against one process (the merge and the per-block kernels round
+// differently): forward max|a - ref| <= 1e-5 max|ref|, backward 1e-4.
+constexpr double kForwardRtol = 1e-5;
+constexpr double kBackwardRtol = 1e-4;
+
+// max |a - ref| / max |ref| over finite entries; a -inf (fully masked row's lse) must be -inf in both.
+double normwise_error(const Tensor& a, const Tensor& ref) {
+  const std::vector<float> x = a.to_vector(), r = ref.to_vector();
+  if (x.size() != r.size()) return std::numeric_limits<double>::infinity();
+  double err = 0.0, mag = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isinf(r[i]) || std::isinf(x[i])) {
+      if (x[i] != r[i]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (std::isnan(x[i]) || std::isnan(r[i])) return std::numeric_limits<double>::infinity();
+    err = std::max(err, std::fabs(static_cast<double>(x[i]) - r[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(r[i])));
+  }
+  return mag == 0.0 ? err : err / mag;
+}
+
+TEST(DistComm, CollectivesAgreeOnEveryRank) {
+  Communicator& c = Communicator::world();
+  const int n = c.size(), r = c.rank();
+  ASSERT_GE(n, 1);
+  ASSERT_TRUE(r >= 0 && r < n);
+  EXPECT_EQ(c.uses_mpi(), n > 1 || c.uses_mpi());
+  std::vector<float> sum = {static_cast<float>(r + 1), -2.0f * static_cast<float>(r)};
+  c.allreduce_sum(sum.data(), 2);
+  EXPECT_EQ(sum[0], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(sum[1], static_cast<float>(-n * (n - 1)));
+  std::vector<float> mx = {static_cast<float>(r), static_cast<float>(-r)};
+  c.allreduce_max(mx.data(), 2);
+  EXPECT_EQ(mx[0], static_cast<float>(n - 1));
+  EXPECT_EQ(mx[1], 0.0f);
+  const int root = n - 1;
+  std::vector<float> b = {static_cast<float>(r == root ? 7.5 : -1.0), static_cast<float>(r)};
+  c.broadcast(b.data(), 2, root);
+  EXPECT_EQ(b[0], 7.5f);
+  EXPECT_EQ(b[1], static_cast<float>(root));
+  char word[6] = {0};
+  if (r == 0) std::snprintf(word, sizeof word, "ranks");
+  c.broadcast_bytes(word, sizeof word, 0);
+  EXPECT_EQ(std::string(word), "ranks");
+  c.barrier();
+}
+
+TEST(DistComm, RingOfNonBlockingMessages) {
+  Communicator& c = Communicator::world();
+  const int n = c.size(), r = c.rank();
+  if (n == 1) {  // no peer: a message to oneself is a caller mistake that names the op
+    std::vector<float> x(3);
+    EXPECT_THROW(c.isend(x.data(), 3, 0, 0), std::invalid_argument);
+    try {
+      c.irecv(x.data(), 3, 1, 0);
+      ADD_FAILURE() << "irecv from a missing rank did not throw";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("[dist.irecv] source 1"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  std::vector<float> out = {static_cast<float>(r), static_cast<float>(10 * r)}, in(2, -1.0f);
+  dist::Request recv = c.irecv(in.data(), 2, (r + n - 1) % n, 5);
+  dist::Request send = c.isend(out.data(), 2, (r + 1) % n, 5);
+  c.wait(recv);
+  c.wait(send);
+  EXPECT_FALSE(recv.pending());
+  EXPECT_EQ(in[0], static_cast<float>((r + n - 1) % n));
+  EXPECT_EQ(in[1], static_cast<float>(10 * ((r + n - 1) % n)));
+  EXPECT_THROW(c.isend(out.data(), 2, n, 0), std::invalid_argument);
+  EXPECT_THROW(c.isend(out.data(), 2, (r + 1) % n, -1), std::invalid_argument);
+}
+
+TEST(DistComm, CheckSameRefusesADifferingRank) {
+  Communicator& c = Communicator::world();
+  EXPECT_NO_THROW(c.check_same(dist::hash_bytes("config", 6), "config"));
+  if (c.size() == 1) return;
+  try {
+    c.check_same(c.rank() == c.size() - 1 ? 1u : 0u, "the model width");
+    ADD_FAILURE() << "differing values passed";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[dist.check_same] the model width differs"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank " + std::to_string(c.size() - 1)), std::string::npos) << what;
+  }
+}
+
+TEST(DistComm, HashSeesEveryBit) {
+  std::vector<float> a = {1.0f, -0.0f, 3.5f};
+  const uint64_t h = dist::hash_floats(a.data(), 3);
+  EXPECT_EQ(h, dist::hash_floats(a.data(), 3));
+  a[1] = 0.0f;  // equal as floats, different bits
+  EXPECT_NE(h, dist::hash_floats(a.data(), 3));
+  EXPECT_NE(dist::hash_floats(a.data(), 2), dist::hash_floats(a.data(), 3));
+}
+
+TEST(RingShard, ZigzagPositionsCoverTheSequenceOnce) {
+  for (int n : {1, 2, 3, 4}) {
+    for (Causal causal : {Causal::kNone, Causal::kTopLeft}) {
+      std::vector<int> seen(24, 0);
+      for (int r = 0; r < n; ++r)
+        for (int64_t p : dist::ring_positions(24, r, n, causal)) ++seen[static_cast<size_t>(p)];
+      for (int s : seen) EXPECT_EQ(s, 1) << "n " << n;
+    }
+  }
+  EXPECT_EQ(dist::ring_positions(8, 1, 2, Causal::kTopLeft), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_THROW(dist::ring_positions(10, 0, 3, Causal::kNone), std::invalid_argument);
+  EXPECT_THROW(dist::ring_positions(12, 0, 4, Causal::kTopLeft), std::invalid_argument);
+}
+
+struct RingCase {
+  Causal causal;
+  MaskKind mask;
+};
+
+// The per-key mask of the global sequence, (B, 1, 1, T), in `kind`'s convention: about a quarter of the keys
+// blocked, and every key of batch 1's first query chunk blocked for kKeep, so that some rows see no key at all.
+Tensor key_mask(MaskKind kind, int64_t b, int64_t t, uint64_t seed) {
+  Rng rng(seed);
+  Tensor m = Tensor::empty({b, 1, 1, t});
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < t; ++j) {
+      const bool blocked = rng.bernoulli(0.25f) || (kind == MaskKind::kKeep && i == 1 && j < 3);
+      float value = 0.0f;
+      if (kind == MaskKind::kKeep) value = blocked ? 0.0f : 1.0f;
+      if (kind == MaskKind::kBlock) value = blocked ? 1.0f : 0.0f;
+      if (kind == MaskKind::kAdditive)
+        value = blocked ? -std::numeric_limits<float>::infinity() : rng.normal(0.0f, 0.5f);
+      m.at({i, 0, 0, j}) = value;
+    }
+  return m;
+}
+
+class RingAttention : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(RingAttention, MatchesOneProcessForwardAndBackward) {
+  Communicator& c = Communicator::world();
+  const RingCase rc = GetParam();
+  const int64_t B = 2, H = 2, T = 24, Dk = 8, Dv = 6;  // T divides by 2N for N = 1..4
+  const Tensor q = testing::randn({B, H, T, Dk}, 11), k = testing::randn({B, H, T, Dk}, 12);
+  const Tensor v = testing::randn({B, H, T, Dv}, 13), d_out = testing::randn({B, H, T, Dv}, 14);
+  AttentionOptions global;
+  global.causal = rc.causal;
+  global.return_lse = true;
+  if (rc.mask != MaskKind::kNone) {
+    global.mask = key_mask(rc.mask, B, T, 15);
+    global.mask_kind = rc.mask;
+  }
+  const AttentionResult ref = attention_fused(q, k, v, global);
+  const AttentionGrads ref_g = attention_backward(q, k, v, ref.out, ref.lse, d_out, global);
+
+  const int n = c.size(), r = c.rank();
+  const auto shard = [&](const Tensor& x, int64_t axis) { return dist::ring_shard(x, axis, r, n, rc.causal); };
+  AttentionOptions local = global;
+  local.return_lse = false;
+  if (rc.mask != MaskKind::kNone) local.mask = shard(global.mask, -1);
+  const Tensor ql = shard(q, -2), kl = shard(k, -2), vl = shard(v, -2);
+  const AttentionResult got = dist::ring_attention(ql, kl, vl, c, local);
+  EXPECT_LE(normwise_error(got.out, shard(ref.out, -2)), kForwardRtol);
+  EXPECT_LE(normwise_error(got.lse, shard(ref.lse, -1)), kForwardRtol);
+  const AttentionGrads g = dist::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
+  EXPECT_LE(normwise_error(g.dq, shard(ref_g.dq, -2)), kBackwardRtol);
+  EXPECT_LE(normwise_error(g.dk, shard(ref_g.dk, -2)), kBackwardRtol);
+  EXPECT_LE(normwise_error(g.dv, shard(ref_g.dv, -2)), kBackwardRtol);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CausalAndMasks, RingAttention,
+    ::testing::Values(RingCase{Causal::kNone, MaskKind::kNone}, RingCase{Causal::kTopLeft, MaskKind::kNone},
+                      RingCase{Causal::kBottomRight, MaskKind::kNone}, RingCase{Causal::kNone, MaskKind::kKeep},
+                      RingCase{Causal::kTopLeft, MaskKind::kKeep}, RingCase{Causal::kNone, MaskKind::kBlock},
+                      RingCase{Causal::kTopLeft, MaskKind::kAdditive}, RingCase{Causal::kNone, MaskKind::kAdditive}));
+
+TEST(RingAttentionErrors, RefusesWhatDoesNotShard) {
+  Communicator& c = Communicator::world();
+  const Tensor q = testing::randn({1, 6, 4}, 1), k = testing::randn({1, 6, 4}, 2), v = testing::randn({1, 6, 4}, 3);
+  AttentionOptions full_mask;
+  full_mask.mask = Tensor::ones({6, 6});
+  full_mask.mask_kind = MaskKind::kKeep;
+  EXPECT_THROW(dist::ring_attention(q, k, v, c, full_mask), std::invalid_argument);
+  try {
+    dist::ring_attention(q, k, v, c, full_mask);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[ring_attention] the mask must be per key"), std::string::npos) << e.what();
+  }
+  AttentionOptions weights;
+  weights.return_weights = true;
+  EXPECT_THROW(dist::ring_attention(q, k, v, c, weights), std::invalid_argument);
+  AttentionOptions causal;
+  causal.causal = Causal::kTopLeft;
+  const Tensor k_short = testing::randn({1, 4, 4}, 4);
+  EXPECT_THROW(dist::ring_attention(q, k_short, k_short, c, causal), std::invalid_argument);
+  const AttentionResult f = dist::ring_attention(q, k, v, c);
+  EXPECT_THROW(dist::ring_attention_backward(q, k, v, f.out, Tensor(), f.out, c), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace qkv
