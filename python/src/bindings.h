@@ -82,6 +82,7 @@ void bind_transformer(py::module_& m);  // Transformer layers, stacks and Transf
 void bind_rnn(py::module_& m);         // GRU, LSTM (python/src/rnn.cpp)
 void bind_positional(py::module_& m);  // submodule _qkv.positional (python/src/positional.cpp)
 void bind_bert(py::module_& m);         // WordPieceTokenizer, SentenceEncoder (python/src/bert.cpp)
+void bind_llama(py::module_& m);        // CausalLM (python/src/llama.cpp)
 void bind_safetensors(py::module_& m);  // load_safetensors / save_safetensors (python/src/safetensors.cpp)
 void bind_train(py::module_& m);  // submodule _qkv.autograd: gradient probes (python/src/train.cpp)
 void bind_metrics(py::module_& m);      // corpus_bleu / corpus_chrf (python/src/metrics.cpp)

@@ -93,6 +93,13 @@ Tensor unary(const Tensor& x, const char* op, F f) {
   return out;
 }
 
+// sigmoid with exp of a non-positive argument only: no overflow for large |x|.
+float stable_sigmoid(float v) {
+  if (v >= 0.0f) return 1.0f / (1.0f + std::exp(-v));
+  const float e = std::exp(v);
+  return e / (1.0f + e);
+}
+
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 
@@ -160,12 +167,11 @@ Tensor tanh(const Tensor& x) {
 }
 
 Tensor sigmoid(const Tensor& x) {
-  // exp of a non-positive argument only: no overflow for large |x|.
-  return unary(x, "sigmoid", [](float v) {
-    if (v >= 0.0f) return 1.0f / (1.0f + std::exp(-v));
-    const float e = std::exp(v);
-    return e / (1.0f + e);
-  });
+  return unary(x, "sigmoid", stable_sigmoid);
+}
+
+Tensor silu(const Tensor& x) {
+  return unary(x, "silu", [](float v) { return v * stable_sigmoid(v); });
 }
 
 // --- backward halves ------------------------------------------------------------------------------------------
@@ -260,6 +266,13 @@ Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
 
 Tensor sigmoid_backward(const Tensor& y, const Tensor& dy) {
   return grad_unary(y, dy, "sigmoid_backward", [](float s, float g) { return g * s * (1.0f - s); });
+}
+
+Tensor silu_backward(const Tensor& x, const Tensor& dy) {
+  return grad_unary(x, dy, "silu_backward", [](float v, float g) {
+    const float s = stable_sigmoid(v);
+    return g * s * (1.0f + v * (1.0f - s));
+  });
 }
 
 }  // namespace qkv

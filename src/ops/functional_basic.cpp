@@ -236,6 +236,21 @@ Var log_softmax(const Var& x, int64_t axis) {
 
 // Validation and shapes as qkv::layer_norm; the math is the float32 kernels of qkv/kernels/layer_norm.h (the forward
 // agrees with qkv::layer_norm to ~1e-7 relative).
+Var silu(const Var& x) {
+  detail::check_defined(x, "silu", "x");
+  return record(qkv::silu(x.value), {&x}, [x](Tape& t, Douts d) { t.accumulate_owned(x, silu_backward(x.value, d[0])); });
+}
+
+Var rms_norm(const Var& x, const Var& weight, float eps, bool unit_offset) {
+  detail::check_defined(x, "rms_norm", "x");
+  RmsNormResult r = qkv::rms_norm(x.value, weight.value, eps, unit_offset);
+  return record(r.y, {&x, &weight}, [x, weight, rstd = r.rstd, unit_offset](Tape& t, Douts d) {
+    RmsNormGrads g = rms_norm_backward(x.value, weight.value, rstd, d[0], unit_offset);
+    if (t.needs(x)) t.accumulate_owned(x, g.dx);
+    if (t.needs(weight)) t.accumulate_owned(weight, g.dweight);
+  });
+}
+
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
   detail::check_defined(x, "layer_norm", "x");
   QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) > 0, "[layer_norm] x ", str(x.shape()),

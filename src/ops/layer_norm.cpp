@@ -4,6 +4,7 @@
 #include "qkv/ops/layer_norm.h"
 
 #include <cmath>
+#include <vector>
 
 #include "qkv/core/error.h"
 #include "qkv/kernels/layer_norm.h"
@@ -122,6 +123,95 @@ LayerNormGrads layer_norm_backward(const Tensor& x_in, const Tensor& weight_in, 
   kernels::layer_norm_rows_backward_reference(px, pw, pm, ps, pg, rows, e, g.dx.data(),
                                               g.dweight.defined() ? g.dweight.data() : nullptr, g.dbias.data());
   return g;
+}
+
+// --- RMSNorm ----------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Validates an RMSNorm's operands; returns E.
+int64_t rms_check(const Tensor& x, const Tensor& weight, float eps, const char* op) {
+  QKV_CHECK_ARG(x.defined(), "[", op, "] undefined input");
+  QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) > 0, "[", op, "] x ", str(x.shape()),
+                " must have rank >= 1 and a non-empty last dim");
+  QKV_CHECK_ARG(eps >= 0.0f && std::isfinite(eps), "[", op, "] eps must be finite and >= 0, got ", eps);
+  const int64_t e = x.size(-1);
+  QKV_CHECK_ARG(!weight.defined() || weight.shape() == Shape{e}, "[", op, "] weight ", str(weight.shape()),
+                " must be (", e, ",) for x ", str(x.shape()));
+  return e;
+}
+
+// The per-feature gain g_j: weight (+ 1 with unit_offset), or the constant 1 (+ 1) without a weight.
+std::vector<float> rms_gain(const Tensor& weight, int64_t e, bool unit_offset) {
+  std::vector<float> g(static_cast<size_t>(e), unit_offset ? 2.0f : 1.0f);
+  if (weight.defined()) {
+    const Tensor w = weight.contiguous();
+    for (int64_t j = 0; j < e; ++j) g[static_cast<size_t>(j)] = w.data()[j] + (unit_offset ? 1.0f : 0.0f);
+  }
+  return g;
+}
+
+}  // namespace
+
+RmsNormResult rms_norm(const Tensor& x_in, const Tensor& weight, float eps, bool unit_offset) {
+  const int64_t e = rms_check(x_in, weight, eps, "rms_norm");
+  const Tensor x = x_in.contiguous();
+  const std::vector<float> g = rms_gain(weight, e, unit_offset);
+  const int64_t rows = x.numel() / e;
+  const Shape lead(x.shape().begin(), x.shape().end() - 1);
+  RmsNormResult r{Tensor::empty(x.shape()), Tensor::empty(lead)};
+  const float* px = x.data();
+  float* py = r.y.data();
+  float* pr = r.rstd.data();
+#pragma omp parallel for schedule(static) if (rows * e >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xi = px + i * e;
+    double ss = 0.0;
+    for (int64_t j = 0; j < e; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+    const auto rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(e) + eps));
+    pr[i] = rstd;
+    float* yi = py + i * e;
+    for (int64_t j = 0; j < e; ++j) yi[j] = xi[j] * rstd * g[static_cast<size_t>(j)];
+  }
+  return r;
+}
+
+RmsNormGrads rms_norm_backward(const Tensor& x_in, const Tensor& weight, const Tensor& rstd_in, const Tensor& dy_in,
+                               bool unit_offset) {
+  const char* op = "rms_norm_backward";
+  const int64_t e = rms_check(x_in, weight, 0.0f, op);
+  const Shape lead(x_in.shape().begin(), x_in.shape().end() - 1);
+  QKV_CHECK_ARG(dy_in.defined() && dy_in.shape() == x_in.shape(), "[", op, "] dy ",
+                dy_in.defined() ? str(dy_in.shape()) : "(undefined)", " must have x's shape ", str(x_in.shape()));
+  QKV_CHECK_ARG(rstd_in.defined() && rstd_in.shape() == lead, "[", op, "] rstd ",
+                rstd_in.defined() ? str(rstd_in.shape()) : "(undefined)", " must be ", str(lead), " for x ",
+                str(x_in.shape()));
+  const Tensor x = x_in.contiguous(), dy = dy_in.contiguous(), rstd = rstd_in.contiguous();
+  const std::vector<float> g = rms_gain(weight, e, unit_offset);
+  const int64_t rows = x.numel() / e;
+  RmsNormGrads out{Tensor::empty(x.shape()), weight.defined() ? Tensor::zeros({e}) : Tensor()};
+  const float *px = x.data(), *pg = dy.data(), *pr = rstd.data();
+  float* pdx = out.dx.data();
+  // dx = r·(g∘dy) − x·r³·mean(g∘dy∘x);  dweight = Σ_rows dy∘x·r
+#pragma omp parallel for schedule(static) if (rows * e >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *xi = px + i * e, *gi = pg + i * e;
+    const double r = pr[i];
+    double dot = 0.0;
+    for (int64_t j = 0; j < e; ++j) dot += static_cast<double>(gi[j]) * g[static_cast<size_t>(j)] * xi[j];
+    const double c = r * r * r * dot / static_cast<double>(e);
+    float* dxi = pdx + i * e;
+    for (int64_t j = 0; j < e; ++j)
+      dxi[j] = static_cast<float>(r * gi[j] * g[static_cast<size_t>(j)] - c * xi[j]);
+  }
+  if (out.dweight.defined()) {
+    std::vector<double> acc(static_cast<size_t>(e), 0.0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < e; ++j)
+        acc[static_cast<size_t>(j)] += static_cast<double>(pg[i * e + j]) * px[i * e + j] * pr[i];
+    for (int64_t j = 0; j < e; ++j) out.dweight.data()[j] = static_cast<float>(acc[static_cast<size_t>(j)]);
+  }
+  return out;
 }
 
 }  // namespace qkv

@@ -12,6 +12,7 @@
 #include "qkv/nn/positional/sinusoidal.h"
 #include "qkv/nn/positional/t5_bias.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/layer_norm.h"
 #include "qkv/ops/softmax.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/ops/functional.h"
@@ -187,6 +188,7 @@ TEST(Grad, Activations) {
   };
   auto sigm = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
   auto tnh = [](double v) { return std::tanh(v); };
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
   EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::relu(v[0]); },
                              [&](const DIn& in) { return unary_twin(in[0], +relu); }, {x}, 23));
   EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::gelu(v[0]); },
@@ -197,6 +199,8 @@ TEST(Grad, Activations) {
                              [&](const DIn& in) { return unary_twin(in[0], +sigm); }, {x}, 26));
   EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::tanh(v[0]); },
                              [&](const DIn& in) { return unary_twin(in[0], +tnh); }, {x}, 27));
+  EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::silu(v[0]); },
+                             [&](const DIn& in) { return unary_twin(in[0], +silu); }, {x}, 28));
 }
 
 // --- softmax, layer norm -------------------------------------------------------------------------------------------
@@ -273,6 +277,35 @@ TEST(Grad, LayerNormWithAndWithoutAffine) {
   EXPECT_TRUE(GradsMatchTwin([](const Vars& v) { return ad::layer_norm(v[0], Var(), Var(), 1e-5f); },
                              [](const DIn& in) { return layer_norm_twin(in[0], nullptr, nullptr, 6, 1e-5); }, {x},
                              39));
+}
+
+// y = x / sqrt(mean(x²) + eps) · g, g = w (+ 1 with unit_offset; w absent: 1).
+DVec rms_norm_twin(const DVec& x, const DVec* w, int64_t e, double eps, bool unit_offset) {
+  DVec y(x.size());
+  for (size_t r = 0; r < x.size() / e; ++r) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < e; ++j) ss += x[r * e + j] * x[r * e + j];
+    const double rstd = 1.0 / std::sqrt(ss / e + eps);
+    for (int64_t j = 0; j < e; ++j)
+      y[r * e + j] = x[r * e + j] * rstd * ((w ? (*w)[j] : 1.0) + (unit_offset ? 1.0 : 0.0));
+  }
+  return y;
+}
+
+TEST(Grad, RmsNormPlainAndUnitOffset) {
+  const Tensor x = randn({2, 3, 6}, 135), w = randn({6}, 136);
+  for (bool unit : {false, true}) {
+    EXPECT_TRUE(GradsMatchTwin([unit](const Vars& v) { return ad::rms_norm(v[0], v[1], 1e-6f, unit); },
+                               [unit](const DIn& in) { return rms_norm_twin(in[0], &in[1], 6, 1e-6, unit); },
+                               {x, w}, 137));
+    EXPECT_TRUE(GradsMatchTwin([unit](const Vars& v) { return ad::rms_norm(v[0], Var(), 1e-6f, unit); },
+                               [unit](const DIn& in) { return rms_norm_twin(in[0], nullptr, 6, 1e-6, unit); }, {x},
+                               138));
+  }
+  // A strided input reads the same rows.
+  const Tensor xt = randn({6, 4}, 139).transpose(0, 1);
+  EXPECT_TRUE(AllClose(qkv::rms_norm(xt, w).y, qkv::rms_norm(xt.contiguous(), w).y, qkv::testing::Tol{0, 0}));
+  EXPECT_THROW(qkv::rms_norm(x, randn({5}, 1)), std::invalid_argument);
 }
 
 // --- lookup, dropout ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ Tensor gelu_reference(const Tensor& x, GeluApprox approx = GeluApprox::kNone);  
 void add_bias_gelu_(Tensor& x, const Tensor& bias, GeluApprox approx = GeluApprox::kNone);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
+Tensor silu(const Tensor& x);  // x·sigmoid(x) (SiLU / swish, torch.nn.functional.silu)
 
 // --- backward halves: dy has the forward output's shape ----------------------------------------------------
 
@@ -43,5 +44,6 @@ Tensor gelu_backward(const Tensor& x, const Tensor& dy, GeluApprox approx = Gelu
 Tensor gelu_backward_reference(const Tensor& x, const Tensor& dy, GeluApprox approx = GeluApprox::kNone);
 Tensor tanh_backward(const Tensor& y, const Tensor& dy);                 // y = tanh(x): dy * (1 - y^2)
 Tensor sigmoid_backward(const Tensor& y, const Tensor& dy);              // y = sigmoid(x): dy * y * (1 - y)
+Tensor silu_backward(const Tensor& x, const Tensor& dy);                 // dy * s·(1 + x·(1 - s)), s = sigmoid(x)
 
 }  // namespace qkv

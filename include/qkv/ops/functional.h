@@ -35,6 +35,7 @@ Var relu(const Var& x);
 Var gelu(const Var& x, GeluApprox approx = GeluApprox::kNone);
 Var tanh(const Var& x);
 Var sigmoid(const Var& x);
+Var silu(const Var& x);  // x·sigmoid(x)
 
 // --- reductions -----------------------------------------------------------------------------------------------
 Var sum(const Var& x);   // -> scalar shape ()
@@ -45,6 +46,9 @@ Var softmax(const Var& x, int64_t axis = -1);
 Var log_softmax(const Var& x, int64_t axis = -1);
 // x: (..., E)  weight, bias: (E) or undefined  ->  (..., E). One node (saves mean and rstd).
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
+// x: (..., E)  weight: (E) or undefined  ->  (..., E): qkv::rms_norm (gain 1 + weight when unit_offset, Gemma's).
+// One node (saves rstd).
+Var rms_norm(const Var& x, const Var& weight, float eps = 1e-6f, bool unit_offset = false);
 
 // --- lookup and dropout ---------------------------------------------------------------------------------------
 // weight: (V, E)  ids: shape S  ->  S + (E). Repeated ids add up in the gradient. Positions whose id equals

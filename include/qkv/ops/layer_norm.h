@@ -35,4 +35,22 @@ struct LayerNormGrads {
 LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, const Tensor& dy);
 
+// RMSNorm (Zhang & Sennrich 2019) over the last dimension, as Llama's and Gemma's:
+//   y = x · rstd · g,   rstd = 1 / sqrt(mean(x²) + eps),   g = weight, or 1 + weight when unit_offset (Gemma)
+// Statistics in double, rounded once to float32 (HF computes them in float32).
+struct RmsNormResult {
+  Tensor y;     // (..., E)
+  Tensor rstd;  // (...)
+};
+// x: (..., E), E > 0, any strides  weight: (E) or undefined (g = 1, or 2 with unit_offset)  eps: finite, >= 0
+RmsNormResult rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f, bool unit_offset = false);
+
+struct RmsNormGrads {
+  Tensor dx;       // (..., E)
+  Tensor dweight;  // (E); undefined when weight is undefined
+};
+// x, weight, rstd: as given to / returned by rms_norm with the same unit_offset;  dy: (..., E).
+RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                               bool unit_offset = false);
+
 }  // namespace qkv

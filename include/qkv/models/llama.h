@@ -1,0 +1,163 @@
+// Llama-style decoder-only language models under Hugging Face's names: Llama, Mistral (sliding window) and Gemma 2
+// (logit soft-capping, sliding window on alternating layers, (1 + w) RMSNorm, sandwich norms, scaled embeddings).
+// RMSNorm, rotary positions (HF's rotate_half pairing), grouped-query attention and a gated MLP (SwiGLU / GeGLU).
+// One forward: inference with constants, training on a tape, decoding with one nn::KvCache per layer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/core/ids.h"
+#include "qkv/core/rng.h"
+#include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
+#include "qkv/nn/embedding.h"
+#include "qkv/nn/kv_cache.h"
+#include "qkv/nn/layer_norm.h"
+#include "qkv/nn/linear.h"
+#include "qkv/nn/module.h"
+
+namespace qkv::models {
+
+// The activation of the gate branch of the MLP: down(act(gate(x)) · up(x)).
+enum class GatedActivation {
+  kSilu,      // "silu": SwiGLU (Llama, Mistral)
+  kGelu,      // "gelu": exact erf form
+  kGeluTanh,  // "gelu_pytorch_tanh" / "gelu_new": GeGLU (Gemma 2)
+};
+
+// The hyper-parameters, under HF config.json's names. Defaults are Llama's; from_json_file fills Mistral's and
+// Gemma 2's switches from model_type.
+struct LlamaConfig {
+  std::string model_type = "llama";  // "llama", "mistral" or "gemma2"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;             // E
+  int64_t intermediate_size = 0;       // F
+  int64_t num_hidden_layers = 0;       // L
+  int64_t num_attention_heads = 0;     // Hq
+  int64_t num_key_value_heads = 0;     // Hkv, divides Hq (GQA; Hkv == 1: MQA)
+  int64_t head_dim = 0;                // D (HF's default E / Hq)
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  int64_t max_position_embeddings = 2048;  // positions must stay below it
+  bool tie_word_embeddings = false;        // logits = x · embed_tokensᵀ (no lm_head.weight)
+  GatedActivation hidden_act = GatedActivation::kSilu;
+  bool attention_bias = false;  // q/k/v/o projections with a bias
+  bool mlp_bias = false;        // gate/up/down projections with a bias
+  // Sliding window W (0: none): query i sees keys j with i - W < j <= i (HF's convention, window_size (W - 1, 0)).
+  int64_t sliding_window = 0;
+  std::vector<bool> layer_sliding;  // per layer: whether the window applies (all layers for Mistral)
+  float attn_logit_softcapping = 0.0f;   // c > 0: scores become c·tanh(scores / c) (Gemma 2); 0: none
+  float final_logit_softcapping = 0.0f;  // the same on the final logits
+  float attention_scale = 0.0f;          // 0: 1 / sqrt(D); Gemma 2: query_pre_attn_scalar^-1/2
+  bool norm_unit_offset = false;         // RMSNorm gain is 1 + weight (Gemma)
+  bool scale_embeddings = false;         // embeddings times sqrt(E) (Gemma)
+  bool sandwich_norms = false;           // Gemma 2: norms after attention and around the MLP
+  int64_t bos_token_id = -1;             // -1 when the config has none
+  int64_t eos_token_id = -1;             // the first one when the config lists several
+
+  // Reads a HF config.json of model_type "llama", "mistral" or "gemma2". A field value this model does not
+  // implement (rope_scaling other than the default, an unknown activation, bidirectional attention, ...) and
+  // missing or ill-typed fields throw std::runtime_error "[llama] <path>: <what>".
+  static LlamaConfig from_json_file(const std::string& path);
+  // Sizes positive, Hq % Hkv == 0, layer_sliding of L entries, ...; throws std::invalid_argument "[llama] ...".
+  void validate() const;
+};
+
+// Self-attention with rotary positions and grouped-query heads. Parameters "q_proj.weight" (Hq·D, E),
+// "k_proj.weight", "v_proj.weight" (Hkv·D, E), "o_proj.weight" (E, Hq·D) (+ biases when attention_bias).
+class LlamaAttention : public nn::Module {
+ public:
+  LlamaAttention(const LlamaConfig& config, int64_t layer, Rng& rng);
+  // x: (B, T, E), positions offset .. offset + T - 1  ->  (B, T, E). With a cache, the new keys and values are
+  // appended to it (offset must equal cache->length()) and the queries attend to every cached position.
+  ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache) const;
+
+  nn::Linear q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  LlamaConfig config_;
+  bool sliding_;
+};
+
+// down_proj(act(gate_proj(x)) · up_proj(x)).
+class LlamaMlp : public nn::Module {
+ public:
+  LlamaMlp(const LlamaConfig& config, Rng& rng);
+  ad::Var forward(const nn::Context& c, const ad::Var& x) const;  // (..., E) -> (..., E)
+
+  nn::Linear gate_proj, up_proj, down_proj;
+
+ private:
+  GatedActivation act_;
+};
+
+// Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). With sandwich_norms (Gemma 2) the attention and MLP
+// outputs are normalised again before the residual add: children "input_layernorm", "post_attention_layernorm",
+// "pre_feedforward_layernorm", "post_feedforward_layernorm". Without them, HF's Llama names: "input_layernorm"
+// before attention and "post_attention_layernorm" before the MLP.
+class LlamaDecoderLayer : public nn::Module {
+ public:
+  LlamaDecoderLayer(const LlamaConfig& config, int64_t layer, Rng& rng);
+  ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache) const;
+
+  LlamaAttention self_attn;
+  LlamaMlp mlp;
+  nn::RmsNorm input_layernorm;
+  nn::RmsNorm post_attention_layernorm;
+  std::unique_ptr<nn::RmsNorm> pre_feedforward_layernorm;   // sandwich_norms only
+  std::unique_ptr<nn::RmsNorm> post_feedforward_layernorm;  // sandwich_norms only
+
+ private:
+  bool sandwich_;
+};
+
+// HF's LlamaModel / MistralModel / Gemma2Model: "embed_tokens", "layers.N", "norm".
+class LlamaModel : public nn::Module {
+ public:
+  LlamaModel(const LlamaConfig& config, Rng& rng);
+  // ids (B, T) -> final hidden states (B, T, E). caches: null, or one per layer (all of the same length).
+  ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches) const;
+
+  nn::Embedding embed_tokens;
+  std::vector<std::unique_ptr<LlamaDecoderLayer>> layers;
+  nn::RmsNorm norm;
+
+ private:
+  float embed_scale_;
+};
+
+// HF's *ForCausalLM: "model.*" and "lm_head.weight" (V, E), absent when the embeddings are tied.
+class LlamaForCausalLM : public nn::Module {
+ public:
+  // Random init from rng (N(0, 1) embeddings, nn::Linear's init; meant to be overwritten by loading).
+  LlamaForCausalLM(const LlamaConfig& config, Rng& rng);
+
+  // ids (B, T), values in [0, V)  ->  logits (B, T, V). caches: null (positions 0 .. T-1), or one per layer,
+  // reset for B rows (new_caches): positions continue from the caches' length, which grows by T.
+  // Records its backward when `c` trains (caches are for inference only).
+  ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr) const;
+  Tensor logits(const Ids& ids) const { return forward(nn::Context(), ids).value; }
+  // One empty cache per layer for `rows` sequences.
+  std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16) const;
+
+  // A folder that transformers' save_pretrained wrote: config.json + model.safetensors. Throws std::runtime_error
+  // with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /
+  // misshapen / non-finite tensor).
+  static std::unique_ptr<LlamaForCausalLM> from_pretrained(const std::string& dir);
+  // Loads HF-named weights (strict: every parameter present with its shape, nothing else; lm_head.weight is
+  // ignored when the embeddings are tied, as HF does). Nothing is changed on error. `source` names them in errors.
+  void load_hf_state_dict(const nn::StateDict& state, const std::string& source);
+
+  const LlamaConfig& config() const { return config_; }
+
+  LlamaModel model;
+  std::unique_ptr<nn::Linear> lm_head;  // null when tied
+
+ private:
+  LlamaConfig config_;
+};
+
+}  // namespace qkv::models

@@ -1,0 +1,380 @@
+// Llama / Mistral / Gemma 2 decoders: config.json reading, the modules under HF's names, the one forward (tape or
+// constants, with or without per-layer KV caches) and strict loading of model.safetensors.
+#include "qkv/models/llama.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "model_files.h"
+#include "qkv/core/error.h"
+#include "qkv/core/safetensors.h"
+#include "qkv/ops/attention.h"
+#include "qkv/ops/functional.h"
+#include "qkv/nn/serialize.h"
+
+namespace qkv::models {
+namespace {
+
+constexpr const char* kOp = "llama";
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+[[noreturn]] void refuse(const std::string& path, const std::string& what) {
+  throw std::runtime_error("[llama] " + path + ": " + what);
+}
+
+// A token id field: an integer, a list of integers (the first is taken) or null / absent (-1).
+int64_t token_id(const files::JsonObject& o, const std::string& key) {
+  const json::Value* v = o.get(key);
+  if (!v || v->is_null()) return -1;
+  if (v->type == json::Value::Type::kArray) {
+    if (v->array.empty()) return -1;
+    const json::Value& first = v->array.front();
+    if (first.type != json::Value::Type::kNumber || first.number < 0 || first.number != std::floor(first.number))
+      refuse(o.path, "\"" + key + "\" must hold non-negative integers");
+    return static_cast<int64_t>(first.number);
+  }
+  return o.integer(key);
+}
+
+GatedActivation activation(const std::string& name, const std::string& path) {
+  if (name == "silu" || name == "swish") return GatedActivation::kSilu;
+  if (name == "gelu") return GatedActivation::kGelu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new") return GatedActivation::kGeluTanh;
+  refuse(path, "activation \"" + name + "\" is not supported (silu, gelu, gelu_pytorch_tanh)");
+}
+
+// rope_parameters (transformers >= 5) or rope_theta + rope_scaling (earlier): only the default rotary embedding.
+float read_rope_theta(const files::JsonObject& o) {
+  if (o.has("rope_parameters")) {
+    const json::Value& p = *o.get("rope_parameters");
+    if (p.type != json::Value::Type::kObject) refuse(o.path, "\"rope_parameters\" must be an object");
+    const files::JsonObject r{p, o.path, kOp};
+    const std::string type = r.string_or("rope_type", "default");
+    if (type != "default")
+      refuse(o.path, "rope_parameters.rope_type \"" + type + "\" is not supported (only \"default\")");
+    for (const auto& [key, value] : p.object)
+      if (key != "rope_type" && key != "rope_theta" && !value.is_null())
+        refuse(o.path, "rope_parameters." + key + " is not supported");
+    return static_cast<float>(r.number_or("rope_theta", 10000.0));
+  }
+  if (o.has("rope_scaling")) {
+    const json::Value& s = *o.get("rope_scaling");
+    if (s.type != json::Value::Type::kObject) refuse(o.path, "\"rope_scaling\" must be an object or null");
+    const files::JsonObject r{s, o.path, kOp};
+    const std::string type = r.string_or("rope_type", r.string_or("type", "default"));
+    if (type != "default") refuse(o.path, "rope_scaling \"" + type + "\" is not supported (only the default rope)");
+  }
+  return static_cast<float>(o.number_or("rope_theta", 10000.0));
+}
+
+// Additive (Tq, Tk) mask of causal (bottom-right) attention within a window of `window` keys:
+// query i (at position i + Tk - Tq) sees key j when i + Tk - Tq - window < j <= i + Tk - Tq.
+Tensor window_mask(int64_t tq, int64_t tk, int64_t window) {
+  Tensor m = Tensor::empty({tq, tk});
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t off = tk - tq;
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j)
+      m.data()[i * tk + j] = (j <= i + off && j > i + off - window) ? 0.0f : -inf;
+  return m;
+}
+
+// Causal attention of q (B, Hkv, G, Tq, D) over k, v (B, Hkv, Tk, D): query head (kv, g) reads kv head kv, through
+// broadcasting (K/V are never copied per query head). Window and soft-capping as the config says.
+ad::Var attend(const ad::Var& q, const ad::Var& k, const ad::Var& v, float scale, int64_t window, float softcap) {
+  const ad::Var k5 = ad::unsqueeze(k, 2), v5 = ad::unsqueeze(v, 2);
+  const int64_t tq = q.size(-2), tk = k.size(-2);
+  AttentionOptions o;
+  o.scale = scale;
+  if (softcap > 0.0f) {
+    // scores = c·tanh(scale·q·kᵀ / c), then the causal (and window) mask, softmax, · v: composed on the tape.
+    ad::Var s = ad::matmul(q, ad::transpose(k5, -1, -2));
+    s = ad::scale(ad::tanh(ad::scale(s, scale / softcap)), softcap);
+    s = ad::add(s, window_mask(tq, tk, window > 0 ? window : tk + 1));
+    return ad::matmul(ad::softmax(s, -1), v5);
+  }
+  if (window > 0 && window < tk) {
+    o.mask = window_mask(tq, tk, window);
+    o.mask_kind = MaskKind::kAdditive;
+  } else {
+    o.causal = Causal::kBottomRight;
+  }
+  return ad::attention(q, k5, v5, o);
+}
+
+}  // namespace
+
+// --- config ----------------------------------------------------------------------------------------------------
+
+LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
+  const json::Value doc = files::read_json(path, kOp);
+  if (doc.type != json::Value::Type::kObject) refuse(path, "must hold a JSON object");
+  const files::JsonObject o{doc, path, kOp};
+  LlamaConfig c;
+  c.model_type = o.string_or("model_type", "");
+  const bool gemma = c.model_type == "gemma2", mistral = c.model_type == "mistral";
+  if (!gemma && !mistral && c.model_type != "llama")
+    refuse(path, "model_type \"" + c.model_type + "\" is not supported (llama, mistral, gemma2)");
+  c.vocab_size = o.integer("vocab_size");
+  c.hidden_size = o.integer("hidden_size");
+  c.intermediate_size = o.integer("intermediate_size");
+  c.num_hidden_layers = o.integer("num_hidden_layers");
+  c.num_attention_heads = o.integer("num_attention_heads");
+  if (c.num_attention_heads == 0) refuse(path, "num_attention_heads must be > 0");
+  c.num_key_value_heads = o.integer_or("num_key_value_heads", c.num_attention_heads);
+  c.head_dim = o.integer_or("head_dim", c.hidden_size / c.num_attention_heads);
+  c.rms_norm_eps = static_cast<float>(o.number_or("rms_norm_eps", 1e-6));
+  c.rope_theta = read_rope_theta(o);
+  c.max_position_embeddings = o.integer_or("max_position_embeddings", gemma ? 8192 : 2048);
+  c.tie_word_embeddings = o.boolean_or("tie_word_embeddings", gemma);
+  c.attention_bias = o.boolean_or("attention_bias", false);
+  c.mlp_bias = o.boolean_or("mlp_bias", false);
+  const std::string act = gemma ? o.string_or("hidden_activation", o.string_or("hidden_act", "gelu_pytorch_tanh"))
+                                : o.string_or("hidden_act", "silu");
+  c.hidden_act = activation(act, path);
+  c.layer_sliding.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  if (mistral) {
+    c.sliding_window = o.integer_or("sliding_window", 0);
+    c.layer_sliding.assign(static_cast<size_t>(c.num_hidden_layers), c.sliding_window > 0);
+  }
+  if (gemma) {
+    if (o.boolean_or("use_bidirectional_attention", false))
+      refuse(path, "use_bidirectional_attention is not supported (causal decoders only)");
+    c.sliding_window = o.integer_or("sliding_window", 4096);
+    const json::Value* types = o.get("layer_types");
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % 2 != 0;
+    if (types && !types->is_null()) {
+      if (types->type != json::Value::Type::kArray ||
+          static_cast<int64_t>(types->array.size()) != c.num_hidden_layers)
+        refuse(path, "\"layer_types\" must list one type per layer");
+      for (size_t i = 0; i < types->array.size(); ++i) {
+        const json::Value& t = types->array[i];
+        if (t.type != json::Value::Type::kString ||
+            (t.string != "sliding_attention" && t.string != "full_attention"))
+          refuse(path, "layer_types[" + std::to_string(i) +
+                           "] must be \"sliding_attention\" or \"full_attention\"");
+        c.layer_sliding[i] = t.string == "sliding_attention";
+      }
+    }
+    if (c.sliding_window == 0) c.layer_sliding.assign(c.layer_sliding.size(), false);
+    c.attn_logit_softcapping = static_cast<float>(o.number_or("attn_logit_softcapping", 50.0));
+    c.final_logit_softcapping = static_cast<float>(o.number_or("final_logit_softcapping", 30.0));
+    const double qpas = o.number_or("query_pre_attn_scalar", 256.0);
+    if (!(qpas > 0.0)) refuse(path, "query_pre_attn_scalar must be > 0");
+    c.attention_scale = static_cast<float>(1.0 / std::sqrt(qpas));
+    c.norm_unit_offset = true;
+    c.scale_embeddings = true;
+    c.sandwich_norms = true;
+  }
+  c.bos_token_id = token_id(o, "bos_token_id");
+  c.eos_token_id = token_id(o, "eos_token_id");
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    refuse(path, e.what());
+  }
+  return c;
+}
+
+void LlamaConfig::validate() const {
+  QKV_CHECK_ARG(vocab_size > 0 && hidden_size > 0 && intermediate_size > 0 && num_hidden_layers >= 0 &&
+                    num_attention_heads > 0 && num_key_value_heads > 0 && head_dim > 0,
+                "[llama] config sizes must be positive: vocab ", vocab_size, ", hidden ", hidden_size,
+                ", intermediate ", intermediate_size, ", layers ", num_hidden_layers, ", heads ",
+                num_attention_heads, ", kv heads ", num_key_value_heads, ", head_dim ", head_dim);
+  QKV_CHECK_ARG(num_attention_heads % num_key_value_heads == 0, "[llama] num_attention_heads ", num_attention_heads,
+                " must be a multiple of num_key_value_heads ", num_key_value_heads);
+  QKV_CHECK_ARG(head_dim % 2 == 0, "[llama] head_dim ", head_dim, " must be even (rotary pairs)");
+  QKV_CHECK_ARG(static_cast<int64_t>(layer_sliding.size()) == num_hidden_layers, "[llama] layer_sliding has ",
+                layer_sliding.size(), " entries for ", num_hidden_layers, " layers");
+  QKV_CHECK_ARG(sliding_window >= 0, "[llama] sliding_window must be >= 0, got ", sliding_window);
+  QKV_CHECK_ARG(rms_norm_eps >= 0.0f && std::isfinite(rms_norm_eps), "[llama] rms_norm_eps must be finite and >= 0");
+  QKV_CHECK_ARG(rope_theta > 0.0f && std::isfinite(rope_theta), "[llama] rope_theta must be positive, got ",
+                rope_theta);
+  QKV_CHECK_ARG(attn_logit_softcapping >= 0.0f && final_logit_softcapping >= 0.0f && attention_scale >= 0.0f &&
+                    std::isfinite(attn_logit_softcapping) && std::isfinite(final_logit_softcapping) &&
+                    std::isfinite(attention_scale),
+                "[llama] softcaps and attention_scale must be finite and >= 0");
+}
+
+// --- modules ---------------------------------------------------------------------------------------------------
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
+    : q_proj(c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias, rng),
+      k_proj(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, rng),
+      v_proj(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, rng),
+      o_proj(c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias, rng),
+      config_(c),
+      sliding_(c.sliding_window > 0 && c.layer_sliding.at(static_cast<size_t>(layer))) {
+  register_module("q_proj", &q_proj);
+  register_module("k_proj", &k_proj);
+  register_module("v_proj", &v_proj);
+  register_module("o_proj", &o_proj);
+}
+
+ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache) const {
+  const LlamaConfig& k = config_;
+  QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == k.hidden_size, "[llama] attention input ", str(x.shape()),
+                " must be (B, T, ", k.hidden_size, ")");
+  const int64_t b = x.size(0), t = x.size(1), d = k.head_dim, hkv = k.num_key_value_heads;
+  const int64_t g = k.num_attention_heads / hkv;
+  // (B, T, Hq·D) -> (B, Hkv, G, T, D): query head h = kv·G + gi reads kv head kv, as HF's repeat_kv.
+  ad::Var q = ad::permute(ad::reshape(q_proj.forward(c, x), {b, t, hkv, g, d}), {0, 2, 3, 1, 4});
+  ad::Var kk = ad::permute(ad::reshape(k_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
+  ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
+  q = ad::rope(q, offset, k.rope_theta, RopeVariant::kHalfSplit);
+  kk = ad::rope(kk, offset, k.rope_theta, RopeVariant::kHalfSplit);
+  if (cache) {
+    QKV_CHECK_ARG(!c.tape(), "[llama] a KV cache is for inference only");
+    QKV_CHECK_ARG(cache->ready() && cache->rows() == b && cache->length() == offset, "[llama] the KV cache holds ",
+                  cache->rows(), " rows of length ", cache->length(), "; the input is ", str(x.shape()),
+                  " at position ", offset);
+    cache->append(kk.value, v.value);
+    kk = ad::Var(cache->keys());
+    v = ad::Var(cache->values());
+  }
+  const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const ad::Var out = attend(q, kk, v, scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping);
+  // (B, Hkv, G, T, D) -> (B, T, Hq·D)
+  return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 3, 1, 2, 4}), {b, t, k.num_attention_heads * d}));
+}
+
+LlamaMlp::LlamaMlp(const LlamaConfig& c, Rng& rng)
+    : gate_proj(c.hidden_size, c.intermediate_size, c.mlp_bias, rng),
+      up_proj(c.hidden_size, c.intermediate_size, c.mlp_bias, rng),
+      down_proj(c.intermediate_size, c.hidden_size, c.mlp_bias, rng),
+      act_(c.hidden_act) {
+  register_module("gate_proj", &gate_proj);
+  register_module("up_proj", &up_proj);
+  register_module("down_proj", &down_proj);
+}
+
+ad::Var LlamaMlp::forward(const nn::Context& c, const ad::Var& x) const {
+  const ad::Var gate = gate_proj.forward(c, x);
+  ad::Var a;
+  switch (act_) {
+    case GatedActivation::kSilu: a = ad::silu(gate); break;
+    case GatedActivation::kGelu: a = ad::gelu(gate, GeluApprox::kNone); break;
+    case GatedActivation::kGeluTanh: a = ad::gelu(gate, GeluApprox::kTanh); break;
+  }
+  return down_proj.forward(c, ad::mul(a, up_proj.forward(c, x)));
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, int64_t layer, Rng& rng)
+    : self_attn(c, layer, rng),
+      mlp(c, rng),
+      input_layernorm(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset),
+      post_attention_layernorm(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset),
+      sandwich_(c.sandwich_norms) {
+  register_module("self_attn", &self_attn);
+  register_module("mlp", &mlp);
+  register_module("input_layernorm", &input_layernorm);
+  register_module("post_attention_layernorm", &post_attention_layernorm);
+  if (sandwich_) {
+    pre_feedforward_layernorm = std::make_unique<nn::RmsNorm>(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset);
+    post_feedforward_layernorm = std::make_unique<nn::RmsNorm>(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset);
+    register_module("pre_feedforward_layernorm", pre_feedforward_layernorm.get());
+    register_module("post_feedforward_layernorm", post_feedforward_layernorm.get());
+  }
+}
+
+ad::Var LlamaDecoderLayer::forward(const nn::Context& c, const ad::Var& x, int64_t offset,
+                                   nn::KvCache* cache) const {
+  ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache);
+  if (sandwich_) {
+    const ad::Var y = ad::add(x, post_attention_layernorm.forward(c, h));
+    return ad::add(y, post_feedforward_layernorm->forward(c, mlp.forward(c, pre_feedforward_layernorm->forward(c, y))));
+  }
+  const ad::Var y = ad::add(x, h);
+  return ad::add(y, mlp.forward(c, post_attention_layernorm.forward(c, y)));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
+    : embed_tokens((c.validate(), c.vocab_size), c.hidden_size, rng),
+      norm(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset),
+      // HF multiplies by sqrt(E) rounded to the weights' dtype (float32).
+      embed_scale_(c.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0f) {
+  register_module("embed_tokens", &embed_tokens);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(std::make_unique<LlamaDecoderLayer>(c, i, rng));
+    register_module("layers." + std::to_string(i), layers.back().get());
+  }
+  register_module("norm", &norm);
+}
+
+ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches) const {
+  QKV_CHECK_ARG(ids.shape.size() == 2 && ids.shape[0] > 0 && ids.shape[1] > 0 &&
+                    static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1],
+                "[llama] ids ", str(ids.shape), " must be a non-empty (B, T) holding B·T values, got ",
+                ids.data.size());
+  const int64_t v = embed_tokens.num_embeddings();
+  for (size_t i = 0; i < ids.data.size(); ++i)
+    QKV_CHECK_ARG(ids.data[i] >= 0 && ids.data[i] < v, "[llama] token id ", ids.data[i], " at ", i,
+                  " is outside [0, vocab_size = ", v, ")");
+  QKV_CHECK_ARG(!caches || caches->size() == layers.size(), "[llama] ", caches ? caches->size() : 0,
+                " caches for ", layers.size(), " layers");
+  const int64_t offset = caches && !caches->empty() ? (*caches)[0].length() : 0;
+  ad::Var x = embed_tokens.forward(c, ids);
+  if (embed_scale_ != 1.0f) x = ad::scale(x, embed_scale_);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr);
+  return norm.forward(c, x);
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Rng& rng) : model(c, rng), config_(c) {
+  register_module("model", &model);
+  if (!c.tie_word_embeddings) {
+    lm_head = std::make_unique<nn::Linear>(c.hidden_size, c.vocab_size, false, rng);
+    register_module("lm_head", lm_head.get());
+  }
+}
+
+ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches) const {
+  const ad::Var h = model.forward(c, ids, caches);
+  ad::Var logits = lm_head ? lm_head->forward(c, h) : ad::linear(h, c.param(model.embed_tokens.weight));
+  const float cap = config_.final_logit_softcapping;
+  if (cap > 0.0f) logits = ad::scale(ad::tanh(ad::scale(logits, 1.0f / cap)), cap);
+  return logits;
+}
+
+std::vector<nn::KvCache> LlamaForCausalLM::new_caches(int64_t rows, int64_t capacity) const {
+  std::vector<nn::KvCache> caches(model.layers.size());
+  for (nn::KvCache& k : caches) k.reset(rows, config_.num_key_value_heads, config_.head_dim, capacity);
+  return caches;
+}
+
+void LlamaForCausalLM::load_hf_state_dict(const nn::StateDict& state_in, const std::string& source) {
+  nn::StateDict state = state_in;
+  if (!lm_head) state.erase("lm_head.weight");  // tied: HF ties it to the embeddings whatever the file holds
+  try {
+    nn::check_finite(state, "");
+    load_state_dict(state, true);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("[llama] ") + source + ": " + e.what());
+  }
+}
+
+std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::string& dir) {
+  QKV_CHECK_RUNTIME(files::exists(dir), "[llama] model folder ", dir, " does not exist");
+  for (const char* required : {"config.json", "model.safetensors"})
+    QKV_CHECK_RUNTIME(files::exists(join(dir, required)), "[llama] model folder ", dir, " has no ", required);
+  const LlamaConfig config = LlamaConfig::from_json_file(join(dir, "config.json"));
+  Rng rng(0);
+  auto m = std::make_unique<LlamaForCausalLM>(config, rng);
+  const std::string weights = join(dir, "model.safetensors");
+  SafeTensorsFile file;
+  try {
+    file = load_safetensors(weights);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+  m->load_hf_state_dict(file.tensors, weights);
+  m->eval();
+  return m;
+}
+
+}  // namespace qkv::models

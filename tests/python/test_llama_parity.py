@@ -1,0 +1,130 @@
+"""qkv.CausalLM against Hugging Face transformers on tiny random Llama (GQA), Mistral (sliding window shorter than
+the sequence) and Gemma 2 (attention and final soft-capping, a window on alternating layers, tied embeddings)
+models, each built here from a config (no download) and written with save_pretrained: the logits within 1e-4
+relative, the same 64 greedy tokens through qkv's KV cache, seeded sampling, and one-line errors for broken
+folders."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import transformers as hf
+from safetensors.torch import load_file, save_file
+
+import qkv
+
+COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1)
+KINDS = {
+    "llama": lambda: hf.LlamaForCausalLM(hf.LlamaConfig(**COMMON)),
+    "mistral": lambda: hf.MistralForCausalLM(hf.MistralConfig(**COMMON, sliding_window=5)),
+    "gemma2": lambda: hf.Gemma2ForCausalLM(hf.Gemma2Config(**COMMON, head_dim=8, sliding_window=4,
+                                                           query_pre_attn_scalar=8, attn_logit_softcapping=1.0,
+                                                           final_logit_softcapping=2.0)),
+}
+PROMPT = [5, 17, 42]
+
+
+def build(kind, folder):
+    torch.manual_seed(1234)
+    model = KINDS[kind]().eval()
+    with torch.no_grad():  # norms start at 1 (0 for Gemma): make them random so their weights are tested
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def pair(request, tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp(request.param))
+    ref = build(request.param, folder)
+    return request.param, ref, qkv.CausalLM.from_pretrained(folder), folder
+
+
+def relative_error(got, want):
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def test_logits_match_transformers(pair):
+    kind, ref, model, _ = pair
+    ids = np.random.default_rng(0).integers(0, 97, size=(2, 23))
+    with torch.no_grad():
+        want = ref(torch.tensor(ids)).logits.numpy()
+    got = model.logits(ids)
+    assert got.shape == want.shape == (2, 23, 97)
+    assert relative_error(got, want) <= 1e-4, kind
+    assert relative_error(model.logits(ids[1]), want[1]) <= 1e-4  # a 1-D prompt
+
+
+def test_greedy_tokens_through_the_kv_cache_match_transformers(pair):
+    kind, ref, model, _ = pair
+    want, step, past = [], torch.tensor([PROMPT]), None
+    with torch.inference_mode():
+        for _ in range(64):  # transformers' own cached decoding, greedy, never stopping at EOS
+            out = ref(step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            want.append(int(out.logits[0, -1].argmax()))
+            step = torch.tensor([[want[-1]]])
+    assert model.generate(PROMPT, 64).tolist() == want, kind
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(pair):
+    _, _, model, _ = pair
+    a = model.generate(PROMPT, 20, temperature=1.5, top_p=0.9, seed=7)
+    assert a.tolist() == model.generate(PROMPT, 20, temperature=1.5, top_p=0.9, seed=7).tolist()
+    draws = {tuple(model.generate(PROMPT, 20, temperature=1.5, seed=s).tolist()) for s in range(4)}
+    assert len(draws) > 1
+    assert model.generate(PROMPT, 20, temperature=0.8, top_k=1, seed=3).tolist() == model.generate(PROMPT, 20).tolist()
+    stop = int(model.generate(PROMPT, 1)[0])
+    assert model.generate(PROMPT, 10, eos_token_id=stop).tolist() == [stop]
+
+
+def test_bad_ids_are_one_line_value_errors(pair):
+    _, _, model, _ = pair
+    for bad in ([5, 97], [-1]):
+        with pytest.raises(ValueError, match=r"\[llama\] token id") as e:
+            model.logits(bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(PROMPT, 4, temperature=1.0, top_p=0.0)
+    with pytest.raises(TypeError, match="integers"):
+        model.logits([1.5, 2.0])
+
+
+def broken_copy(folder, dst, config=None, tensors=None):
+    os.makedirs(dst)
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    if config:
+        cfg.update(config)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    state = load_file(os.path.join(folder, "model.safetensors"))
+    if tensors:
+        state = tensors(state)
+    save_file(state, os.path.join(dst, "model.safetensors"))
+    return dst
+
+
+def test_broken_folders_name_the_problem(pair, tmp_path):
+    kind, _, _, folder = pair
+    cases = [
+        (dict(config={"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+         "rope_type \"linear\" is not supported"),
+        (dict(config={"model_type": "gpt2"}), "model_type \"gpt2\" is not supported"),
+        (dict(config={"num_key_value_heads": 3}), "multiple of num_key_value_heads"),
+        (dict(tensors=lambda s: {k: v for k, v in s.items() if k != "model.layers.1.mlp.up_proj.weight"}),
+         "model.layers.1.mlp.up_proj.weight"),
+        (dict(tensors=lambda s: {**s, "model.extra.weight": torch.zeros(2)}), "model.extra.weight"),
+        (dict(tensors=lambda s: {**s, "model.norm.weight": torch.ones(31)}), "model.norm.weight"),
+    ]
+    for i, (change, message) in enumerate(cases):
+        dst = broken_copy(folder, str(tmp_path / str(i)), **change)
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")) as e:
+            qkv.CausalLM.from_pretrained(dst)
+        assert "\n" not in str(e.value), kind
+    with pytest.raises(ValueError, match="does not exist"):
+        qkv.CausalLM.from_pretrained(str(tmp_path / "absent"))
