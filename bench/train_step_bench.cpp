@@ -62,7 +62,7 @@ double bench_decoder(int steps, int warmup) {
     const auto t0 = Clock::now();
     const double c0 = cpu_ms();
     const train::StepResult r =
-        trainer.step(i + 1, [&](train::Graph& g) { return train::cross_entropy(model.forward(g, ids), targets); });
+        trainer.step(i + 1, [&](nn::Context& g) { return train::cross_entropy(model.forward(g, ids), targets); });
     const auto t1 = Clock::now();
     const double c1 = cpu_ms();
     loss = static_cast<float>(r.loss);

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "qkv/core/rng.h"
+#include "qkv/models/seq2seq.h"
 #include "train_step_common.h"
 #include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
-#include "qkv/train/seq2seq_model.h"
 
 double bench_seq2seq(int steps, int warmup) {
   using namespace qkv;
@@ -43,8 +43,8 @@ double bench_seq2seq(int steps, int warmup) {
   for (int i = 0; i < warmup + steps; ++i) {
     const auto t0 = Clock::now();
     const double c0 = cpu_ms();
-    const train::StepResult r = trainer.step(i + 1, [&](train::Graph& g) {
-      return train::cross_entropy(train::seq2seq_rnn_logits(g, model, src, {}, tgt), targets);
+    const train::StepResult r = trainer.step(i + 1, [&](nn::Context& g) {
+      return train::cross_entropy(model.forward(g, src, {}, tgt).logits, targets);
     });
     const auto t1 = Clock::now();
     const double c1 = cpu_ms();

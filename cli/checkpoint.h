@@ -15,7 +15,7 @@ struct TrainerState {
   int64_t step = 0;            // optimizer steps done
   int64_t epoch = 0;           // data::Sampler position
   int64_t position = 0;
-  uint64_t dropout_rng_state = 0;  // the Graph's dropout Rng (seeded from the run seed)
+  uint64_t dropout_rng_state = 0;  // the training Context's dropout Rng (seeded from the run seed)
   double last_loss = 0.0;
   double elapsed_s = 0.0;      // training time so far
 };

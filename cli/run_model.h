@@ -11,9 +11,9 @@
 #include "qkv/core/rng.h"
 #include "qkv/data/batch.h"
 #include "qkv/decode/search.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/autograd.h"
-#include "qkv/train/graph.h"
 #include "run_config.h"
 
 namespace qkv::cli {
@@ -23,7 +23,7 @@ class RunModel {
   virtual ~RunModel() = default;
   virtual nn::Module& module() = 0;
   // Teacher forcing on a batch: logits (..., V) on g's tape and the flat targets (PAD = ignored) they predict.
-  virtual ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch,
+  virtual ad::Var logits(nn::Context& g, const std::vector<const data::Example*>& batch,
                             std::vector<int64_t>& targets, int64_t& num_target_tokens) = 0;
   // A decoder over these sources (ids without specials); puts the module in eval mode.
   virtual std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) = 0;

@@ -1,12 +1,11 @@
 // RunModel for the RNN Seq2Seq (rnn: GRU/LSTM without attention; rnn-attn: Bahdanau or Luong): training logits
-// through train::seq2seq_rnn_logits and decoding through decode::RnnStep.
+// through models::Seq2Seq::forward on the training Context and decoding through decode::RnnStep.
 #include <memory>
 #include <vector>
 
 #include "qkv/data/vocab.h"
 #include "qkv/decode/rnn_step.h"
 #include "qkv/models/seq2seq.h"
-#include "qkv/train/seq2seq_model.h"
 #include "run_model.h"
 
 namespace qkv::cli {
@@ -40,7 +39,7 @@ class RnnRunModel : public RunModel {
       : model_(rnn_config(c, vocab), rng), reverse_(c.reverse_source) {}
   nn::Module& module() override { return model_; }
 
-  ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
+  ad::Var logits(nn::Context& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
                     int64_t& num_target_tokens) override {
     std::vector<data::Example> reversed;
     std::vector<const data::Example*> order = batch;
@@ -51,7 +50,7 @@ class RnnRunModel : public RunModel {
     const data::Seq2SeqBatch b = data::make_seq2seq_batch(order);
     targets = b.tgt_out.ids.data;
     num_target_tokens = b.num_target_tokens;
-    return train::seq2seq_rnn_logits(g, model_, b.src.ids, b.src.lengths, b.tgt_in.ids);
+    return model_.forward(g, b.src.ids, b.src.lengths, b.tgt_in.ids).logits;
   }
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {

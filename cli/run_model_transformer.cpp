@@ -26,7 +26,7 @@ class Seq2SeqTransformerRun : public RunModel {
   Seq2SeqTransformerRun(const RunConfig& c, int64_t vocab, Rng& rng) : model_(config(c, vocab), rng) {}
   nn::Module& module() override { return model_; }
 
-  ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
+  ad::Var logits(nn::Context& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
                     int64_t& num_target_tokens) override {
     const data::Seq2SeqBatch b = data::make_seq2seq_batch(batch);
     targets = b.tgt_out.ids.data;
@@ -63,7 +63,7 @@ class DecoderOnlyRun : public RunModel {
   DecoderOnlyRun(const RunConfig& c, int64_t vocab, Rng& rng) : model_(config(c, vocab), rng) {}
   nn::Module& module() override { return model_; }
 
-  ad::Var logits(train::Graph& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
+  ad::Var logits(nn::Context& g, const std::vector<const data::Example*>& batch, std::vector<int64_t>& targets,
                     int64_t& num_target_tokens) override {
     const data::LmBatch b = data::make_lm_batch(batch);
     targets = b.targets;

@@ -302,7 +302,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     std::vector<const data::Example*> batch;
     for (int64_t i : idx) batch.push_back(&d.train[static_cast<size_t>(i)]);
     int64_t ntok = 0;
-    const train::StepResult r = trainer.step(step, [&](train::Graph& g) {
+    const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
       std::vector<int64_t> targets;
       const ad::Var logits = model->logits(g, batch, targets, ntok);
       return train::cross_entropy(logits, targets, ce);

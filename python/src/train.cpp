@@ -12,7 +12,7 @@
 #include "qkv/nn/multihead_attention.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/nn/transformer.h"
-#include "qkv/train/graph.h"
+#include "qkv/ops/functional.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
 
@@ -67,7 +67,7 @@ struct Probe {
   std::map<std::string, Tensor> outputs, param_grads, input_grads;
 };
 
-// Builds the module, loads the weights, runs its Graph forward with leaves for the inputs, backward with the given
+// Builds the module, loads the weights, runs its forward on a training Context with leaves for the inputs, backward with the given
 // upstream gradients (one per named output), and collects everything.
 Probe run_probe(const std::string& kind, const py::dict& config, const nn::StateDict& weights, const py::dict& inputs,
                 const py::dict& grad_outputs, const py::dict& options) {
@@ -153,7 +153,7 @@ Probe run_probe(const std::string& kind, const py::dict& config, const nn::State
   ad::ParameterSet params(*module);
   params.zero_grad();
   ad::Tape tape;
-  train::Graph g(tape, params);
+  nn::Context g(tape, params);
   std::map<std::string, ad::Var> leaves;
   for (const std::string& n : input_names) leaves[n] = tape.leaf(in[n]);
   auto leaf = [&](const char* n) { return leaves.count(n) ? leaves[n] : ad::Var(); };
@@ -171,9 +171,8 @@ Probe run_probe(const std::string& kind, const py::dict& config, const nn::State
   } else if (kind == "transformer") {
     outs["output"] = static_cast<nn::Transformer&>(*module).forward(g, leaf("src"), leaf("tgt"), m1, m2, m3);
   } else {
-    train::RnnVars r = kind == "gru" ? g.gru(static_cast<nn::GRU&>(*module), leaf("input"), leaf("h0"), lengths)
-                                     : g.lstm(static_cast<nn::LSTM&>(*module), leaf("input"), leaf("h0"),
-                                              leaf("c0"), lengths);
+    const nn::RnnVars r =
+        static_cast<nn::RnnBase&>(*module).forward_any(g, leaf("input"), leaf("h0"), leaf("c0"), lengths);
     outs["output"] = r.output;
     outs["h_n"] = r.h_n;
     if (r.c_n.defined()) outs["c_n"] = r.c_n;

@@ -3,7 +3,6 @@
 #include "qkv/decode/rnn_step.h"
 #include "qkv/decode/search.h"
 #include "qkv/models/seq2seq.h"
-#include "qkv/train/seq2seq_model.h"
 #include "seq2seq_train.h"
 
 namespace qkv::experiments {
@@ -26,8 +25,8 @@ S2SModel make_rnn_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const 
   return m;
 }
 
-ad::Var rnn_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b) {
-  return train::seq2seq_rnn_logits(g, *m.rnn, b.src.ids, b.src.lengths, b.tgt_in.ids);
+ad::Var rnn_s2s_logits(nn::Context& g, S2SModel& m, const data::Seq2SeqBatch& b) {
+  return m.rnn->forward(g, b.src.ids, b.src.lengths, b.tgt_in.ids).logits;
 }
 
 std::vector<std::vector<int64_t>> rnn_s2s_greedy(S2SModel& m, const data::Padded& src, int64_t max_len) {

@@ -25,7 +25,7 @@ S2SModel make_transformer_s2s(int64_t src_vocab, int64_t tgt_vocab, const S2SSiz
   return m;
 }
 
-ad::Var transformer_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b) {
+ad::Var transformer_s2s_logits(nn::Context& g, S2SModel& m, const data::Seq2SeqBatch& b) {
   models::Seq2SeqMasks masks;
   masks.src.key_padding_mask = b.src.padding_mask;
   masks.memory.key_padding_mask = b.src.padding_mask;

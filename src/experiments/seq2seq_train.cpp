@@ -79,7 +79,7 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
     std::vector<const data::Example*> rows;
     for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(&train[buckets[b][rng.below(buckets[b].size())]]);
     const data::Seq2SeqBatch batch = data::make_seq2seq_batch(rows, true);
-    const train::StepResult r = trainer.step(step, [&](train::Graph& g) {
+    const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
       const ad::Var logits = model.kind == S2SKind::kTransformer ? transformer_s2s_logits(g, model, batch)
                                                                     : rnn_s2s_logits(g, model, batch);
       return train::cross_entropy(logits, batch.tgt_out.ids.data, ce);

@@ -12,7 +12,7 @@
 #include "qkv/data/tsv.h"
 #include "qkv/data/vocab.h"
 #include "qkv/nn/module.h"
-#include "qkv/train/graph.h"
+#include "qkv/nn/context.h"
 
 // The models are held through forward declarations; each family is built in its own .cpp (s2s_rnn.cpp,
 // s2s_transformer.cpp), so this header pulls in neither model header.
@@ -86,8 +86,8 @@ SeqScore score_sequences(const std::vector<std::vector<int64_t>>& hyps, const st
 S2SModel make_rnn_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed);
 S2SModel make_transformer_s2s(int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed);
 // Teacher-forced logits (B, Tt, Vt) on the tape.
-ad::Var rnn_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b);
-ad::Var transformer_s2s_logits(train::Graph& g, S2SModel& m, const data::Seq2SeqBatch& b);
+ad::Var rnn_s2s_logits(nn::Context& g, S2SModel& m, const data::Seq2SeqBatch& b);
+ad::Var transformer_s2s_logits(nn::Context& g, S2SModel& m, const data::Seq2SeqBatch& b);
 // Greedy decoding of a padded source batch (S, Ts) with its lengths; tokens without EOS.
 std::vector<std::vector<int64_t>> rnn_s2s_greedy(S2SModel& m, const data::Padded& src, int64_t max_len);
 std::vector<std::vector<int64_t>> transformer_s2s_greedy(S2SModel& m, const data::Padded& src, int64_t max_len);

@@ -106,7 +106,7 @@ Tagger::Tagger(const TaggerConfig& c, Rng& rng) : config_(c) {
   register_parameter("out.bias", &b_out_);
 }
 
-Var Tagger::forward(train::Graph& g, const Ids& ids, const TaggerRun& run) const {
+Var Tagger::forward(const nn::Context& g, const Ids& ids, const TaggerRun& run) const {
   QKV_CHECK_ARG(ids.shape.size() == 2, "[Tagger] ids must be (B, T), got ", str(ids.shape));
   QKV_CHECK_ARG(config_.pos != PosKind::kLearned || ids.shape[1] <= config_.max_len, "[Tagger] length ",
                 ids.shape[1], " exceeds the learned table's ", config_.max_len, " rows");
@@ -116,7 +116,7 @@ Var Tagger::forward(train::Graph& g, const Ids& ids, const TaggerRun& run) const
   return forward_embedded(g, x, run);
 }
 
-Var Tagger::forward_embedded(train::Graph& g, const Var& x_in, const TaggerRun& run) const {
+Var Tagger::forward_embedded(const nn::Context& g, const Var& x_in, const TaggerRun& run) const {
   const TaggerConfig& c = config_;
   QKV_CHECK_ARG(x_in.dim() == 3 && x_in.size(2) == c.d_model, "[Tagger] x must be (B, T, ", c.d_model, "), got ",
                 str(x_in.shape()));
@@ -206,7 +206,7 @@ Var Tagger::forward_embedded(train::Graph& g, const Var& x_in, const TaggerRun& 
 Tensor tagger_logits(const Tagger& m, const Ids& ids, const TaggerRun& run) {
   ad::Tape tape;
   ad::ParameterSet none;
-  train::Graph g(tape, none);
+  nn::Context g(tape, none);
   return m.forward(g, ids, run).value;
 }
 

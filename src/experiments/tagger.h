@@ -11,7 +11,7 @@
 #include "qkv/core/tensor.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/embedding.h"
-#include "qkv/train/graph.h"
+#include "qkv/nn/context.h"
 
 namespace qkv::experiments {
 
@@ -47,9 +47,9 @@ class Tagger : public nn::Module {
   const TaggerConfig& config() const { return config_; }
 
   // ids (B, T) -> logits (B, T, vocab_out). Builds on g's tape (constants when g has no parameters bound).
-  ad::Var forward(train::Graph& g, const Ids& ids, const TaggerRun& run = {}) const;
+  ad::Var forward(const nn::Context& g, const Ids& ids, const TaggerRun& run = {}) const;
   // The same on continuous inputs: x (B, T, d_model) already embedded (used by the permutation check).
-  ad::Var forward_embedded(train::Graph& g, const ad::Var& x, const TaggerRun& run = {}) const;
+  ad::Var forward_embedded(const nn::Context& g, const ad::Var& x, const TaggerRun& run = {}) const;
 
  private:
   struct Layer {

@@ -95,7 +95,7 @@ TagCurve train_tagger(Tagger& model, const TagData& data, const TagTrainConfig& 
     const Ids src = batch_ids(data.src, rows);
     const Ids tgt = batch_ids(data.tgt, rows);
     const train::StepResult r = trainer.step(
-        step, [&](train::Graph& g) { return train::cross_entropy(model.forward(g, src), tgt.data); });
+        step, [&](nn::Context& g) { return train::cross_entropy(model.forward(g, src), tgt.data); });
     const double lv = r.loss;
     if (!r.finite) {
       curve.diverged = true;

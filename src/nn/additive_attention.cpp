@@ -1,14 +1,13 @@
 // Bahdanau (additive) and Luong (dot, general) scorers and the shared masked-softmax + context step.
-// Scores go through ops (linear, add, tanh, matmul, softmax); the encoder-side projection is cached by prepare().
+// One forward each, on a Context (differentiable ops: linear, add, tanh, matmul, softmax); the Tensor calls wrap it.
+// The encoder-side projection is cached by prepare().
 #include "qkv/nn/additive_attention.h"
 
 #include <cmath>
 #include <limits>
 
 #include "qkv/core/error.h"
-#include "qkv/ops/elementwise.h"
-#include "qkv/ops/matmul.h"
-#include "qkv/ops/softmax.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv::nn {
 
@@ -26,7 +25,7 @@ Tensor lengths_to_keep_mask(const std::vector<int64_t>& lengths, int64_t max_len
   return m;
 }
 
-AlignmentResult align(const Tensor& scores, const Tensor& keys, const Tensor& keep_mask) {
+AlignmentVars align(const ad::Var& scores, const ad::Var& keys, const Tensor& keep_mask) {
   QKV_CHECK_ARG(scores.defined() && keys.defined(), "[align] scores and keys must be defined");
   QKV_CHECK_ARG(keys.dim() == 3 && keys.size(0) > 0 && keys.size(1) > 0, "[align] keys ", str(keys.shape()),
                 " must be a non-empty (B, Ts, Hk)");
@@ -38,24 +37,27 @@ AlignmentResult align(const Tensor& scores, const Tensor& keys, const Tensor& ke
   QKV_CHECK_ARG(!keep_mask.defined() || keep_mask.shape() == mask_shape, "[align] keep_mask ",
                 str(keep_mask.shape()), " must be (B, Ts) = ", str(mask_shape));
   const bool rank2 = scores.dim() == 2;
-  Tensor s = (rank2 ? scores.unsqueeze(1) : scores).clone();  // (B, Tq, Ts), contiguous
-  const int64_t tq = s.size(1);
-  if (keep_mask.defined()) {
+  ad::Var s = rank2 ? ad::unsqueeze(scores, 1) : scores;  // (B, Tq, Ts)
+  if (keep_mask.defined()) {  // masked positions -> -inf (x + 0 keeps every kept score exactly)
     const Tensor m = keep_mask.contiguous();
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t i = 0; i < ts; ++i)
-        if (m.data()[b * ts + i] == 0.0f)
-          for (int64_t q = 0; q < tq; ++q) s.data()[(b * tq + q) * ts + i] = kNegInf;
+    Tensor additive = Tensor::zeros({nb, 1, ts});
+    for (int64_t i = 0; i < nb * ts; ++i)
+      if (m.data()[i] == 0.0f) additive.data()[i] = -std::numeric_limits<float>::infinity();
+    s = ad::add(s, ad::Var(additive));
   }
-  AlignmentResult res;
-  res.weights = softmax(s, -1);               // all -inf row -> 0
-  res.context = matmul(res.weights, keys);    // (B, Tq, Ts)·(B, Ts, Hk) -> (B, Tq, Hk)
+  AlignmentVars res;
+  res.weights = ad::softmax(s, -1);                // all -inf row -> 0
+  res.context = ad::matmul(res.weights, keys);     // (B, Tq, Ts)·(B, Ts, Hk) -> (B, Tq, Hk)
   if (rank2) {
-    res.weights = res.weights.squeeze(1);
-    res.context = res.context.squeeze(1);
+    res.weights = ad::squeeze(res.weights, 1);
+    res.context = ad::squeeze(res.context, 1);
   }
   return res;
+}
+
+AlignmentResult align(const Tensor& scores, const Tensor& keys, const Tensor& keep_mask) {
+  const AlignmentVars a = align(ad::Var(scores), ad::Var(keys), keep_mask);
+  return {a.weights.value, a.context.value};
 }
 
 // --- AttentionScorer ---------------------------------------------------------------
@@ -72,17 +74,17 @@ void AttentionScorer::check_keys(const Tensor& keys) const {
                 "] keys ", str(keys.shape()), " must be a non-empty (B, Ts, Hk) with Hk = ", key_size_);
 }
 
-Tensor AttentionScorer::query3(const Tensor& query) const {
+ad::Var AttentionScorer::query3(const ad::Var& query) const {
   QKV_CHECK_ARG(query.defined(), "[", op_, "] query is undefined");
   QKV_CHECK_ARG((query.dim() == 2 || query.dim() == 3) && query.size(-1) == query_size_ && query.size(0) > 0,
                 "[", op_, "] query ", str(query.shape()), " must be (B, Hq) or (B, Tq, Hq) with Hq = ",
                 query_size_);
-  return query.dim() == 2 ? query.unsqueeze(1) : query;
+  return query.dim() == 2 ? ad::unsqueeze(query, 1) : query;
 }
 
-AlignmentResult AttentionScorer::forward(const Tensor& query, const Tensor& keys, const Tensor& prepared,
-                                         const Tensor& keep_mask) const {
-  check_keys(keys);
+AlignmentVars AttentionScorer::forward(const Context& c, const ad::Var& query, const ad::Var& keys,
+                                       const ad::Var& prepared, const Tensor& keep_mask) const {
+  check_keys(keys.value);
   QKV_CHECK_ARG(prepared.defined() && prepared.dim() == 3 && prepared.size(0) == keys.size(0) &&
                     prepared.size(1) == keys.size(1),
                 "[", op_, "] prepared ", str(prepared.shape()), " does not come from keys ", str(keys.shape()),
@@ -92,7 +94,13 @@ AlignmentResult AttentionScorer::forward(const Tensor& query, const Tensor& keys
   const Shape mask_shape{keys.size(0), keys.size(1)};
   QKV_CHECK_ARG(!keep_mask.defined() || keep_mask.shape() == mask_shape, "[", op_,
                 "] keep_mask ", str(keep_mask.shape()), " must be (B, Ts) for keys ", str(keys.shape()));
-  return align(score(query, prepared), keys, keep_mask);
+  return align(score(c, query, prepared), keys, keep_mask);
+}
+
+AlignmentResult AttentionScorer::forward(const Tensor& query, const Tensor& keys, const Tensor& prepared,
+                                         const Tensor& keep_mask) const {
+  const AlignmentVars a = forward(Context(), query, keys, prepared, keep_mask);
+  return {a.weights.value, a.context.value};
 }
 
 AlignmentResult AttentionScorer::attend(const Tensor& query, const Tensor& keys, const Tensor& keep_mask) const {
@@ -113,21 +121,21 @@ BahdanauAttention::BahdanauAttention(int64_t query_size, int64_t key_size, int64
   register_module("v", &v);
 }
 
-Tensor BahdanauAttention::prepare(const Tensor& keys) const {
-  check_keys(keys);
-  return U.forward(keys);  // (B, Ts, A)
+ad::Var BahdanauAttention::prepare(const Context& c, const ad::Var& keys) const {
+  check_keys(keys.value);
+  return U.forward(c, keys);  // (B, Ts, A)
 }
 
-Tensor BahdanauAttention::score(const Tensor& query, const Tensor& prepared) const {
-  const Tensor q = query3(query);  // (B, Tq, Hq)
+ad::Var BahdanauAttention::score(const Context& c, const ad::Var& query, const ad::Var& prepared) const {
+  const ad::Var q = query3(query);  // (B, Tq, Hq)
   QKV_CHECK_ARG(prepared.defined() && prepared.dim() == 3 && prepared.size(0) == q.size(0) &&
                     prepared.size(2) == attention_size_,
                 "[BahdanauAttention] prepared ", str(prepared.shape()), " must be U·keys (B, Ts, A) with A = ",
                 attention_size_, " for query ", str(query.shape()));
-  const Tensor ws = W.forward(q);                                          // (B, Tq, A)
-  const Tensor e = qkv::tanh(add(ws.unsqueeze(2), prepared.unsqueeze(1)));  // (B, Tq, Ts, A)
-  Tensor s = v.forward(e).squeeze(3);                                      // (B, Tq, Ts)
-  return query.dim() == 2 ? s.squeeze(1) : s;
+  const ad::Var ws = W.forward(c, q);                                                // (B, Tq, A)
+  const ad::Var e = ad::tanh(ad::add(ad::unsqueeze(ws, 2), ad::unsqueeze(prepared, 1)));  // (B, Tq, Ts, A)
+  const ad::Var s = ad::squeeze(v.forward(c, e), 3);                                   // (B, Tq, Ts)
+  return query.dim() == 2 ? ad::squeeze(s, 1) : s;
 }
 
 // --- Luong ------------------------------------------------------------------------------
@@ -144,19 +152,20 @@ LuongAttention::LuongAttention(LuongScore kind, int64_t query_size, int64_t key_
   register_parameter("W.weight", &w_);
 }
 
-Tensor LuongAttention::prepare(const Tensor& keys) const {
-  check_keys(keys);
-  return kind_ == LuongScore::kDot ? keys : linear(keys, w_);  // (B, Ts, Hq)
+ad::Var LuongAttention::prepare(const Context& c, const ad::Var& keys) const {
+  check_keys(keys.value);
+  return kind_ == LuongScore::kDot ? keys : ad::linear(keys, c.param(w_));  // (B, Ts, Hq)
 }
 
-Tensor LuongAttention::score(const Tensor& query, const Tensor& prepared) const {
-  const Tensor q = query3(query);  // (B, Tq, Hq)
+ad::Var LuongAttention::score(const Context& c, const ad::Var& query, const ad::Var& prepared) const {
+  (void)c;
+  const ad::Var q = query3(query);  // (B, Tq, Hq)
   QKV_CHECK_ARG(prepared.defined() && prepared.dim() == 3 && prepared.size(0) == q.size(0) &&
                     prepared.size(2) == query_size_,
                 "[LuongAttention] prepared ", str(prepared.shape()), " must be (B, Ts, Hq) with Hq = ",
                 query_size_, " for query ", str(query.shape()));
-  Tensor s = matmul(q, prepared.transpose(1, 2));  // (B, Tq, Ts)
-  return query.dim() == 2 ? s.squeeze(1) : s;
+  const ad::Var s = ad::matmul(q, ad::transpose(prepared, 1, 2));  // (B, Tq, Ts)
+  return query.dim() == 2 ? ad::squeeze(s, 1) : s;
 }
 
 }  // namespace qkv::nn

@@ -31,12 +31,4 @@ inline bool row_active(const std::vector<int64_t>& lengths, int64_t b, int64_t t
   return lengths.empty() || t < lengths[static_cast<size_t>(b)];
 }
 
-// Rows b past their length at step t keep their old state: next[b] = prev[b]. Both contiguous (B, H).
-void freeze_finished_rows(Tensor& next, const Tensor& prev, const std::vector<int64_t>& lengths, int64_t t);
-
-// Copies h (B, H, contiguous) into step t of a zero-initialised contiguous layer output, (B, T, H) when
-// batch_first else (T, B, H); rows past their length stay 0.
-void write_output_step(Tensor& out, bool batch_first, int64_t t, const Tensor& h,
-                       const std::vector<int64_t>& lengths);
-
 }  // namespace qkv::nn::detail

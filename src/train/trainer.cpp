@@ -18,8 +18,8 @@ StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
   params_->zero_grad();
   tape_.clear();
   {
-    Graph g(tape_, *params_, dropout_rng_);
-    const ad::Var loss = loss_fn(g);
+    nn::Context c(tape_, *params_, dropout_rng_);
+    const ad::Var loss = loss_fn(c);
     QKV_CHECK_ARG(loss.defined() && loss.numel() == 1, "[Trainer] the loss of step ", step,
                   " must be a scalar, got ", loss.defined() ? str(loss.shape()) : std::string("(undefined)"));
     r.loss = loss.value.item();
@@ -30,6 +30,7 @@ StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
     }
     tape_.backward(loss);
   }
+  // Every parameter gradient of this step is complete here, before clipping, the schedule and the update.
   if (clip_ > 0.0) clip_grad_norm(*params_, clip_);
   r.lr = schedule_->at(step);
   optimizer_->set_lr(r.lr);

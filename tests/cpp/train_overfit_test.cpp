@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "qkv/models/transformer.h"
-#include "qkv/train/graph.h"
+#include "qkv/nn/context.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
@@ -14,7 +14,6 @@
 namespace qkv {
 namespace {
 
-using train::Graph;
 using ad::ParameterSet;
 using ad::Tape;
 
@@ -35,7 +34,7 @@ float train_steps(nn::Module& model, int steps, LossFn&& loss_fn) {
     opt.set_lr(train::warmup_cosine_lr(step, 1e-2, 10, steps, 1e-3));
     params.zero_grad();
     tape.clear();
-    Graph g(tape, params, &dropout);
+    nn::Context g(tape, params, &dropout);
     const ad::Var loss = loss_fn(g);
     tape.backward(loss);
     train::clip_grad_norm(params, 1.0);
@@ -67,7 +66,7 @@ TEST(Overfit, EncoderDecoderTransformerMemorisesABatch) {
   masks.memory.key_padding_mask = masks.src.key_padding_mask;
   train::CrossEntropyOptions ce;
   ce.ignore_index = 0;
-  const float loss = train_steps(m, 120, [&](Graph& g) {
+  const float loss = train_steps(m, 120, [&](nn::Context& g) {
     return train::cross_entropy(m.forward(g, src, tgt_in, masks), target, ce);
   });
   EXPECT_LT(loss, kOverfitLoss);
@@ -90,7 +89,7 @@ TEST(Overfit, DecoderOnlyTransformerMemorisesABatch) {
   for (int64_t b = 0; b < 3; ++b)
     for (int64_t t = 0; t < 8; ++t) target.push_back(t + 1 < 8 ? ids.data[b * 8 + t + 1] : -100);
   const float loss =
-      train_steps(m, 120, [&](Graph& g) { return train::cross_entropy(m.forward(g, ids), target); });
+      train_steps(m, 120, [&](nn::Context& g) { return train::cross_entropy(m.forward(g, ids), target); });
   EXPECT_LT(loss, kOverfitLoss);
 }
 

@@ -1,5 +1,5 @@
-// Tests of the trainable RNN Seq2Seq (none / Bahdanau / Luong dot / Luong general, GRU and LSTM): the tape forward
-// equals models::Seq2Seq::forward, and loss gradients pass finite-difference spot checks on every parameter.
+// Tests of the trainable RNN Seq2Seq (none / Bahdanau / Luong dot / Luong general, GRU and LSTM): the forward on a
+// training Context equals the inference forward, and loss gradients pass finite-difference spot checks on every parameter.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,20 +9,18 @@
 #include "qkv/models/seq2seq.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
-#include "qkv/train/seq2seq_model.h"
 
 namespace qkv {
 namespace {
 
 using testing::AllClose;
 using testing::ThrowsArg;
-using train::Graph;
 using ad::ParameterSet;
 using ad::Tape;
 using ad::Var;
 
 constexpr testing::Tol kSameOps{1e-6, 1e-5};
-// Central differences of the float32 loss with step 1e-2 against the tape (see train_graph_test.cpp).
+// Central differences of the float32 loss with step 1e-2 against the tape (see train_context_test.cpp).
 constexpr testing::Tol kSpotTol{2e-4, 3e-2};
 
 struct Case {
@@ -62,8 +60,8 @@ TEST(TrainSeq2Seq, TapeForwardEqualsModelForwardForEveryVariant) {
     models::Seq2Seq m(config_of(c), rng);
     ParameterSet ps(m);
     Tape tape;
-    Graph g(tape, ps);
-    const Var logits = train::seq2seq_rnn_logits(g, m, kSrc, kLengths, kTgtIn);
+    nn::Context g(tape, ps);
+    const Var logits = m.forward(g, kSrc, kLengths, kTgtIn).logits;
     EXPECT_TRUE(AllClose(logits.value, m.forward(kSrc, kLengths, kTgtIn).logits, kSameOps))
         << static_cast<int>(c.attention) << " " << static_cast<int>(c.cell);
   }
@@ -74,19 +72,19 @@ TEST(TrainSeq2Seq, EveryParameterGetsTheFiniteDifferenceGradient) {
     Rng rng(2);
     models::Seq2Seq m(config_of(c), rng);
     ParameterSet ps(m);
-    auto loss = [&](Graph& g) {
-      return train::cross_entropy(train::seq2seq_rnn_logits(g, m, kSrc, kLengths, kTgtIn), kTargets,
+    auto loss = [&](nn::Context& g) {
+      return train::cross_entropy(m.forward(g, kSrc, kLengths, kTgtIn).logits, kTargets,
                                   train::CrossEntropyOptions{0, 0.0f, train::Reduction::kMean});
     };
     ps.zero_grad();
     {
       Tape tape;
-      Graph g(tape, ps);
+      nn::Context g(tape, ps);
       tape.backward(loss(g));
     }
     auto loss_at = [&]() {
       Tape tape;
-      Graph g(tape, ps);
+      nn::Context g(tape, ps);
       return static_cast<double>(loss(g).value.item());
     };
     Rng pick(3);
@@ -119,8 +117,8 @@ TEST(TrainSeq2Seq, PaddedSourceEmbeddingsGetNoGradient) {
   ps.zero_grad();
   const Ids src{{1, 2, 3, 6, 4, 5, 6, 6}, {2, 4}};  // id 6 only at padded positions
   Tape tape;
-  Graph g(tape, ps);
-  tape.backward(train::cross_entropy(train::seq2seq_rnn_logits(g, m, src, {3, 2}, kTgtIn), kTargets));
+  nn::Context g(tape, ps);
+  tape.backward(train::cross_entropy(m.forward(g, src, {3, 2}, kTgtIn).logits, kTargets));
   const Tensor& grad = ps.find("src_embed.weight")->grad;
   for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(grad.data()[6 * 4 + e], 0.0f);
   EXPECT_NE(grad.data()[1 * 4], 0.0f);
@@ -152,8 +150,8 @@ TEST(TrainSeq2Seq, RnnAttentionOverfitsOneBatch) {
     for (int step = 0; step < 150; ++step) {
       ps.zero_grad();
       tape.clear();
-      Graph g(tape, ps);
-      const Var l = train::cross_entropy(train::seq2seq_rnn_logits(g, m, src, lengths, tgt_in), target,
+      nn::Context g(tape, ps);
+      const Var l = train::cross_entropy(m.forward(g, src, lengths, tgt_in).logits, target,
                                          train::CrossEntropyOptions{0, 0.0f, train::Reduction::kMean});
       tape.backward(l);
       train::clip_grad_norm(ps, 1.0);
@@ -169,10 +167,10 @@ TEST(TrainSeq2Seq, BadInputsNameSeq2Seq) {
   models::Seq2Seq m(config_of(all_cases()[0]), rng);
   ParameterSet ps(m);
   Tape tape;
-  Graph g(tape, ps);
-  EXPECT_TRUE(ThrowsArg([&] { train::seq2seq_rnn_logits(g, m, kSrc, {1, 2, 3}, kTgtIn); }, "[Seq2Seq]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::seq2seq_rnn_logits(g, m, kSrc, {}, Ids{{1, 2}, {1, 2}}); }, "[Seq2Seq]"));
-  EXPECT_TRUE(ThrowsArg([&] { train::seq2seq_rnn_logits(g, m, Ids{{}, {0, 3}}, {}, kTgtIn); }, "[Seq2Seq]"));
+  nn::Context g(tape, ps);
+  EXPECT_TRUE(ThrowsArg([&] { m.forward(g, kSrc, {1, 2, 3}, kTgtIn); }, "[Seq2Seq]"));
+  EXPECT_TRUE(ThrowsArg([&] { m.forward(g, kSrc, {}, Ids{{1, 2}, {1, 2}}); }, "[Seq2Seq]"));
+  EXPECT_TRUE(ThrowsArg([&] { m.forward(g, Ids{{}, {0, 3}}, {}, kTgtIn); }, "[Seq2Seq]"));
 }
 
 }  // namespace

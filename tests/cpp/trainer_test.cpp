@@ -10,6 +10,7 @@
 
 #include "nn_testing.h"
 #include "qkv/nn/linear.h"
+#include "qkv/ops/functional.h"
 #include "qkv/train/loss.h"
 
 namespace qkv::train {
@@ -37,7 +38,7 @@ TEST(Trainer, StepEqualsTheHandWrittenSequenceBitForBit) {
   ad::Tape tape;
   for (int64_t step = 1; step <= 5; ++step) {
     const Tensor x = randn({3, 6}, 10 + static_cast<uint64_t>(step));
-    const StepResult r = trainer.step(step, [&](Graph& g) { return loss_of(a, g, x); });
+    const StepResult r = trainer.step(step, [&](nn::Context& g) { return loss_of(a, g, x); });
     pb.zero_grad();
     tape.clear();
     const nn::Context c(tape, pb);
@@ -65,7 +66,7 @@ TEST(Trainer, NonFiniteLossMakesNoUpdate) {
   const Tensor before = m.weight.clone();
   Tensor x = randn({2, 4}, 5);
   x.data()[0] = std::numeric_limits<float>::infinity();
-  const StepResult r = trainer.step(1, [&](Graph& g) { return loss_of(m, g, x); });
+  const StepResult r = trainer.step(1, [&](nn::Context& g) { return loss_of(m, g, x); });
   EXPECT_FALSE(r.finite);
   EXPECT_TRUE(BitIdentical(m.weight, before));
 }
@@ -81,7 +82,7 @@ TEST(Trainer, RunCallsTheHooksInOrderAndStopsWhenAsked) {
   const Tensor x = randn({2, 4}, 6);
   std::vector<int64_t> seen;
   Trainer::Hooks hooks;
-  hooks.batch = [&](int64_t) { return Trainer::LossFn([&](Graph& g) { return loss_of(m, g, x); }); };
+  hooks.batch = [&](int64_t) { return Trainer::LossFn([&](nn::Context& g) { return loss_of(m, g, x); }); };
   hooks.on_step = [&](const StepResult& r) { seen.push_back(r.step); };
   hooks.after_step = [&](const StepResult& r) { return r.step == 4; };
   const StepResult last = trainer.run(3, 10, hooks);

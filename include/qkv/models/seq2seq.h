@@ -9,6 +9,7 @@
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
 #include "qkv/nn/additive_attention.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/embedding.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
@@ -46,31 +47,44 @@ struct Seq2SeqConfig {
   bool feed_context = true;    // kNone only: see Seq2SeqAttention::kNone
 };
 
-// What the decoder may read about the source.
-struct Seq2SeqEncoded {
-  Tensor states;     // (B, Ts, H) top-layer encoder outputs h_i; 0 at padded positions
-  Tensor h_n;        // (L, B, H) encoder state after each source's last real token
-  Tensor c_n;        // (L, B, H) LSTM only
+// What the decoder may read about the source (Tensor: inference results; ad::Var: the one forward's values).
+template <class T>
+struct BasicSeq2SeqEncoded {
+  T states;          // (B, Ts, H) top-layer encoder outputs h_i; 0 at padded positions
+  T h_n;             // (L, B, H) encoder state after each source's last real token
+  T c_n;             // (L, B, H) LSTM only
   Tensor keep_mask;  // (B, Ts) 1 = real source token; undefined when no lengths were given
-  Tensor prepared;   // attention cache scorer.prepare(states) (e.g. U·h_i); undefined for kNone
+  T prepared;        // attention cache scorer.prepare(states) (e.g. U·h_i); undefined for kNone
 };
 
 // Decoder recurrent state between steps.
-struct Seq2SeqState {
-  Tensor h;  // (L, B, H)
-  Tensor c;  // (L, B, H) LSTM only
+template <class T>
+struct BasicSeq2SeqState {
+  T h;  // (L, B, H)
+  T c;  // (L, B, H) LSTM only
 };
 
-struct Seq2SeqStep {
-  Tensor logits;   // (B, V)
-  Tensor weights;  // (B, Ts) alignment α_t; undefined for kNone
-  Seq2SeqState state;
+template <class T>
+struct BasicSeq2SeqStep {
+  T logits;   // (B, V)
+  T weights;  // (B, Ts) alignment α_t; undefined for kNone
+  BasicSeq2SeqState<T> state;
 };
 
-struct Seq2SeqOutput {
-  Tensor logits;      // (B, Tt, V)
-  Tensor alignments;  // (B, Tt, Ts); undefined for kNone
+template <class T>
+struct BasicSeq2SeqOutput {
+  T logits;      // (B, Tt, V)
+  T alignments;  // (B, Tt, Ts); undefined for kNone
 };
+
+using Seq2SeqEncoded = BasicSeq2SeqEncoded<Tensor>;
+using Seq2SeqState = BasicSeq2SeqState<Tensor>;
+using Seq2SeqStep = BasicSeq2SeqStep<Tensor>;
+using Seq2SeqOutput = BasicSeq2SeqOutput<Tensor>;
+using Seq2SeqEncodedVars = BasicSeq2SeqEncoded<ad::Var>;
+using Seq2SeqStateVars = BasicSeq2SeqState<ad::Var>;
+using Seq2SeqStepVars = BasicSeq2SeqStep<ad::Var>;
+using Seq2SeqOutputVars = BasicSeq2SeqOutput<ad::Var>;
 
 struct Seq2SeqDecoded {
   Ids tokens;                    // (B, N), N <= max_len; after a row's eos the row is filled with eos
@@ -91,21 +105,30 @@ class Seq2Seq : public nn::Module {
   // The scorer (null for kNone): prepare() rebuilds Seq2SeqEncoded::prepared for edited states.
   const nn::AttentionScorer* attention() const { return attention_.get(); }
 
+  // Each call below computes once, on a Context (inference: constants; training: recorded on the tape); the
+  // Tensor overloads run it with an inference Context.
   // src: ids (B, Ts) in [0, Vs)  src_lengths: empty (all Ts) or B values in [0, Ts]
+  Seq2SeqEncodedVars encode(const nn::Context& c, const Ids& src, const std::vector<int64_t>& src_lengths = {}) const;
   Seq2SeqEncoded encode(const Ids& src, const std::vector<int64_t>& src_lengths = {}) const;
 
   // Decoder state before the first target token: the encoder's (h_n, c_n).
+  Seq2SeqStateVars initial_state(const Seq2SeqEncodedVars& enc) const;
   Seq2SeqState initial_state(const Seq2SeqEncoded& enc) const;
 
   // One decoder step. prev_tokens: B ids in [0, Vt) (y_{t−1}; bos first).
+  Seq2SeqStepVars decode_step(const nn::Context& c, const Seq2SeqEncodedVars& enc, const Seq2SeqStateVars& state,
+                              const std::vector<int64_t>& prev_tokens) const;
   Seq2SeqStep decode_step(const Seq2SeqEncoded& enc, const Seq2SeqState& state,
                           const std::vector<int64_t>& prev_tokens) const;
 
   // Teacher forcing. tgt_in: ids (B, Tt) (bos + target without its last token)  ->  logits (B, Tt, V),
   // alignments (B, Tt, Ts). Same numbers as running decode_step over tgt_in's columns.
+  Seq2SeqOutputVars decode(const nn::Context& c, const Seq2SeqEncodedVars& enc, const Ids& tgt_in) const;
   Seq2SeqOutput decode(const Seq2SeqEncoded& enc, const Ids& tgt_in) const;
 
   // encode + decode.
+  Seq2SeqOutputVars forward(const nn::Context& c, const Ids& src, const std::vector<int64_t>& src_lengths,
+                            const Ids& tgt_in) const;
   Seq2SeqOutput forward(const Ids& src, const std::vector<int64_t>& src_lengths, const Ids& tgt_in) const;
 
   // Greedy decoding: argmax each step (lowest id on ties) until every row has produced eos or max_len steps.
@@ -114,10 +137,8 @@ class Seq2Seq : public nn::Module {
                                int64_t bos, int64_t eos) const;
 
  private:
-  // Runs the encoder or decoder RNN over a whole sequence / one step, whichever cell is configured.
-  nn::RnnOutput run_rnn(const nn::RnnBase& rnn, const Tensor& x, const Tensor& h0, const Tensor& c0,
-                        const std::vector<int64_t>& lengths) const;
-  Seq2SeqState step_rnn(const Tensor& x, const Seq2SeqState& state) const;
+  // One decoder RNN step, whichever cell is configured.
+  Seq2SeqStateVars step_rnn(const nn::Context& c, const ad::Var& x, const Seq2SeqStateVars& state) const;
   void check_ids(const Ids& ids, const char* what) const;
 
   Seq2SeqConfig config_;

@@ -8,8 +8,9 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
-#include "qkv/ops/autograd.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
+#include "qkv/ops/autograd.h"
 
 namespace qkv::nn {
 
@@ -75,6 +76,25 @@ struct RnnOutput {
   Tensor c_n;     // (L, B, H) LSTM only; undefined for GRU
 };
 
+// RnnOutput as Vars (the one forward's result; on the tape when the Context trains).
+struct RnnVars {
+  ad::Var output;
+  ad::Var h_n;
+  ad::Var c_n;
+};
+
+// One layer's recurrent weights as Vars: w_ih (G·H, in), w_hh (G·H, H), b_ih, b_hh (G·H) or undefined.
+struct RnnLayerVars {
+  ad::Var w_ih, w_hh, b_ih, b_hh;
+};
+
+// The layer loop behind GRU / LSTM forward, for weights given directly (gates 3 = GRU, 4 = LSTM).
+// x: (B, T, E) when batch_first, else (T, B, E)  h0, c0: (L, B, H) or undefined  lengths: as GRU::forward.
+// Per layer: one input-projection GEMM over all steps, then one fused cell (ad::gru_cell / lstm_cell) per step;
+// padded steps keep the state and give output 0.
+RnnVars rnn_layers(int64_t gates, const std::vector<RnnLayerVars>& layers, const ad::Var& x, const ad::Var& h0,
+                   const ad::Var& c0, const std::vector<int64_t>& lengths, bool batch_first = true);
+
 // Shared parameter store, checks and layer loop for GRU and LSTM. Parameters, per layer k, in
 // PyTorch's order and packing: weight_ih_l{k} (G·H, in), weight_hh_l{k} (G·H, H), bias_ih_l{k} (G·H),
 // bias_hh_l{k} (G·H), with G = 3 (GRU) or 4 (LSTM), in = E for k = 0 and H above.
@@ -93,6 +113,17 @@ class RnnBase : public Module {
   const Tensor& bias_ih(int64_t layer) const;
   const Tensor& bias_hh(int64_t layer) const;
 
+  // The one forward of GRU and LSTM through time, on any Context (inference: constants, the cells' own kernels;
+  // training: recorded on the tape). x: (B, T, E) (or (T, B, E) when !batch_first)  h0, c0: (L, B, H) or
+  // undefined (zeros); c0 only for an LSTM, and then given with h0 or not at all.  lengths: empty (all T) or B
+  // values in [0, T]: steps t >= lengths[b] leave row b's state unchanged and give output 0 (as a packed sequence
+  // padded back by PyTorch). Per layer: one input-projection GEMM over all steps, then one fused cell per step.
+  RnnVars forward_any(const Context& c, const ad::Var& x, const ad::Var& h0 = {}, const ad::Var& c0 = {},
+                      const std::vector<int64_t>& lengths = {}) const;
+  // One time step through all layers. x: (B, E)  h (and c for an LSTM): (L, B, H)  ->  the new state in
+  // h_n (and c_n); `output` is the top layer's new h (B, H).
+  RnnVars step_any(const Context& c, const ad::Var& x, const ad::Var& h, const ad::Var& cell = {}) const;
+
  protected:
   RnnBase(const char* op, int64_t gates, int64_t input_size, int64_t hidden_size, Rng& rng,
           const RnnOptions& options);
@@ -100,6 +131,8 @@ class RnnBase : public Module {
   struct Layer {
     Tensor w_ih, w_hh, b_ih, b_hh;
   };
+  // Each layer's parameters through the Context (leaves when it trains, else constants).
+  std::vector<RnnLayerVars> layer_vars(const Context& c) const;
   // Checks x (rank 3, last dim E), a state (L, B, H) when defined, and lengths (empty or B values in
   // [0, T]); returns {B, T}.
   std::pair<int64_t, int64_t> check_input(const Tensor& x, const std::vector<int64_t>& lengths) const;
@@ -118,13 +151,16 @@ class GRU : public RnnBase {
   GRU(int64_t input_size, int64_t hidden_size, Rng& rng, const RnnOptions& options = {});
 
   // x: (B, T, E) (or (T, B, E) when !batch_first)  h0: (L, B, H) or undefined (zeros)
-  // lengths: empty (all T) or B values in [0, T]; steps t >= lengths[b] leave row b's state unchanged
-  // and give output 0 (as a packed sequence padded back by PyTorch).
+  // lengths: empty (all T) or B values in [0, T] (see RnnBase::forward_any).
+  RnnVars forward(const Context& c, const ad::Var& x, const ad::Var& h0 = {},
+                  const std::vector<int64_t>& lengths = {}) const {
+    return forward_any(c, x, h0, {}, lengths);
+  }
   RnnOutput forward(const Tensor& x, const Tensor& h0 = {}, const std::vector<int64_t>& lengths = {}) const;
 
   // One time step through all layers. x: (B, E)  h: (L, B, H)  ->  new h (L, B, H); the top layer's
   // new state is h'[L−1].
-  Tensor step(const Tensor& x, const Tensor& h) const;
+  Tensor step(const Tensor& x, const Tensor& h) const { return step_any(Context(), x, h).h_n.value; }
 };
 
 class LSTM : public RnnBase {
@@ -133,6 +169,10 @@ class LSTM : public RnnBase {
 
   // x: (B, T, E) (or (T, B, E))  h0, c0: (L, B, H) or undefined (zeros; both or neither)
   // lengths: as GRU::forward.
+  RnnVars forward(const Context& c, const ad::Var& x, const ad::Var& h0 = {}, const ad::Var& c0 = {},
+                  const std::vector<int64_t>& lengths = {}) const {
+    return forward_any(c, x, h0, c0, lengths);
+  }
   RnnOutput forward(const Tensor& x, const Tensor& h0 = {}, const Tensor& c0 = {},
                     const std::vector<int64_t>& lengths = {}) const;
 

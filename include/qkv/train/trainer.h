@@ -7,8 +7,8 @@
 #include <functional>
 
 #include "qkv/core/rng.h"
+#include "qkv/nn/context.h"
 #include "qkv/ops/autograd.h"
-#include "qkv/train/graph.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
 
@@ -24,8 +24,8 @@ struct StepResult {
 class Trainer {
  public:
   // The forward and loss of one batch, on the training Context the trainer passes (a tape over `params`, dropout
-  // from the trainer's Rng; a Graph, so the recurrent layers run too): returns a scalar loss Var.
-  using LossFn = std::function<ad::Var(Graph& g)>;
+  // from the trainer's Rng): returns a scalar loss Var.
+  using LossFn = std::function<ad::Var(nn::Context& c)>;
   struct Hooks {
     std::function<LossFn(int64_t step)> batch;                 // required: the loss of step `step`'s batch
     std::function<void(const StepResult& r)> on_step;          // after every update (logging, curves)

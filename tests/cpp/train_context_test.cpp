@@ -1,5 +1,6 @@
-// Tests of the Graph (modules on the tape) and of the trainable models: tape forwards equal the modules' own
-// forwards, GRU/LSTM through time match a float64 twin's finite differences, and model gradients pass spot checks.
+// Tests of the modules on a training Context (recorded on the tape) and of the trainable models: tape forwards equal
+// the inference forwards, GRU/LSTM through time match a float64 twin's finite differences (batch-first and
+// time-major), and model gradients pass spot checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +14,6 @@
 #include "qkv/nn/rnn.h"
 #include "qkv/nn/transformer.h"
 #include "qkv/ops/functional.h"
-#include "qkv/train/graph.h"
 #include "qkv/train/loss.h"
 
 namespace qkv {
@@ -22,7 +22,7 @@ namespace {
 using testing::AllClose;
 using testing::randn;
 using testing::ThrowsArg;
-using train::Graph;
+using nn::Context;
 using ad::ParameterSet;
 using ad::Tape;
 using ad::Var;
@@ -39,7 +39,7 @@ Tensor block_mask_row(int64_t B, int64_t T, int64_t pad_from) {
   return m;
 }
 
-TEST(Graph, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
+TEST(TrainingContext, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
   Rng rng(1);
   nn::MultiheadAttention packed(8, 2, rng), separate(8, 2, rng, 0.0f, true, 6, 5);
   testing::randomize_parameters(packed, 2);
@@ -51,7 +51,7 @@ TEST(Graph, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
   o.is_causal = true;
   ParameterSet pp(packed), ps(separate);
   Tape tape;
-  Graph g(tape, pp), gs(tape, ps);
+  Context g(tape, pp), gs(tape, ps);
   EXPECT_TRUE(AllClose(packed.forward(g, x, x, x, o).out.value, packed.forward(x, x, x, o).out, kSameOps));
   nn::MhaForwardOptions cross;
   cross.need_weights = false;
@@ -69,12 +69,12 @@ TEST(Graph, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
                        kSameOps));
 }
 
-TEST(Graph, MultiheadAttentionErrorsNameTheModule) {
+TEST(TrainingContext, MultiheadAttentionErrorsNameTheModule) {
   Rng rng(1);
   nn::MultiheadAttention m(8, 2, rng);
   ParameterSet ps(m);
   Tape tape;
-  Graph g(tape, ps);
+  Context g(tape, ps);
   const Tensor x = randn({2, 4, 8}, 1);
   EXPECT_TRUE(ThrowsArg([&] { m.forward(g, x, x, randn({2, 4, 7}, 2)); }, "[MultiheadAttention]"));
   nn::MhaForwardOptions o;
@@ -83,11 +83,11 @@ TEST(Graph, MultiheadAttentionErrorsNameTheModule) {
   Rng rng2(2);
   nn::MultiheadAttention drop(8, 2, rng2, 0.5f);
   ParameterSet pd(drop);
-  Graph gd(tape, pd);  // no dropout Rng
+  Context gd(tape, pd);  // no dropout Rng
   EXPECT_TRUE(ThrowsArg([&] { drop.forward(gd, x, x, x); }, "[MultiheadAttention]"));
 }
 
-TEST(Graph, MultiheadAttentionTrainsAT5BiasTable) {
+TEST(TrainingContext, MultiheadAttentionTrainsAT5BiasTable) {
   // A T5 table on the tape: the same forward as handing its bias to the module as a constant, and the table's
   // gradient matches central differences of the float32 loss (the bias enters linearly before the softmax).
   Rng rng(21);
@@ -104,7 +104,7 @@ TEST(Graph, MultiheadAttentionTrainsAT5BiasTable) {
   ps.add("relative_attention_bias.weight", &t5.weight);
   auto loss = [&](bool backward) {
     Tape tape;
-    Graph g(tape, ps);
+    Context g(tape, ps);
     const Var bias = ad::t5_bias(g.param(t5.weight), 5, 5, true, 16);
     const Var out = m.forward(g, x, x, x, o, bias).out;
     const Var l = ad::sum(ad::mul(out, Var(r)));
@@ -129,7 +129,7 @@ TEST(Graph, MultiheadAttentionTrainsAT5BiasTable) {
   }
 }
 
-TEST(Graph, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
+TEST(TrainingContext, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
   for (bool pre : {false, true}) {
     nn::TransformerLayerConfig c;
     c.d_model = 8;
@@ -150,14 +150,14 @@ TEST(Graph, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
     tm.is_causal = true;
     ParameterSet pe(enc), pd(dec);
     Tape tape;
-    Graph ge(tape, pe), gd(tape, pd);
+    Context ge(tape, pe), gd(tape, pd);
     EXPECT_TRUE(AllClose(enc.forward(ge, src, sm).value, enc.forward(src, sm), kSameOps)) << pre;
     EXPECT_TRUE(AllClose(dec.forward(gd, tgt, src, tm, sm).value, dec.forward(tgt, src, tm, sm), kSameOps))
         << pre;
   }
 }
 
-TEST(Graph, TransformerModelsMatchTheirForwards) {
+TEST(TrainingContext, TransformerModelsMatchTheirForwards) {
   models::TransformerSeq2SeqConfig sc;
   sc.src_vocab = 7;
   sc.tgt_vocab = 6;
@@ -175,7 +175,7 @@ TEST(Graph, TransformerModelsMatchTheirForwards) {
   masks.memory.key_padding_mask = masks.src.key_padding_mask;
   ParameterSet ps(s2s);
   Tape tape;
-  Graph g(tape, ps);
+  Context g(tape, ps);
   EXPECT_TRUE(AllClose(s2s.forward(g, src, tgt, masks).value, s2s.forward(src, tgt, masks),
                        kSameOps));
 
@@ -190,14 +190,14 @@ TEST(Graph, TransformerModelsMatchTheirForwards) {
   models::DecoderOnlyTransformer lm(dc, rng);
   const Ids ids{{1, 2, 3, 4, 5, 8, 7, 6, 5, 0}, {2, 5}};
   ParameterSet pl(lm);
-  Graph gl(tape, pl);
+  Context gl(tape, pl);
   EXPECT_TRUE(AllClose(lm.forward(gl, ids, block_mask_row(2, 5, 4)).value,
                        lm.forward(ids, block_mask_row(2, 5, 4)), kSameOps));
   EXPECT_TRUE(ThrowsArg([&] { lm.forward(gl, Ids{std::vector<int64_t>(9, 1), {1, 9}}); },
                         "[DecoderOnlyTransformer]"));
 }
 
-TEST(Graph, DropoutFollowsModuleModeAndTheGraphRng) {
+TEST(TrainingContext, DropoutFollowsModuleModeAndTheContextRng) {
   models::DecoderOnlyConfig dc;
   dc.vocab = 5;
   dc.max_len = 6;
@@ -213,7 +213,7 @@ TEST(Graph, DropoutFollowsModuleModeAndTheGraphRng) {
   auto run = [&](uint64_t seed) {
     Tape tape;
     Rng drop(seed);
-    Graph g(tape, ps, &drop);
+    Context g(tape, ps, &drop);
     return lm.forward(g, ids).value;
   };
   lm.eval();
@@ -223,11 +223,11 @@ TEST(Graph, DropoutFollowsModuleModeAndTheGraphRng) {
   EXPECT_TRUE(testing::BitIdentical(a, b));
   EXPECT_FALSE(AllClose(a, c, kSameOps));
   Tape tape;
-  Graph no_rng(tape, ps);
+  Context no_rng(tape, ps);
   EXPECT_TRUE(ThrowsArg([&] { lm.forward(no_rng, ids); }, "dropout"));
 }
 
-TEST(Graph, LayerErrorsNameTheModule) {
+TEST(TrainingContext, LayerErrorsNameTheModule) {
   nn::TransformerLayerConfig c;
   c.d_model = 8;
   c.nhead = 2;
@@ -240,14 +240,15 @@ TEST(Graph, LayerErrorsNameTheModule) {
   nn::GRU gru(3, 4, rng);
   ParameterSet pe(enc), pd(dec), pg(gru);
   Tape tape;
-  Graph ge(tape, pe), gd(tape, pd), gg(tape, pg);
+  Context ge(tape, pe), gd(tape, pd), gg(tape, pg);
   EXPECT_TRUE(ThrowsArg([&] { enc.forward(ge, randn({2, 3, 6}, 1)); }, "[TransformerEncoderLayer]"));
   EXPECT_TRUE(ThrowsArg([&] { dec.forward(gd, randn({2, 3, 8}, 1), randn({3, 4, 8}, 2)); },
                         "[TransformerDecoderLayer]"));
   EXPECT_TRUE(ThrowsArg([&] { ln.forward(ge, randn({2, 7}, 1)); }, "[LayerNorm]"));
-  EXPECT_TRUE(ThrowsArg([&] { gg.gru(gru, randn({2, 5, 4}, 1)); }, "[GRU]"));
-  EXPECT_TRUE(ThrowsArg([&] { gg.gru(gru, randn({2, 5, 3}, 1), randn({1, 3, 4}, 2)); }, "[GRU]"));
-  EXPECT_TRUE(ThrowsArg([&] { gg.rnn_layers(5, {}, randn({2, 5, 3}, 1), Var(), Var(), {}); }, "[rnn_layers]"));
+  EXPECT_TRUE(ThrowsArg([&] { gru.forward(gg, randn({2, 5, 4}, 1)); }, "[GRU]"));
+  EXPECT_TRUE(ThrowsArg([&] { gru.forward(gg, randn({2, 5, 3}, 1), randn({1, 3, 4}, 2)); }, "[GRU]"));
+  EXPECT_TRUE(ThrowsArg([&] { gru.forward_any(gg, randn({2, 5, 3}, 1), {}, randn({1, 2, 4}, 2)); }, "[GRU]"));
+  EXPECT_TRUE(ThrowsArg([&] { nn::rnn_layers(5, {}, randn({2, 5, 3}, 1), Var(), Var(), {}); }, "[rnn_layers]"));
   EXPECT_TRUE(ThrowsArg([&] { gg.dropout(randn({2, 2}, 1), 0.5f, true); }, "[Dropout]"));
 }
 
@@ -308,7 +309,8 @@ DVec rnn_twin(const DIn& in, int gates, int64_t B, int64_t T, int64_t E, int64_t
   return res;
 }
 
-void rnn_through_time(int gates) {
+// batch_first false: the same sequences time-major, (T, B, E) in and (T, B, H) out.
+void rnn_through_time(int gates, bool batch_first) {
   const int64_t B = 3, T = 4, E = 3, H = 2, L = 2;
   const std::vector<int64_t> lengths{4, 2, 3};
   std::vector<Tensor> xs{randn({B, T, E}, 40), randn({L, B, H}, 41)};
@@ -322,14 +324,12 @@ void rnn_through_time(int gates) {
   }
   const size_t w0 = gates == 4 ? 3 : 2;
   auto f = [&](const std::vector<Var>& v) {
-    std::vector<train::RnnLayerVars> layers;
+    std::vector<nn::RnnLayerVars> layers;
     for (int64_t l = 0; l < L; ++l) layers.push_back({v[w0 + 4 * l], v[w0 + 4 * l + 1], v[w0 + 4 * l + 2], v[w0 + 4 * l + 3]});
-    Tape* tp = v[0].tape;
-    ParameterSet none;
-    Tape scratch;
-    Graph g(tp ? *tp : scratch, none);
-    train::RnnVars r = g.rnn_layers(gates, layers, v[0], v[1], gates == 4 ? v[2] : Var(), lengths);
-    std::vector<Var> parts{ad::reshape(r.output, {-1}), ad::reshape(r.h_n, {-1})};
+    const Var x = batch_first ? v[0] : ad::transpose(v[0], 0, 1);
+    nn::RnnVars r = nn::rnn_layers(gates, layers, x, v[1], gates == 4 ? v[2] : Var(), lengths, batch_first);
+    const Var out = batch_first ? r.output : ad::transpose(r.output, 0, 1);
+    std::vector<Var> parts{ad::reshape(out, {-1}), ad::reshape(r.h_n, {-1})};
     if (gates == 4) parts.push_back(ad::reshape(r.c_n, {-1}));
     return ad::concat(parts, 0);
   };
@@ -337,10 +337,16 @@ void rnn_through_time(int gates) {
                                       xs, 47, testing::kChainGradTol));
 }
 
-TEST(GraphRnn, GruThroughTimeWithLengthsMatchesFiniteDifferences) { rnn_through_time(3); }
-TEST(GraphRnn, LstmThroughTimeWithLengthsMatchesFiniteDifferences) { rnn_through_time(4); }
+TEST(TrainingContextRnn, GruThroughTimeWithLengthsMatchesFiniteDifferences) {
+  rnn_through_time(3, true);
+  rnn_through_time(3, false);
+}
+TEST(TrainingContextRnn, LstmThroughTimeWithLengthsMatchesFiniteDifferences) {
+  rnn_through_time(4, true);
+  rnn_through_time(4, false);
+}
 
-TEST(GraphRnn, LayersMatchModuleForwardsBatchFirstAndNot) {
+TEST(TrainingContextRnn, LayersMatchModuleForwardsBatchFirstAndNot) {
   for (bool bf : {true, false}) {
     Rng rng(50);
     nn::RnnOptions o;
@@ -353,16 +359,16 @@ TEST(GraphRnn, LayersMatchModuleForwardsBatchFirstAndNot) {
     const std::vector<int64_t> lengths{5, 3};
     ParameterSet pg(gru), pl(lstm);
     Tape tape;
-    Graph gg(tape, pg), gl(tape, pl);
+    Context gg(tape, pg), gl(tape, pl);
     const nn::RnnOutput rg = gru.forward(x, h0, lengths), rl = lstm.forward(x, h0, c0, lengths);
-    const train::RnnVars vg = gg.gru(gru, x, h0, lengths), vl = gl.lstm(lstm, x, h0, c0, lengths);
+    const nn::RnnVars vg = gru.forward(gg, x, h0, lengths), vl = lstm.forward(gl, x, h0, c0, lengths);
     // Same values (the tape zeroes padded outputs by a multiply, so -0 may stand for 0).
     EXPECT_TRUE(AllClose(vg.output.value, rg.output, testing::kExact)) << bf;
     EXPECT_TRUE(AllClose(vg.h_n.value, rg.h_n, testing::kExact)) << bf;
     EXPECT_TRUE(AllClose(vl.output.value, rl.output, testing::kExact)) << bf;
     EXPECT_TRUE(AllClose(vl.c_n.value, rl.c_n, testing::kExact)) << bf;
-    EXPECT_TRUE(ThrowsArg([&] { gl.lstm(lstm, x, h0, Var(), lengths); }, "[LSTM]"));
-    EXPECT_TRUE(ThrowsArg([&] { gg.gru(gru, x, h0, {1, 2, 3}); }, "[GRU]"));
+    EXPECT_TRUE(ThrowsArg([&] { lstm.forward(gl, x, h0, Var(), lengths); }, "[LSTM]"));
+    EXPECT_TRUE(ThrowsArg([&] { gru.forward(gg, x, h0, {1, 2, 3}); }, "[GRU]"));
   }
 }
 
@@ -372,18 +378,18 @@ TEST(GraphRnn, LayersMatchModuleForwardsBatchFirstAndNot) {
 // Loose by necessity (float32 loss); any wiring mistake shows up as an O(1) relative error.
 constexpr testing::Tol kSpotTol{2e-4, 3e-2};
 
-::testing::AssertionResult SpotCheck(nn::Module& model, const std::function<Var(Graph&)>& loss_fn, uint64_t seed,
+::testing::AssertionResult SpotCheck(nn::Module& model, const std::function<Var(Context&)>& loss_fn, uint64_t seed,
                                      int samples_per_param = 2, float h = 1e-2f) {
   ParameterSet ps(model);
   ps.zero_grad();
   {
     Tape tape;
-    Graph g(tape, ps);
+    Context g(tape, ps);
     tape.backward(loss_fn(g));
   }
   auto loss_at = [&]() {
     Tape tape;
-    Graph g(tape, ps);
+    Context g(tape, ps);
     return static_cast<double>(loss_fn(g).value.item());
   };
   Rng pick(seed);
@@ -408,7 +414,7 @@ constexpr testing::Tol kSpotTol{2e-4, 3e-2};
   return ::testing::AssertionSuccess();
 }
 
-TEST(GraphModels, Seq2SeqTransformerGradientSpotCheck) {
+TEST(TrainingContextModels, Seq2SeqTransformerGradientSpotCheck) {
   models::TransformerSeq2SeqConfig sc;
   sc.src_vocab = 6;
   sc.tgt_vocab = 5;
@@ -429,11 +435,11 @@ TEST(GraphModels, Seq2SeqTransformerGradientSpotCheck) {
   ce.ignore_index = 0;
   ce.label_smoothing = 0.1f;
   EXPECT_TRUE(SpotCheck(
-      m, [&](Graph& g) { return train::cross_entropy(m.forward(g, src, tgt, masks), target, ce); },
+      m, [&](Context& g) { return train::cross_entropy(m.forward(g, src, tgt, masks), target, ce); },
       61));
 }
 
-TEST(GraphModels, DecoderOnlyGradientSpotCheck) {
+TEST(TrainingContextModels, DecoderOnlyGradientSpotCheck) {
   models::DecoderOnlyConfig dc;
   dc.vocab = 7;
   dc.max_len = 5;
@@ -446,7 +452,7 @@ TEST(GraphModels, DecoderOnlyGradientSpotCheck) {
   models::DecoderOnlyTransformer m(dc, rng);
   const Ids ids{{1, 2, 3, 4, 5, 6, 1, 2}, {2, 4}};
   const std::vector<int64_t> target{2, 3, 4, 5, 6, 1, 2, 3};
-  EXPECT_TRUE(SpotCheck(m, [&](Graph& g) { return train::cross_entropy(m.forward(g, ids), target); },
+  EXPECT_TRUE(SpotCheck(m, [&](Context& g) { return train::cross_entropy(m.forward(g, ids), target); },
                         63));
 }
 
