@@ -20,6 +20,8 @@
 #include "commands.h"
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
+#include "qkv/dist/comm.h"
+#include "qkv/train/data_parallel.h"
 #include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
@@ -118,7 +120,9 @@ train::LrSchedule make_schedule(const RunConfig& c) {
 // Prints the progress bar (terminal) or plain lines (pipe/file).
 class Progress {
  public:
-  Progress(int64_t total, int64_t first) : total_(total), first_(first), tty_(::isatty(STDOUT_FILENO) == 1) {
+  // plain: log lines even on a terminal (under mpirun, whose ranks always write to a pseudo-terminal)
+  Progress(int64_t total, int64_t first, bool plain)
+      : total_(total), first_(first), tty_(!plain && ::isatty(STDOUT_FILENO) == 1) {
     start_ = last_draw_ = std::chrono::steady_clock::now();
   }
   double seconds() const {
@@ -168,11 +172,26 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
+// Every rank must train the same run: refuses, on every rank, a configuration that differs, and a global batch
+// that does not split evenly.
+void check_same_run(dist::Communicator& comm, const RunConfig& c) {
+  QKV_CHECK_ARG(c.batch_size % comm.size() == 0, "[train] --batch-size ", c.batch_size, " (the global batch) does not ",
+                "divide by the ", comm.size(), " ranks of mpirun");
+  const std::string json = c.to_json();
+  comm.check_same(dist::hash_bytes(json.data(), json.size()), "the run configuration (config.json)");
+}
+
 void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector<CLI::Option*>& data_opts,
                CLI::Option* model_opt, const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>&
                                            run_overrides) {
   const StopSignals stop_signals;
   if (a.threads > 0) omp_set_num_threads(static_cast<int>(a.threads));
+  // Under mpirun every rank trains on its shard of each global batch; rank 0 alone prints and writes files.
+  dist::Communicator& comm = dist::Communicator::world();
+  const int nranks = comm.size(), rank = comm.rank();
+  const bool rank0 = rank == 0;
+  if (!rank0) QKV_CHECK_RUNTIME(std::freopen("/dev/null", "w", stdout) != nullptr, "[train] rank ", rank,
+                                " cannot silence its standard output");
   const bool resume = !a.resume.empty();
   std::string dir;
   RunConfig c;
@@ -211,6 +230,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     const data::Vocabulary vocab = data::Vocabulary::load((fs::path(dir) / "vocab.txt").string());
     const std::string old_hash = c.data_hash;
     d = load_run_data(c);
+    check_same_run(comm, c);
     if (d.vocab != vocab)
       throw std::invalid_argument("[train] vocabulary mismatch on resume: '" + dir + "/vocab.txt' and the data differ (" +
                                   vocab_difference(vocab, d.vocab) + ")");
@@ -224,6 +244,9 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     c = a.c;
     c.resolve_and_check();
     d = load_run_data(c);
+    check_same_run(comm, c);  // also: every rank has looked at `dir` before rank 0 writes to it
+  }
+  if (!resume && rank0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     QKV_CHECK_RUNTIME(!ec, "[train] cannot create '", dir, "': ", ec.message());
@@ -242,7 +265,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     d.vocab.save(vocab_path);
   }
   QKV_CHECK_ARG(!d.train.empty(), "[train] the training split is empty");
-  write_file_atomic((fs::path(dir) / "config.json").string(), c.to_json());
+  if (rank0) write_file_atomic((fs::path(dir) / "config.json").string(), c.to_json());
 
   Rng init(c.seed);
   std::unique_ptr<RunModel> model = make_run_model(c, d.vocab.size(), init);
@@ -264,6 +287,8 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     st = loaded.state;
     dropout_rng.set_state(st.dropout_rng_state);
   }
+  train::DataParallel dp(comm, params);
+  if (nranks > 1) dp.broadcast_from_root(*opt);
   data::Sampler sampler(static_cast<int64_t>(d.train.size()), c.batch_size, c.seed ^ 0x5A3D1E5ULL);
   sampler.seek(st.epoch, st.position);
 
@@ -283,7 +308,8 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   ce.label_smoothing = static_cast<float>(c.label_smoothing);
   const DecodeSettings dec{c.max_decode_len, 1, 0.6, 64};
   train::Trainer trainer(params, *opt, schedule, dropout_rng, c.clip);
-  Progress progress(c.steps, st.step);
+  if (nranks > 1) trainer.set_data_parallel(&dp);
+  Progress progress(c.steps, st.step, nranks > 1);
   int64_t tokens = 0;
   const double elapsed_before = st.elapsed_s;
   model->module().train();
@@ -299,25 +325,39 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   if (StopSignals::received() != 0) stopped(false);  // before the first step: the run directory is as it was
   for (int64_t step = st.step + 1; step <= c.steps; ++step) {
     const std::vector<int64_t> idx = sampler.next();
+    // This rank's contiguous share of the global batch. A share left empty (an epoch's short last batch) runs one
+    // example with weight 0, so that every rank takes part in the step and adds nothing.
+    const size_t lo = idx.size() * static_cast<size_t>(rank) / static_cast<size_t>(nranks);
+    const size_t hi = idx.size() * static_cast<size_t>(rank + 1) / static_cast<size_t>(nranks);
     std::vector<const data::Example*> batch;
-    for (int64_t i : idx) batch.push_back(&d.train[static_cast<size_t>(i)]);
+    for (size_t i = lo; i < hi; ++i) batch.push_back(&d.train[static_cast<size_t>(idx[i])]);
+    const bool empty_share = batch.empty();
+    if (empty_share) batch.push_back(&d.train[static_cast<size_t>(idx[0])]);
     int64_t ntok = 0;
     const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
       std::vector<int64_t> targets;
       const ad::Var logits = model->logits(g, batch, targets, ntok);
+      if (empty_share) ntok = 0;
+      dp.set_local_weight(empty_share ? 0.0 : static_cast<double>(train::count_targets(targets, ce.ignore_index)));
       return train::cross_entropy(logits, targets, ce);
     });
     const float loss_value = static_cast<float>(r.loss);
     QKV_CHECK_RUNTIME(r.finite, "[train] the loss became ", loss_value, " at step ", step,
                       " (try a smaller --lr or --clip)");
     const double lr = r.lr;
+    if (nranks > 1) {
+      dp.check_replicas(step);  // every rank holds the same bits after every step
+      float n = static_cast<float>(ntok);
+      comm.allreduce_sum(&n, 1);
+      ntok = static_cast<int64_t>(n);
+    }
     tokens += ntok;
     st.step = step;
     st.last_loss = loss_value;
     progress.step(step, loss_value, lr, tokens, step % c.log_every == 0 || step == c.steps);
 
     bool stop = false;
-    if ((step % c.eval_every == 0 || step == c.steps) && !d.test.empty() && c.eval_size > 0) {
+    if (rank0 && (step % c.eval_every == 0 || step == c.steps) && !d.test.empty() && c.eval_size > 0) {
       const EvalResult r = evaluate(*model, d.test, c.eval_size, dec);
       stop = c.early_stop > 0.0 && r.exact_match >= c.early_stop;
       model->module().train();
@@ -327,17 +367,28 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
                     static_cast<long long>(r.examples));
       progress.line(buf);
     }
-    const bool signalled = StopSignals::received() != 0;
+    bool signalled = StopSignals::received() != 0;
+    if (nranks > 1) {  // rank 0's early stop and any rank's signal stop every rank at the same step
+      float flags[2] = {stop ? 1.0f : 0.0f, signalled ? 1.0f : 0.0f};
+      comm.allreduce_max(flags, 2);
+      stop = flags[0] != 0.0f;
+      signalled = flags[1] != 0.0f;
+    }
     if (step % c.checkpoint_every == 0 || step == c.steps || stop || signalled) {
       st.epoch = sampler.epoch();
       st.position = sampler.position();
       st.dropout_rng_state = dropout_rng.state();
       st.elapsed_s = elapsed_before + progress.seconds();
-      const std::string path =
-          save_checkpoint(dir, c.model, model->module().state_dict(), opt->state_dict(), st, c.keep_checkpoints);
-      progress.line("checkpoint step " + std::to_string(step) + " -> " + path);
+      if (rank0) {
+        const std::string path =
+            save_checkpoint(dir, c.model, model->module().state_dict(), opt->state_dict(), st, c.keep_checkpoints);
+        progress.line("checkpoint step " + std::to_string(step) + " -> " + path);
+      }
     }
-    if (signalled) stopped(true);
+    if (signalled) {
+      comm.barrier();  // rank 0's checkpoint is on disk before any rank reports it
+      stopped(true);
+    }
     if (stop) {
       progress.line("early stop at step " + std::to_string(step) + ": exact match reached --early-stop " +
                     std::to_string(c.early_stop));
@@ -345,6 +396,10 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     }
   }
   progress.finish();
+  if (nranks > 1)
+    std::printf("data parallel: %d ranks, global batch %lld; parameters identical on every rank after every step "
+                "(hash checked)\n",
+                nranks, static_cast<long long>(c.batch_size));
 }
 
 }  // namespace

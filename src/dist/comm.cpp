@@ -86,6 +86,10 @@ bool started_by_launcher() {
 
 }  // namespace
 
+namespace {
+Communicator* g_world = nullptr;  // set by world()
+}  // namespace
+
 Communicator::Communicator() {
 #ifdef QKV_HAVE_MPI
   int initialised = 0;
@@ -104,6 +108,7 @@ Communicator::Communicator() {
 }
 
 Communicator::~Communicator() {
+  g_world = nullptr;
 #ifdef QKV_HAVE_MPI
   int finalised = 0;
   MPI_Finalized(&finalised);
@@ -113,7 +118,17 @@ Communicator::~Communicator() {
 
 Communicator& Communicator::world() {
   static Communicator comm;
+  g_world = &comm;
   return comm;
+}
+
+Communicator* Communicator::started() { return g_world; }
+
+void Communicator::abort_all(int code) {
+#ifdef QKV_HAVE_MPI
+  if (uses_mpi_ && size_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+  (void)code;
 }
 
 void Communicator::barrier() {

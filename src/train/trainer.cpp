@@ -23,6 +23,7 @@ StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
     QKV_CHECK_ARG(loss.defined() && loss.numel() == 1, "[Trainer] the loss of step ", step,
                   " must be a scalar, got ", loss.defined() ? str(loss.shape()) : std::string("(undefined)"));
     r.loss = loss.value.item();
+    if (dp_ != nullptr) r.loss = dp_->global_loss(r.loss);  // every rank sees the global batch's loss
     r.finite = std::isfinite(r.loss);
     if (!r.finite) {
       tape_.clear();
@@ -31,6 +32,7 @@ StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
     tape_.backward(loss);
   }
   // Every parameter gradient of this step is complete here, before clipping, the schedule and the update.
+  if (dp_ != nullptr) dp_->reduce_gradients();  // clipping and the step see the global gradient
   if (clip_ > 0.0) clip_grad_norm(*params_, clip_);
   r.lr = schedule_->at(step);
   optimizer_->set_lr(r.lr);

@@ -38,6 +38,8 @@ class Communicator {
   // Every process that mpirun started (MPI is initialised on the first call and finalised at exit), or a group of
   // one when qkv was built without MPI or no MPI launcher started this process.
   static Communicator& world();
+  // The world when world() has been called in this process, else nullptr (never initialises MPI).
+  static Communicator* started();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -59,6 +61,11 @@ class Communicator {
   // Collective: every rank passes its `value` (a hash of a configuration, of parameters, ...). Throws
   // std::runtime_error on every rank, naming `what` and the first rank whose value differs from rank 0's.
   void check_same(uint64_t value, const std::string& what);
+
+  // For a program's top level after an error: ends every rank now (MPI_Abort with `code`), so that the others do
+  // not wait forever in a collective this rank will never join. Returns when the group is this process alone.
+  // The library itself never calls it.
+  void abort_all(int code);
 
   // Payload bytes this process has handed to the operations above (a broadcast counts on its root only; an
   // allreduce counts its buffer once). For the scaling model of docs/DISTRIBUTED.md.

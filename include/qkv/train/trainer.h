@@ -9,6 +9,7 @@
 #include "qkv/core/rng.h"
 #include "qkv/nn/context.h"
 #include "qkv/ops/autograd.h"
+#include "qkv/train/data_parallel.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
 
@@ -43,6 +44,9 @@ class Trainer {
   StepResult run(int64_t first, int64_t last, const Hooks& hooks);
 
   ad::Tape& tape() { return tape_; }
+  // Data parallelism (nullptr: off): the step's loss becomes the global batch's and the gradients are all-reduced
+  // between backward and clipping. `dp` must outlive the trainer.
+  void set_data_parallel(DataParallel* dp) { dp_ = dp; }
 
  private:
   ad::ParameterSet* params_;
@@ -51,6 +55,7 @@ class Trainer {
   Rng* dropout_rng_;
   double clip_;
   ad::Tape tape_;
+  DataParallel* dp_ = nullptr;
 };
 
 }  // namespace qkv::train

@@ -1,0 +1,144 @@
+"""`mpirun -np N qkv train`: data parallelism equals one process, refuses what cannot work, and survives a lost rank.
+
+- the loss curve of N = 2 and N = 4 equals the one-process run within 1e-5 relative over 100 steps of the
+  Transformer copy task (variable lengths, so shards pad differently), with the parameters hash-checked identical on
+  every rank after every step (the run fails otherwise) and only rank 0 printing;
+- --resume with the same N continues the uninterrupted N = 2 curve bit for bit;
+- a global --batch-size that does not divide by N, and ranks started with different settings, are refused;
+- a SIGKILLed rank makes the others exit non-zero within 30 s with a message naming it, and the last checkpoint
+  stays loadable.
+
+The command is taken from $QKV_BIN, else <repo>/build/qkv; mpirun runs as root with --oversubscribe (2 cores)."""
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+QKV = os.environ.get("QKV_BIN", str(REPO / "build" / "qkv"))
+MPIRUN = shutil.which("mpirun") or "mpirun"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# A tiny Transformer on copy with lengths 3..8: seconds per run.
+TINY = ["train", "--model", "transformer", "--task", "copy", "--min-len", "3", "--max-len", "8", "--train-size", "200",
+        "--test-size", "10", "--d-model", "16", "--heads", "2", "--layers", "1", "--ffn", "32", "--batch-size", "8",
+        "--log-every", "1", "--eval-every", "1000", "--eval-size", "0", "--seed", "5", "--threads", "1"]
+LOSS_RTOL = 1e-5
+
+
+def run(np, *args, timeout=300):
+    cmd = [QKV, *args] if np == 1 else [MPIRUN, "--oversubscribe", "-np", str(np), QKV, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def ok(r):
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    return r
+
+
+def losses(stdout):
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+)/\d+ loss (\S+)", stdout, re.M)}
+
+
+def test_this_build_has_mpi():
+    assert shutil.which("mpirun"), "mpirun not found (scripts/install-deps.sh installs openmpi-bin)"
+    assert re.search(r"^mpi: yes \(", ok(run(1, "info")).stdout, re.M)
+
+
+def test_loss_curve_of_2_and_4_ranks_equals_one_process(tmp_path):
+    curves = {}
+    for np in (1, 2, 4):
+        r = ok(run(np, *TINY, "--steps", "100", "--checkpoint-every", "50", "--out", str(tmp_path / f"n{np}")))
+        curves[np] = {s: float(v) for s, v in losses(r.stdout).items()}
+        assert sorted(curves[np]) == list(range(1, 101)), r.stdout[-2000:]
+        assert r.stdout.count("step 1/100 ") == 1, "only rank 0 logs"
+        if np > 1:
+            assert f"data parallel: {np} ranks, global batch 8; parameters identical on every rank" in r.stdout
+        assert (tmp_path / f"n{np}" / "checkpoints" / "step-00000100").is_dir()
+    for np in (2, 4):
+        worst = max(abs(curves[np][s] - curves[1][s]) / abs(curves[1][s]) for s in curves[1])
+        assert worst <= LOSS_RTOL, f"N={np}: worst relative loss difference {worst:.3g}"
+    assert curves[1][100] < curves[1][1], "the run did not learn at all"
+
+
+def test_resume_with_the_same_ranks_continues_the_curve_exactly(tmp_path):
+    full = losses(ok(run(2, *TINY, "--steps", "12", "--checkpoint-every", "3", "--out", str(tmp_path / "full"))).stdout)
+    ok(run(2, *TINY, "--steps", "6", "--checkpoint-every", "3", "--out", str(tmp_path / "part")))
+    shutil.rmtree(tmp_path / "part" / "checkpoints" / "step-00000006")  # back to the checkpoint of step 3
+    resumed = ok(run(2, "train", "--resume", str(tmp_path / "part"), "--steps", "12"))
+    assert "from step 3" in resumed.stdout
+    assert losses(resumed.stdout) == {s: full[s] for s in range(4, 13)}
+
+
+def test_batch_that_does_not_split_is_refused(tmp_path):
+    args = [("6" if a == "8" and TINY[i - 1] == "--batch-size" else a) for i, a in enumerate(TINY)]
+    r = run(4, *args, "--steps", "3", "--out", str(tmp_path / "r"))
+    assert r.returncode != 0
+    assert "qkv: error: [train] --batch-size 6 (the global batch) does not divide by the 4 ranks" in r.stderr
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_ranks_with_different_settings_are_refused(tmp_path):
+    out = str(tmp_path / "r")
+    cmd = [MPIRUN, "--oversubscribe", "-np", "1", QKV, *TINY, "--steps", "3", "--out", out, ":",
+           "-np", "1", QKV, *TINY, "--steps", "3", "--lr", "0.5", "--out", out]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode != 0
+    assert "[dist.check_same] the run configuration (config.json) differs between ranks: rank 1" in r.stderr, r.stderr
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def rank_pid(mpirun_pid, rank):
+    """The pid of the qkv process of `rank` below mpirun (its environment names the rank)."""
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            exe = os.path.basename(os.readlink(d / "exe"))
+        except OSError:
+            continue
+        if exe == "qkv" and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            # below this mpirun: its ancestry reaches mpirun_pid
+            pid = int(d.name)
+            while pid > 1:
+                try:
+                    pid = int((pathlib.Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except OSError:
+                    break
+                if pid == mpirun_pid:
+                    return int(d.name)
+    return None
+
+
+def test_a_killed_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    args = [MPIRUN, "--oversubscribe", "-np", "2", QKV, *TINY, "--steps", "100000", "--checkpoint-every", "5",
+            "--keep-checkpoints", "2", "--out", str(out)]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list((out / "checkpoints").glob("step-*")):
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.2)
+        assert list((out / "checkpoints").glob("step-*")), "no checkpoint within 120 s"
+        pid = rank_pid(p.pid, 1)
+        assert pid is not None, "rank 1 not found"
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.time()
+        stdout, stderr = p.communicate(timeout=30)
+        assert time.time() - t0 <= 30
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode != 0
+    assert re.search(r"rank 1 .*(signal 9|Killed)", stderr + stdout), stderr[-2000:]
+    # The last checkpoint loads: evaluation reads it, and the run resumes from it (same N).
+    ev = subprocess.run([QKV, "eval", str(out), "--json"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert ev.returncode == 0, ev.stderr
+    last = max(int(c.name.split("-")[1]) for c in (out / "checkpoints").glob("step-*"))
+    resumed = ok(run(2, "train", "--resume", str(out), "--steps", str(last + 2)))
+    assert f"from step {last}" in resumed.stdout
