@@ -323,6 +323,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     throw ExitStatus{128 + sig};
   };
   if (StopSignals::received() != 0) stopped(false);  // before the first step: the run directory is as it was
+  const int64_t first_step = st.step, bytes_before = comm.bytes_sent();
   for (int64_t step = st.step + 1; step <= c.steps; ++step) {
     const std::vector<int64_t> idx = sampler.next();
     // This rank's contiguous share of the global batch. A share left empty (an epoch's short last batch) runs one
@@ -396,10 +397,12 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     }
   }
   progress.finish();
-  if (nranks > 1)
+  if (nranks > 1 && st.step > first_step)
     std::printf("data parallel: %d ranks, global batch %lld; parameters identical on every rank after every step "
-                "(hash checked)\n",
-                nranks, static_cast<long long>(c.batch_size));
+                "(hash checked); %.0f bytes to MPI per step on rank 0 (%lld parameters)\n",
+                nranks, static_cast<long long>(c.batch_size),
+                static_cast<double>(comm.bytes_sent() - bytes_before) / static_cast<double>(st.step - first_step),
+                static_cast<long long>(params.numel()));
 }
 
 }  // namespace

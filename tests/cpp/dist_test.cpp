@@ -178,10 +178,17 @@ TEST_P(RingAttention, MatchesOneProcessForwardAndBackward) {
   local.return_lse = false;
   if (rc.mask != MaskKind::kNone) local.mask = shard(global.mask, -1);
   const Tensor ql = shard(q, -2), kl = shard(k, -2), vl = shard(v, -2);
+  const int64_t sent0 = c.bytes_sent();
   const AttentionResult got = dist::ring_attention(ql, kl, vl, c, local);
+  const int64_t sent1 = c.bytes_sent();
   EXPECT_LE(normwise_error(got.out, shard(ref.out, -2)), kForwardRtol);
   EXPECT_LE(normwise_error(got.lse, shard(ref.lse, -1)), kForwardRtol);
   const AttentionGrads g = dist::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
+  // The communication volume of docs/DISTRIBUTED.md's model: N - 1 K/V(+mask) blocks out per rank in the forward;
+  // as many again in the backward, plus N dK/dV blocks.
+  const int64_t kv = kl.numel() + vl.numel(), block = kv + (rc.mask != MaskKind::kNone ? B * T / n : 0);
+  EXPECT_EQ(sent1 - sent0, static_cast<int64_t>(sizeof(float)) * (n - 1) * block);
+  EXPECT_EQ(c.bytes_sent() - sent1, static_cast<int64_t>(sizeof(float)) * ((n - 1) * block + (n > 1 ? n : 0) * kv));
   EXPECT_LE(normwise_error(g.dq, shard(ref_g.dq, -2)), kBackwardRtol);
   EXPECT_LE(normwise_error(g.dk, shard(ref_g.dk, -2)), kBackwardRtol);
   EXPECT_LE(normwise_error(g.dv, shard(ref_g.dv, -2)), kBackwardRtol);
