@@ -104,6 +104,13 @@ Communicator::Communicator() {
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "init");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "init");
   uses_mpi_ = true;
+#else
+  // mpirun started several copies of a build that cannot talk to each other: each would run alone, all writing the
+  // same files. Refused rather than done N times.
+  const char* launched = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (launched == nullptr) launched = std::getenv("PMI_SIZE");
+  QKV_CHECK_RUNTIME(launched == nullptr || std::atoi(launched) <= 1, "[dist.init] started as one of ", launched,
+                    " ranks, but this qkv was built without MPI (install libopenmpi-dev and rebuild)");
 #endif
 }
 
