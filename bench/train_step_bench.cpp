@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "qkv/models/transformer.h"
 #include "qkv/core/rng.h"
+#include "qkv/models/seq2seq.h"
+#include "qkv/models/transformer.h"
 #include "train_step_common.h"
 #include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
@@ -33,6 +34,34 @@ void make_batch(int64_t B, int64_t T, int64_t V, qkv::Ids& ids, std::vector<int6
       targets[static_cast<size_t>(b * T + t)] = t + 1 < T ? ids.data[static_cast<size_t>(b * T + t + 1)] : -100;
 }
 
+// warmup + steps Trainer steps (AdamW at its default rate, no dropout) of loss_fn on model's parameters; reports the
+// timed ones as one JSON line and returns the median wall time.
+double time_steps(const char* name, qkv::nn::Module& model, int steps, int warmup,
+                  const qkv::train::Trainer::LossFn& loss_fn) {
+  using namespace qkv;
+  ad::ParameterSet params(model);
+  train::AdamW opt(params);
+  train::LrSchedule constant;
+  constant.lr = opt.lr();
+  Rng no_dropout(0);
+  train::Trainer trainer(params, opt, constant, no_dropout);
+  std::vector<double> ms, cpu;
+  float loss = 0.0f;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    const double c0 = cpu_ms();
+    const train::StepResult r = trainer.step(i + 1, loss_fn);
+    const auto t1 = Clock::now();
+    const double c1 = cpu_ms();
+    loss = static_cast<float>(r.loss);
+    if (i >= warmup) {
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      cpu.push_back(c1 - c0);
+    }
+  }
+  return bench::report(name, ms, cpu, loss);
+}
+
 double bench_decoder(int steps, int warmup) {
   using namespace qkv;
   models::DecoderOnlyConfig c;
@@ -50,33 +79,35 @@ double bench_decoder(int steps, int warmup) {
   Ids ids;
   std::vector<int64_t> targets;
   make_batch(32, 128, c.vocab, ids, targets);
-  ad::ParameterSet params(model);
-  train::AdamW opt(params);
-  train::LrSchedule constant;
-  constant.lr = opt.lr();
-  Rng no_dropout(0);
-  train::Trainer trainer(params, opt, constant, no_dropout);
-  std::vector<double> ms, cpu;
-  float loss = 0.0f;
-  for (int i = 0; i < warmup + steps; ++i) {
-    const auto t0 = Clock::now();
-    const double c0 = cpu_ms();
-    const train::StepResult r =
-        trainer.step(i + 1, [&](nn::Context& g) { return train::cross_entropy(model.forward(g, ids), targets); });
-    const auto t1 = Clock::now();
-    const double c1 = cpu_ms();
-    loss = static_cast<float>(r.loss);
-    if (i >= warmup) {
-      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      cpu.push_back(c1 - c0);
-    }
-  }
-  return bench::report("decoder", ms, cpu, loss);
+  return time_steps("decoder", model, steps, warmup,
+                    [&](nn::Context& g) { return train::cross_entropy(model.forward(g, ids), targets); });
+}
+
+// GRU Seq2Seq + Bahdanau: embed 128, hidden 256, batch 32, source and target length 20, vocab 64, AdamW.
+double bench_seq2seq(int steps, int warmup) {
+  using namespace qkv;
+  models::Seq2SeqConfig c;
+  c.src_vocab = 64;
+  c.tgt_vocab = 64;
+  c.embed_dim = 128;
+  c.hidden_size = 256;
+  c.num_layers = 1;
+  c.cell = models::RnnCell::kGRU;
+  c.attention = models::Seq2SeqAttention::kBahdanau;
+  Rng rng(2);
+  models::Seq2Seq model(c, rng);
+  const int64_t B = 32, T = 20;
+  Rng data(7);
+  Ids src{std::vector<int64_t>(B * T), {B, T}}, tgt{std::vector<int64_t>(B * T), {B, T}};
+  for (auto& x : src.data) x = static_cast<int64_t>(data.below(64));
+  for (auto& x : tgt.data) x = static_cast<int64_t>(data.below(64));
+  std::vector<int64_t> targets(tgt.data.begin(), tgt.data.end());
+  return time_steps("seq2seq_gru_bahdanau", model, steps, warmup, [&](nn::Context& g) {
+    return train::cross_entropy(model.forward(g, src, {}, tgt).logits, targets);
+  });
 }
 
 }  // namespace
-
-double bench_seq2seq(int steps, int warmup);  // train_step_bench_seq2seq.cpp
 
 int main(int argc, char** argv) {
   int steps = 10, warmup = 3;

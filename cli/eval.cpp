@@ -28,7 +28,7 @@ void run_eval(const EvalArgs& a) {
   const auto& examples = a.split == "train" ? d.train : d.test;
   QKV_CHECK_ARG(!examples.empty(), "[eval] the run's ", a.split, " split is empty");
   int64_t step = 0;
-  std::unique_ptr<RunModel> model = load_trained_model(a.dir, c, vocab, step, "eval");
+  std::unique_ptr<train::TextModel> model = load_trained_model(a.dir, c, vocab, step, "eval");
   const EvalResult r = evaluate(*model, examples, a.limit, DecodeSettings{c.max_decode_len, a.beam, a.alpha, 64});
   if (a.json) {
     std::string out = "{\"exact_match\": ";

@@ -30,13 +30,13 @@ RunConfig load_run_config(const std::string& run_dir, const char* op) {
   return c;
 }
 
-std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
+std::unique_ptr<train::TextModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
                                              const data::Vocabulary& vocab, int64_t& step, const char* op) {
   LoadedCheckpoint loaded = load_latest_checkpoint(run_dir, c.model);
   const std::string& ckpt = loaded.path;
   QKV_CHECK_ARG(!ckpt.empty(), "[", op, "] '", run_dir, "' has no checkpoint yet");
   Rng rng(c.seed);
-  std::unique_ptr<RunModel> model = make_run_model(c, vocab.size(), rng);
+  std::unique_ptr<train::TextModel> model = make_run_model(c, vocab.size(), rng);
   try {
     model->module().load_state_dict(loaded.weights, true);
   } catch (const std::invalid_argument& e) {

@@ -20,7 +20,7 @@ std::string read_file_text(const std::string& path, const char* op);
 RunConfig load_run_config(const std::string& run_dir, const char* op);
 
 // A model of the run's kind with the latest checkpoint's weights; step receives the checkpoint's step.
-std::unique_ptr<RunModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
+std::unique_ptr<train::TextModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
                                              const data::Vocabulary& vocab, int64_t& step, const char* op);
 
 // Thrown (not a std::exception) to end the command with this exit status, after its own one-line message.

@@ -7,7 +7,7 @@
 
 namespace qkv::cli {
 
-std::vector<std::vector<int64_t>> decode_all(RunModel& model, const std::vector<std::vector<int64_t>>& sources,
+std::vector<std::vector<int64_t>> decode_all(train::TextModel& model, const std::vector<std::vector<int64_t>>& sources,
                                              const DecodeSettings& s) {
   QKV_CHECK_ARG(s.max_len >= 1 && s.beam >= 1 && s.batch >= 1, "[decode] max_len, beam and batch must be >= 1");
   std::vector<std::vector<int64_t>> out;
@@ -33,7 +33,7 @@ std::vector<std::vector<int64_t>> decode_all(RunModel& model, const std::vector<
   return out;
 }
 
-EvalResult evaluate(RunModel& model, const std::vector<data::Example>& examples, int64_t limit,
+EvalResult evaluate(train::TextModel& model, const std::vector<data::Example>& examples, int64_t limit,
                     const DecodeSettings& settings) {
   const size_t n = limit <= 0 ? examples.size() : std::min(examples.size(), static_cast<size_t>(limit));
   EvalResult r;

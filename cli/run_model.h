@@ -1,6 +1,6 @@
-// The model of a `qkv train` run behind one face, whatever its kind: teacher-forced logits on a tape for training,
-// a step model for decoding, and evaluation (exact match, token accuracy) shared by train / eval / translate.
-// One file per family of kinds (run_model_rnn.cpp, run_model_transformer.cpp).
+// The model of a `qkv train` run: the library's train::TextModel (teacher-forced logits on a Context for training, a
+// step model for decoding) built from the run config, and evaluation (exact match, token accuracy) shared by
+// train / eval / translate.
 #pragma once
 
 #include <cstdint>
@@ -11,30 +11,15 @@
 #include "qkv/core/rng.h"
 #include "qkv/data/batch.h"
 #include "qkv/decode/search.h"
-#include "qkv/nn/context.h"
-#include "qkv/nn/module.h"
-#include "qkv/ops/autograd.h"
+#include "qkv/train/text_model.h"
 #include "run_config.h"
 
 namespace qkv::cli {
 
-class RunModel {
- public:
-  virtual ~RunModel() = default;
-  virtual nn::Module& module() = 0;
-  // Teacher forcing on a batch: logits (..., V) on g's tape and the flat targets (PAD = ignored) they predict.
-  virtual ad::Var logits(nn::Context& g, const std::vector<const data::Example*>& batch,
-                            std::vector<int64_t>& targets, int64_t& num_target_tokens) = 0;
-  // A decoder over these sources (ids without specials); puts the module in eval mode.
-  virtual std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) = 0;
-  // Whether decoder() can report attention (rnn without attention cannot).
-  virtual bool has_attention() const = 0;
-};
-
-// rnn / rnn-attn (run_model_rnn.cpp) and transformer / decoder (run_model_transformer.cpp); init draws from rng.
-std::unique_ptr<RunModel> make_rnn_model(const RunConfig& c, int64_t vocab, Rng& rng);
-std::unique_ptr<RunModel> make_transformer_model(const RunConfig& c, int64_t vocab, Rng& rng);
-std::unique_ptr<RunModel> make_run_model(const RunConfig& c, int64_t vocab, Rng& rng);
+// The run config's kind (rnn, rnn-attn, transformer, decoder) and sizes as the library's model config.
+train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab);
+// make_text_model(text_model_config(c, vocab)); init draws from rng.
+std::unique_ptr<train::TextModel> make_run_model(const RunConfig& c, int64_t vocab, Rng& rng);
 
 struct EvalResult {
   double exact_match = 0.0;     // outputs equal to the reference (up to EOS)
@@ -51,11 +36,11 @@ struct DecodeSettings {
 };
 
 // Decodes every source -> the generated ids (without BOS, cut before EOS).
-std::vector<std::vector<int64_t>> decode_all(RunModel& model, const std::vector<std::vector<int64_t>>& sources,
+std::vector<std::vector<int64_t>> decode_all(train::TextModel& model, const std::vector<std::vector<int64_t>>& sources,
                                              const DecodeSettings& settings);
 
 // Scores the first `limit` examples (all when limit <= 0 or larger). Leaves the module in eval mode.
-EvalResult evaluate(RunModel& model, const std::vector<data::Example>& examples, int64_t limit,
+EvalResult evaluate(train::TextModel& model, const std::vector<data::Example>& examples, int64_t limit,
                     const DecodeSettings& settings);
 
 }  // namespace qkv::cli

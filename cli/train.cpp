@@ -268,7 +268,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   if (rank0) write_file_atomic((fs::path(dir) / "config.json").string(), c.to_json());
 
   Rng init(c.seed);
-  std::unique_ptr<RunModel> model = make_run_model(c, d.vocab.size(), init);
+  std::unique_ptr<train::TextModel> model = make_run_model(c, d.vocab.size(), init);
   ad::ParameterSet params(model->module());
   std::unique_ptr<train::Optimizer> opt = make_optimizer(c, params);
   const train::LrSchedule schedule = make_schedule(c);
@@ -336,11 +336,10 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     if (empty_share) batch.push_back(&d.train[static_cast<size_t>(idx[0])]);
     int64_t ntok = 0;
     const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
-      std::vector<int64_t> targets;
-      const ad::Var logits = model->logits(g, batch, targets, ntok);
-      if (empty_share) ntok = 0;
-      dp.set_local_weight(empty_share ? 0.0 : static_cast<double>(train::count_targets(targets, ce.ignore_index)));
-      return train::cross_entropy(logits, targets, ce);
+      const train::TeacherForced tf = model->teacher_forced(g, batch);
+      ntok = empty_share ? 0 : tf.num_target_tokens;
+      dp.set_local_weight(empty_share ? 0.0 : static_cast<double>(train::count_targets(tf.targets, ce.ignore_index)));
+      return train::cross_entropy(tf.logits, tf.targets, ce);
     });
     const float loss_value = static_cast<float>(r.loss);
     QKV_CHECK_RUNTIME(r.finite, "[train] the loss became ", loss_value, " at step ", step,

@@ -27,7 +27,7 @@ void run_translate(const TranslateArgs& a) {
   const RunConfig c = load_run_config(a.dir, "translate");
   const data::Vocabulary vocab = data::Vocabulary::load(a.dir + "/vocab.txt");
   int64_t step = 0;
-  std::unique_ptr<RunModel> model = load_trained_model(a.dir, c, vocab, step, "translate");
+  std::unique_ptr<train::TextModel> model = load_trained_model(a.dir, c, vocab, step, "translate");
   QKV_CHECK_ARG(a.attention_png.empty() || model->has_attention(), "[translate] a '", c.model,
                 "' model has no attention to show (use rnn-attn, transformer or decoder)");
   std::vector<std::vector<int64_t>> sources;

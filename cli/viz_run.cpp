@@ -33,7 +33,7 @@ std::vector<std::string> run_checkpoints(const std::string& run_dir) {
 }
 
 // The attention of the run's model over `source` while it emits `output` (teacher-forced): one (Tout + 1, Tk) map.
-Tensor run_attention(RunModel& model, const std::vector<int64_t>& source, const std::vector<int64_t>& output,
+Tensor run_attention(train::TextModel& model, const std::vector<int64_t>& source, const std::vector<int64_t>& output,
                      const std::string& op) {
   std::vector<int64_t> toks = output;
   toks.push_back(data::Vocabulary::kEos);
@@ -74,7 +74,7 @@ std::vector<VizSnapshot> RunViewer::snapshots(const std::string& input, bool all
   q.push_back("<eos>");
   const std::vector<std::string> k = vocab_.tokens_of(source);
 
-  auto snapshot = [&](RunModel& m, const std::string& label) {
+  auto snapshot = [&](train::TextModel& m, const std::string& label) {
     const Tensor att = run_attention(m, source, output, op_);
     const int64_t tk = att.size(1), ts = static_cast<int64_t>(k.size());
     std::vector<std::string> keys = k;
@@ -99,7 +99,7 @@ std::vector<VizSnapshot> RunViewer::snapshots(const std::string& input, bool all
   for (const std::string& path : run_checkpoints(run_dir_)) {
     LoadedCheckpoint loaded = load_checkpoint(path, config_.model);
     Rng rng(config_.seed);
-    std::unique_ptr<RunModel> m = make_run_model(config_, vocab_.size(), rng);
+    std::unique_ptr<train::TextModel> m = make_run_model(config_, vocab_.size(), rng);
     m->module().load_state_dict(loaded.weights, true);
     snaps.push_back(snapshot(*m, "step " + std::to_string(loaded.state.step)));
   }

@@ -32,7 +32,7 @@ class RunViewer {
   std::string run_dir_, op_;
   RunConfig config_;
   data::Vocabulary vocab_;
-  std::unique_ptr<RunModel> latest_;
+  std::unique_ptr<train::TextModel> latest_;
   int64_t step_ = 0;
 };
 

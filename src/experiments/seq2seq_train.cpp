@@ -9,6 +9,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/tokenizer.h"
+#include "qkv/decode/search.h"
 #include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
@@ -40,8 +41,38 @@ S2STask encode_task(const std::vector<data::TextPair>& train, const std::vector<
 }
 
 S2SModel make_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed) {
-  return kind == S2SKind::kTransformer ? make_transformer_s2s(src_vocab, tgt_vocab, size, seed)
-                                       : make_rnn_s2s(kind, src_vocab, tgt_vocab, size, seed);
+  train::TextModelConfig t;
+  t.source_eos = true;
+  if (kind == S2SKind::kTransformer) {
+    t.kind = train::TextModelKind::kTransformerSeq2Seq;
+    t.mask_target_padding = true;
+    models::TransformerSeq2SeqConfig& c = t.transformer;
+    c.src_vocab = src_vocab;
+    c.tgt_vocab = tgt_vocab;
+    c.transformer.layer.d_model = size.d_model;
+    c.transformer.layer.nhead = size.heads;
+    c.transformer.layer.dim_feedforward = size.ff;
+    c.transformer.layer.dropout = size.dropout;
+    c.transformer.num_encoder_layers = size.layers;
+    c.transformer.num_decoder_layers = size.layers;
+  } else {  // GRU without attention, with Bahdanau or with Luong-general
+    t.kind = train::TextModelKind::kRnnSeq2Seq;
+    models::Seq2SeqConfig& c = t.rnn;
+    c.src_vocab = src_vocab;
+    c.tgt_vocab = tgt_vocab;
+    c.embed_dim = size.embed;
+    c.hidden_size = size.hidden;
+    c.cell = models::RnnCell::kGRU;
+    c.attention = kind == S2SKind::kBahdanau ? models::Seq2SeqAttention::kBahdanau
+                  : kind == S2SKind::kLuong  ? models::Seq2SeqAttention::kLuongGeneral
+                                             : models::Seq2SeqAttention::kNone;
+  }
+  Rng rng(seed);
+  S2SModel m;
+  m.kind = kind;
+  m.model = train::make_text_model(t, rng);
+  m.module = &m.model->module();
+  return m;
 }
 
 S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, const S2STrainConfig& cfg,
@@ -78,11 +109,9 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
     while (pick >= buckets[b].size()) pick -= buckets[b++].size();
     std::vector<const data::Example*> rows;
     for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(&train[buckets[b][rng.below(buckets[b].size())]]);
-    const data::Seq2SeqBatch batch = data::make_seq2seq_batch(rows, true);
     const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
-      const ad::Var logits = model.kind == S2SKind::kTransformer ? transformer_s2s_logits(g, model, batch)
-                                                                    : rnn_s2s_logits(g, model, batch);
-      return train::cross_entropy(logits, batch.tgt_out.ids.data, ce);
+      const train::TeacherForced tf = model.model->teacher_forced(g, rows);
+      return train::cross_entropy(tf.logits, tf.targets, ce);
     });
     const double lv = r.loss;
     if (!r.finite) {
@@ -116,21 +145,29 @@ std::vector<std::vector<int64_t>> greedy_s2s(S2SModel& model, const std::vector<
                    [&](size_t a, size_t b) { return examples[a].src.size() < examples[b].src.size(); });
   std::vector<std::vector<int64_t>> out(examples.size());
   model.module->eval();
+  const decode::SearchOptions so{max_len, data::Vocabulary::kBos, data::Vocabulary::kEos};
   for (size_t start = 0; start < order.size(); start += 128) {
-    std::vector<const data::Example*> rows;
-    for (size_t i = start; i < std::min(order.size(), start + 128); ++i) rows.push_back(&examples[order[i]]);
-    const data::Seq2SeqBatch b = data::make_seq2seq_batch(rows, true);
-    const auto hyps = model.kind == S2SKind::kTransformer ? transformer_s2s_greedy(model, b.src, max_len)
-                                                          : rnn_s2s_greedy(model, b.src, max_len);
-    for (size_t i = 0; i < hyps.size(); ++i) out[order[start + i]] = hyps[i];
+    std::vector<std::vector<int64_t>> sources;
+    for (size_t i = start; i < std::min(order.size(), start + 128); ++i) sources.push_back(examples[order[i]].src);
+    std::vector<decode::Hypothesis> hyps = decode::greedy_search(*model.model->decoder(sources), so);
+    for (size_t i = 0; i < hyps.size(); ++i) {
+      std::vector<int64_t>& toks = hyps[i].tokens;
+      if (!toks.empty() && toks.back() == data::Vocabulary::kEos) toks.pop_back();
+      out[order[start + i]] = std::move(toks);
+    }
   }
   return out;
 }
 
 Tensor alignment_map(S2SModel& model, const data::Example& example) {
   if (model.kind == S2SKind::kTransformer || model.kind == S2SKind::kRnn) return {};
+  const auto* rnn = dynamic_cast<const models::Seq2Seq*>(model.module);
+  QKV_CHECK_ARG(rnn != nullptr, "[experiment] alignment maps need the RNN Seq2Seq");
   model.module->eval();
-  return rnn_s2s_alignment(model, data::make_seq2seq_batch({&example}, true));
+  const data::Seq2SeqBatch b = data::make_seq2seq_batch({&example}, true);
+  const models::Seq2SeqOutput o = rnn->forward(b.src.ids, b.src.lengths, b.tgt_in.ids);
+  const int64_t tt = b.tgt_out.lengths[0], ts = b.src.lengths[0];
+  return o.alignments.select(0, 0).slice(0, 0, tt).slice(1, 0, ts).contiguous();
 }
 
 SeqScore score_sequences(const std::vector<std::vector<int64_t>>& hyps, const std::vector<data::Example>& refs) {

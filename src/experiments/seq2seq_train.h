@@ -12,14 +12,7 @@
 #include "qkv/data/tsv.h"
 #include "qkv/data/vocab.h"
 #include "qkv/nn/module.h"
-#include "qkv/nn/context.h"
-
-// The models are held through forward declarations; each family is built in its own .cpp (s2s_rnn.cpp,
-// s2s_transformer.cpp), so this header pulls in neither model header.
-namespace qkv::models {
-class Seq2Seq;
-class Seq2SeqTransformer;
-}  // namespace qkv::models
+#include "qkv/train/text_model.h"
 
 namespace qkv::experiments {
 
@@ -42,12 +35,12 @@ struct S2SSize {
   float dropout = 0.0f;     // Transformer dropout
 };
 
-// One model of either family (shared_ptr: its deleter is fixed where the complete type is known).
+// One model of either family: the library's train::TextModel (the sources get EOS appended; the Transformer's
+// decoder also masks target padding).
 struct S2SModel {
   S2SKind kind = S2SKind::kRnn;
-  std::shared_ptr<models::Seq2Seq> rnn;
-  std::shared_ptr<models::Seq2SeqTransformer> transformer;
-  nn::Module* module = nullptr;  // whichever is set
+  std::shared_ptr<train::TextModel> model;
+  nn::Module* module = nullptr;  // &model->module()
   int64_t num_parameters() { return module->num_parameters(); }
 };
 S2SModel make_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed);
@@ -81,16 +74,5 @@ struct SeqScore {
   double exact = 0.0, token_accuracy = 0.0;  // token accuracy: position-wise matches / max(len(hyp), len(ref))
 };
 SeqScore score_sequences(const std::vector<std::vector<int64_t>>& hyps, const std::vector<data::Example>& refs);
-
-// --- per family (s2s_rnn.cpp / s2s_transformer.cpp) ------------------------------------------------------------
-S2SModel make_rnn_s2s(S2SKind kind, int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed);
-S2SModel make_transformer_s2s(int64_t src_vocab, int64_t tgt_vocab, const S2SSize& size, uint64_t seed);
-// Teacher-forced logits (B, Tt, Vt) on the tape.
-ad::Var rnn_s2s_logits(nn::Context& g, S2SModel& m, const data::Seq2SeqBatch& b);
-ad::Var transformer_s2s_logits(nn::Context& g, S2SModel& m, const data::Seq2SeqBatch& b);
-// Greedy decoding of a padded source batch (S, Ts) with its lengths; tokens without EOS.
-std::vector<std::vector<int64_t>> rnn_s2s_greedy(S2SModel& m, const data::Padded& src, int64_t max_len);
-std::vector<std::vector<int64_t>> transformer_s2s_greedy(S2SModel& m, const data::Padded& src, int64_t max_len);
-Tensor rnn_s2s_alignment(S2SModel& m, const data::Seq2SeqBatch& b);  // (Tt, Ts) of row 0; undefined for kRnn
 
 }  // namespace qkv::experiments

@@ -1,4 +1,4 @@
-// Tests of the trainable RNN Seq2Seq (none / Bahdanau / Luong dot / Luong general, GRU and LSTM): the forward on a
+// Tests of the trainable RNN Seq2Seq and of train::TextModel (none / Bahdanau / Luong dot / Luong general, GRU and LSTM): the forward on a
 // training Context equals the inference forward, and loss gradients pass finite-difference spot checks on every parameter.
 #include <gtest/gtest.h>
 
@@ -6,9 +6,15 @@
 #include <vector>
 
 #include "grad_testing.h"
+#include "nn_testing.h"
+#include "qkv/data/vocab.h"
+#include "qkv/decode/rnn_step.h"
+#include "qkv/decode/transformer_step.h"
 #include "qkv/models/seq2seq.h"
+#include "qkv/models/transformer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
+#include "qkv/train/text_model.h"
 
 namespace qkv {
 namespace {
@@ -171,6 +177,86 @@ TEST(TrainSeq2Seq, BadInputsNameSeq2Seq) {
   EXPECT_TRUE(ThrowsArg([&] { m.forward(g, kSrc, {1, 2, 3}, kTgtIn); }, "[Seq2Seq]"));
   EXPECT_TRUE(ThrowsArg([&] { m.forward(g, kSrc, {}, Ids{{1, 2}, {1, 2}}); }, "[Seq2Seq]"));
   EXPECT_TRUE(ThrowsArg([&] { m.forward(g, Ids{{}, {0, 3}}, {}, kTgtIn); }, "[Seq2Seq]"));
+}
+
+// --- train::TextModel: each kind is its model's forward and step model on the batch it describes ---------------
+
+const data::Example kExA{{3, 4, 5}, {4, 3}}, kExB{{4, 3}, {5, 4, 3}};  // ids < 6: every vocabulary here
+
+std::vector<std::vector<int64_t>> greedy_tokens(decode::StepModel& step) {
+  std::vector<std::vector<int64_t>> out;
+  for (decode::Hypothesis& h : decode::greedy_search(step, {5, data::Vocabulary::kBos, data::Vocabulary::kEos}))
+    out.push_back(h.tokens);
+  return out;
+}
+
+TEST(TextModel, RnnSeq2SeqReadsReversedSourcesWithEos) {
+  train::TextModelConfig tc;
+  tc.kind = train::TextModelKind::kRnnSeq2Seq;
+  tc.rnn = config_of({models::Seq2SeqAttention::kBahdanau, models::RnnCell::kLSTM, 1});
+  tc.reverse_source = true;
+  tc.source_eos = true;
+  Rng r1(8), r2(8);
+  const std::unique_ptr<train::TextModel> tm = train::make_text_model(tc, r1);
+  models::Seq2Seq ref(tc.rnn, r2);
+  const data::Example ra{{5, 4, 3}, kExA.tgt}, rb{{3, 4}, kExB.tgt};
+  const data::Seq2SeqBatch b = data::make_seq2seq_batch({&ra, &rb}, true);
+  const train::TeacherForced tf = tm->teacher_forced(nn::Context(), {&kExA, &kExB});
+  EXPECT_TRUE(testing::BitIdentical(tf.logits.value, ref.forward(b.src.ids, b.src.lengths, b.tgt_in.ids).logits));
+  EXPECT_EQ(tf.targets, b.tgt_out.ids.data);
+  EXPECT_EQ(tf.num_target_tokens, b.num_target_tokens);
+  EXPECT_TRUE(tm->has_attention());
+  decode::RnnStep ref_step(ref, b.src.ids, b.src.lengths);
+  EXPECT_EQ(greedy_tokens(*tm->decoder({kExA.src, kExB.src})), greedy_tokens(ref_step));
+}
+
+TEST(TextModel, TransformerKindsForwardToTheirModels) {
+  nn::TransformerLayerConfig layer;
+  layer.d_model = 8;
+  layer.nhead = 2;
+  layer.dim_feedforward = 12;
+  layer.dropout = 0.0f;
+  train::TextModelConfig tc;
+  tc.kind = train::TextModelKind::kTransformerSeq2Seq;
+  tc.transformer.src_vocab = 10;
+  tc.transformer.tgt_vocab = 10;
+  tc.transformer.transformer.layer = layer;
+  tc.transformer.transformer.num_encoder_layers = 1;
+  tc.transformer.transformer.num_decoder_layers = 1;
+  tc.mask_target_padding = true;
+  Rng r1(9), r2(9);
+  const std::unique_ptr<train::TextModel> tm = train::make_text_model(tc, r1);
+  models::Seq2SeqTransformer ref(tc.transformer, r2);
+  const data::Seq2SeqBatch b = data::make_seq2seq_batch({&kExA, &kExB});
+  models::Seq2SeqMasks masks;
+  masks.src.key_padding_mask = b.src.padding_mask;
+  masks.memory.key_padding_mask = b.src.padding_mask;
+  masks.tgt.key_padding_mask = b.tgt_in.padding_mask;
+  const train::TeacherForced tf = tm->teacher_forced(nn::Context(), {&kExA, &kExB});
+  EXPECT_TRUE(testing::BitIdentical(tf.logits.value, ref.forward(b.src.ids, b.tgt_in.ids, masks)));
+  EXPECT_EQ(tf.targets, b.tgt_out.ids.data);
+  decode::TransformerCachedStep ref_step(ref, b.src.ids, data::Vocabulary::kPad);
+  EXPECT_EQ(greedy_tokens(*tm->decoder({kExA.src, kExB.src})), greedy_tokens(ref_step));
+
+  train::TextModelConfig dc;
+  dc.kind = train::TextModelKind::kDecoderOnly;
+  dc.decoder_only.vocab = 10;
+  dc.decoder_only.max_len = 16;
+  dc.decoder_only.num_layers = 1;
+  dc.decoder_only.layer.d_model = 8;
+  dc.decoder_only.layer.nhead = 2;
+  dc.decoder_only.layer.dim_feedforward = 12;
+  dc.decoder_only.layer.dropout = 0.0f;
+  Rng r3(10), r4(10);
+  const std::unique_ptr<train::TextModel> lm = train::make_text_model(dc, r3);
+  models::DecoderOnlyTransformer ref_lm(dc.decoder_only, r4);
+  const data::LmBatch lb = data::make_lm_batch({&kExA, &kExB});
+  const train::TeacherForced lt = lm->teacher_forced(nn::Context(), {&kExA, &kExB});
+  EXPECT_TRUE(testing::BitIdentical(lt.logits.value, ref_lm.forward(lb.input.ids)));
+  EXPECT_EQ(lt.targets, lb.targets);
+  dc.reverse_source = true;
+  Rng r5(11);
+  EXPECT_TRUE(ThrowsArg([&] { train::make_text_model(dc, r5); }, "[TextModel]"));
 }
 
 }  // namespace

@@ -1,0 +1,131 @@
+// The three TextModel kinds: the RNN Seq2Seq (decoding through decode::RnnStep), the encoder-decoder Transformer
+// and the decoder-only Transformer (decoding through the KV-cached step models, which switch the model to eval
+// mode). Each forwards to its model's one forward on the Context.
+#include "qkv/train/text_model.h"
+
+#include <memory>
+#include <vector>
+
+#include "qkv/core/error.h"
+#include "qkv/data/vocab.h"
+#include "qkv/decode/rnn_step.h"
+#include "qkv/decode/transformer_step.h"
+
+namespace qkv::train {
+namespace {
+
+// The sources as the encoder reads them: reversed and / or with EOS appended, as configured.
+std::vector<std::vector<int64_t>> encoder_order(const TextModelConfig& c,
+                                                const std::vector<std::vector<int64_t>>& sources) {
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(sources.size());
+  for (const auto& s : sources) {
+    out.push_back(c.reverse_source ? std::vector<int64_t>(s.rbegin(), s.rend()) : s);
+    if (c.source_eos) out.back().push_back(data::Vocabulary::kEos);
+  }
+  return out;
+}
+
+// The batch with its sources reversed when configured (the EOS is appended by make_seq2seq_batch).
+data::Seq2SeqBatch seq2seq_batch(const TextModelConfig& c, const std::vector<const data::Example*>& batch) {
+  if (!c.reverse_source) return data::make_seq2seq_batch(batch, c.source_eos);
+  std::vector<data::Example> reversed;
+  reversed.reserve(batch.size());
+  for (const data::Example* e : batch) {
+    QKV_CHECK_ARG(e != nullptr, "[TextModel] null example");
+    reversed.push_back({std::vector<int64_t>(e->src.rbegin(), e->src.rend()), e->tgt});
+  }
+  std::vector<const data::Example*> order;
+  for (const data::Example& e : reversed) order.push_back(&e);
+  return data::make_seq2seq_batch(order, c.source_eos);
+}
+
+TeacherForced targets_of(const data::Seq2SeqBatch& b, ad::Var logits) {
+  return {std::move(logits), b.tgt_out.ids.data, b.num_target_tokens};
+}
+
+class RnnSeq2Seq : public TextModel {
+ public:
+  RnnSeq2Seq(const TextModelConfig& c, Rng& rng) : TextModel(c), model_(c.rnn, rng) {}
+  nn::Module& module() override { return model_; }
+
+  TeacherForced teacher_forced(const nn::Context& c, const std::vector<const data::Example*>& batch) override {
+    const data::Seq2SeqBatch b = seq2seq_batch(config_, batch);
+    return targets_of(b, model_.forward(c, b.src.ids, b.src.lengths, b.tgt_in.ids).logits);
+  }
+
+  std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
+    model_.eval();
+    const data::Padded p = data::pad_sequences(encoder_order(config_, sources), data::Vocabulary::kPad, 1);
+    return std::make_unique<decode::RnnStep>(model_, p.ids, p.lengths);
+  }
+
+  bool has_attention() const override { return model_.config().attention != models::Seq2SeqAttention::kNone; }
+
+ private:
+  models::Seq2Seq model_;
+};
+
+class TransformerSeq2Seq : public TextModel {
+ public:
+  TransformerSeq2Seq(const TextModelConfig& c, Rng& rng) : TextModel(c), model_(c.transformer, rng) {
+    QKV_CHECK_ARG(!c.reverse_source, "[TextModel] reverse_source is for the RNN Seq2Seq only");
+  }
+  nn::Module& module() override { return model_; }
+
+  TeacherForced teacher_forced(const nn::Context& c, const std::vector<const data::Example*>& batch) override {
+    const data::Seq2SeqBatch b = seq2seq_batch(config_, batch);
+    models::Seq2SeqMasks masks;
+    masks.src.key_padding_mask = b.src.padding_mask;
+    masks.memory.key_padding_mask = b.src.padding_mask;
+    if (config_.mask_target_padding) masks.tgt.key_padding_mask = b.tgt_in.padding_mask;
+    return targets_of(b, model_.forward(c, b.src.ids, b.tgt_in.ids, masks));
+  }
+
+  std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
+    const data::Padded p = data::pad_sequences(encoder_order(config_, sources), data::Vocabulary::kPad, 1);
+    return std::make_unique<decode::TransformerCachedStep>(model_, p.ids, data::Vocabulary::kPad);
+  }
+
+  bool has_attention() const override { return true; }
+
+ private:
+  models::Seq2SeqTransformer model_;
+};
+
+class DecoderOnly : public TextModel {
+ public:
+  DecoderOnly(const TextModelConfig& c, Rng& rng) : TextModel(c), model_(c.decoder_only, rng) {
+    QKV_CHECK_ARG(!c.reverse_source && !c.source_eos,
+                  "[TextModel] reverse_source and source_eos are for the encoder-decoder kinds");
+  }
+  nn::Module& module() override { return model_; }
+
+  TeacherForced teacher_forced(const nn::Context& c, const std::vector<const data::Example*>& batch) override {
+    const data::LmBatch b = data::make_lm_batch(batch);
+    return {model_.forward(c, b.input.ids), b.targets, b.num_target_tokens};
+  }
+
+  std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
+    return std::make_unique<decode::DecoderOnlyCachedStep>(model_, sources);
+  }
+
+  bool has_attention() const override { return true; }
+
+ private:
+  models::DecoderOnlyTransformer model_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextModel> make_text_model(const TextModelConfig& config, Rng& rng) {
+  switch (config.kind) {
+    case TextModelKind::kRnnSeq2Seq: return std::make_unique<RnnSeq2Seq>(config, rng);
+    case TextModelKind::kTransformerSeq2Seq: return std::make_unique<TransformerSeq2Seq>(config, rng);
+    case TextModelKind::kDecoderOnly: return std::make_unique<DecoderOnly>(config, rng);
+  }
+  QKV_CHECK_ARG(false, "[TextModel] unknown model kind");
+  return nullptr;
+}
+
+}  // namespace qkv::train
