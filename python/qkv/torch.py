@@ -47,52 +47,60 @@ def _np(t: Tensor):
 
 @torch.library.custom_op("qkv::sdpa", mutates_args=())
 def _sdpa_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
-             scale: Optional[float]) -> Tuple[Tensor, Tensor]:
-    """(out (..., Tq, Dv), lse (..., Tq)) of qkv's fused forward; leading dims of q, k, v broadcast."""
+             scale: Optional[float], enable_gqa: bool = False) -> Tuple[Tensor, Tensor]:
+    """(out (..., Tq, Dv), lse (..., Tq)) of qkv's fused forward; leading dims of q, k, v broadcast.
+
+    enable_gqa: native grouped-query attention (q (..., Hq, Tq, D), k and v (..., Hk, Tk, D)); the kernel reads each
+    kv head once per group in place, nothing is expanded."""
     out, lse = _qkv._sdpa_forward(_np(q), _np(k), _np(v), None if attn_mask is None else _np(attn_mask),
-                                  is_causal, scale)
+                                  is_causal, scale, enable_gqa)
     return torch.from_numpy(out), torch.from_numpy(lse)
 
 
-def _batch_shape(q: Tensor, k: Tensor, v: Tensor):
+def _batch_shape(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False):
+    if enable_gqa:  # the head dims pair by groups; the dims before them broadcast
+        return torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]) + (q.shape[-3],)
     return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
 
 
 @_sdpa_op.register_fake
-def _sdpa_fake(q, k, v, attn_mask, is_causal, scale):
-    batch = tuple(_batch_shape(q, k, v))
+def _sdpa_fake(q, k, v, attn_mask, is_causal, scale, enable_gqa=False):
+    batch = tuple(_batch_shape(q, k, v, enable_gqa))
     return q.new_empty(batch + (q.shape[-2], v.shape[-1])), q.new_empty(batch + (q.shape[-2],))
 
 
 @torch.library.custom_op("qkv::sdpa_backward", mutates_args=())
 def _sdpa_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                       attn_mask: Optional[Tensor], is_causal: bool,
-                      scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    """(grad_q, grad_k, grad_v) of qkv's fused backward, each summed over the axes its input was broadcast along."""
+                      scale: Optional[float], enable_gqa: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """(grad_q, grad_k, grad_v) of qkv's fused backward, each summed over the axes its input was broadcast along
+    (and, with enable_gqa, grad_k and grad_v over each group of query heads)."""
     dq, dk, dv = _qkv._sdpa_backward(_np(grad_out), _np(q), _np(k), _np(v), _np(out), _np(lse),
-                                     None if attn_mask is None else _np(attn_mask), is_causal, scale)
+                                     None if attn_mask is None else _np(attn_mask), is_causal, scale, enable_gqa)
     return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)
 
 
 @_sdpa_backward_op.register_fake
-def _sdpa_backward_fake(grad_out, q, k, v, out, lse, attn_mask, is_causal, scale):
+def _sdpa_backward_fake(grad_out, q, k, v, out, lse, attn_mask, is_causal, scale, enable_gqa=False):
     # Fresh contiguous tensors, as the real kernel returns (not the strides of q, k, v).
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, is_causal, scale = inputs
+    q, k, v, attn_mask, is_causal, scale, enable_gqa = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.is_causal = is_causal
     ctx.scale = scale
+    ctx.enable_gqa = enable_gqa
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, attn_mask = ctx.saved_tensors
-    dq, dk, dv = _sdpa_backward_op(grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = _sdpa_backward_op(grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale,
+                                   ctx.enable_gqa)
+    return dq, dk, dv, None, None, None, None
 
 
 _sdpa_op.register_autograd(_backward, setup_context=_setup_context)
@@ -103,7 +111,7 @@ def _plain_cpu_f32(t) -> bool:
             and not t.is_nested and t.layout == torch.strided)
 
 
-def _runs_on_qkv(q, k, v, attn_mask, dropout_p, scale) -> bool:
+def _runs_on_qkv(q, k, v, attn_mask, dropout_p, scale, enable_gqa=False) -> bool:
     """True when qkv's kernel computes exactly what torch's SDPA would; else the call goes to torch."""
     if not (_plain_cpu_f32(q) and _plain_cpu_f32(k) and _plain_cpu_f32(v)) or dropout_p != 0.0:
         return False
@@ -113,8 +121,14 @@ def _runs_on_qkv(q, k, v, attn_mask, dropout_p, scale) -> bool:
         return False
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0 or v.shape[-1] == 0:
         return False  # empty sequences: torch's own rules (zeros for Tk == 0)
+    if enable_gqa:
+        if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
+            return False
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hk == 0 or v.shape[-3] != hk or hq % hk != 0:
+            return False
     try:
-        batch = _batch_shape(q, k, v)
+        batch = _batch_shape(q, k, v, enable_gqa)
     except RuntimeError:
         return False
     if math.prod(batch) == 0:
@@ -138,33 +152,6 @@ def _runs_on_qkv(q, k, v, attn_mask, dropout_p, scale) -> bool:
     return True
 
 
-def _gqa_views(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]):
-    """GQA as broadcasting: q (..., Hk*G, Tq, D) -> (..., Hk, G, Tq, D); k, v (..., Hk, Tk, D) -> (..., Hk, 1, Tk, D).
-
-    Query head h reads key head h // G, as torch's repeat_interleave does. Views only: nothing is copied, and qkv's
-    backward sums grad_key / grad_value over the G axis along which k and v were broadcast. Returns None when the
-    shapes are not a GQA pattern qkv takes (torch then decides).
-    """
-    if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
-        return None
-    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-    if hk != hv or hk == 0 or hq % hk != 0:
-        return None
-    g = hq // hk
-    q5 = q.unflatten(-3, (hk, g))
-    k5, v5 = k.unsqueeze(-3), v.unsqueeze(-3)
-    m5 = attn_mask
-    if attn_mask is not None and attn_mask.dim() >= 3:
-        hm = attn_mask.shape[-3]
-        if hm == hq:
-            m5 = attn_mask.unflatten(-3, (hk, g))
-        elif hm == 1:
-            m5 = attn_mask.unsqueeze(-3)
-        else:
-            return None
-    return q5, k5, v5, m5
-
-
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Tensor:
@@ -174,24 +161,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     broadcast. attn_mask broadcasts to (..., Hq, Tq, Tk): bool True takes part, a float mask is added (-inf blocks).
     is_causal is top-left (query i sees keys j <= i) and combines with attn_mask as torch 2.13's fused CPU kernel
     does (a pair must be allowed by both; torch's math fallback raises there). scale defaults to 1/sqrt(D).
-    enable_gqa: Hq a multiple of Hk; query head h reads key head h // (Hq/Hk). GQA runs as a broadcast of k and v
-    over the group axis (views, no copy), and grad_key/grad_value are summed over each group. A query row whose
+    enable_gqa: Hq a multiple of Hk; query head h reads key head h // (Hq/Hk). GQA is native in the kernel: each kv
+    head is read in place for its group (no copy, no expansion), and grad_key/grad_value are summed over each group. A query row whose
     every key is masked gives 0 and gradient 0, as torch 2.13's math backend. No gradient flows to attn_mask: a mask
     that requires grad goes to torch's SDPA, as do inputs that are not CPU float32, dropout_p > 0 and empty
     sequences.
     """
-    if not _runs_on_qkv(query, key, value, attn_mask, dropout_p, scale):
+    gqa = bool(enable_gqa)
+    if not _runs_on_qkv(query, key, value, attn_mask, dropout_p, scale, gqa):
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    q, k, v, m = query, key, value, attn_mask
-    if enable_gqa and (q.dim() < 3 or k.dim() < 3 or q.shape[-3] != k.shape[-3] or k.shape[-3] != v.shape[-3]):
-        views = _gqa_views(q, k, v, m)
-        if views is None:
-            return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                               enable_gqa=enable_gqa)
-        q, k, v, m = views
-        out, _ = _sdpa_op(q, k, v, m, bool(is_causal), None if scale is None else float(scale))
-        return out.flatten(-4, -3)
-    out, _ = _sdpa_op(q, k, v, m, bool(is_causal), None if scale is None else float(scale))
+    out, _ = _sdpa_op(query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale), gqa)
     return out
 
 

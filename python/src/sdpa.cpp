@@ -43,10 +43,22 @@ Shape out_shape(const Shape& batch, const Tensor& q, const Tensor& v) {
 
 Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
 
-// enable_gqa: q (..., Hk*G, Tq, D) -> (..., Hk, G, Tq, D); k, v (..., Hk, Tk, D) -> (..., Hk, 1, Tk, D); a mask
-// with a head axis of Hq likewise. Views: query head h reads key head h / G (torch's repeat_interleave), and the
-// backward sums grad_key / grad_value over the G axis they were broadcast along. False when the heads are equal.
-bool gqa_views(Tensor& q, Tensor& k, Tensor& v, AttentionOptions& o, const char* fn) {
+// window_size (left, right) and softcap into the options (checked by attention_check, which names `fn`).
+void set_variants(AttentionOptions& o, std::pair<int64_t, int64_t> window_size, double softcap, const char* fn) {
+  o.window_left = window_size.first;
+  o.window_right = window_size.second;
+  if (!(std::isfinite(softcap) && softcap >= 0.0 && softcap <= 3.0e38)) {
+    throw py::value_error(std::string("[") + fn + "] softcap must be a finite float >= 0 (0 = off), got " +
+                          std::to_string(softcap));
+  }
+  o.softcap = static_cast<float>(softcap);
+}
+
+// enable_gqa, checked with torch's words. native (the fused and reference kernels): sets o.enable_gqa, K and V
+// are read per group in place; returns false. Otherwise (empty sequences) views: q (..., Hk*G, Tq, D) ->
+// (..., Hk, G, Tq, D); k, v (..., Hk, Tk, D) -> (..., Hk, 1, Tk, D); a mask with a head axis of Hq likewise, and
+// returns true. False when the heads are equal.
+bool gqa_views(Tensor& q, Tensor& k, Tensor& v, AttentionOptions& o, const char* fn, bool native = false) {
   if (q.dim() < 3 || k.dim() < 3 || v.dim() < 3) {
     throw py::value_error(std::string("[") + fn + "] enable_gqa needs a head axis (dim -3) in query " +
                           str(q.shape()) + ", key " + str(k.shape()) + " and value " + str(v.shape()));
@@ -57,6 +69,14 @@ bool gqa_views(Tensor& q, Tensor& k, Tensor& v, AttentionOptions& o, const char*
     throw py::value_error(std::string("[") + fn + "] enable_gqa: query heads (dim -3 of " + str(q.shape()) +
                           ") must be a multiple of key heads (" + str(k.shape()) + "), and value " +
                           str(v.shape()) + " must have the key's heads");
+  }
+  if (o.mask.defined() && o.mask.dim() >= 3 && o.mask.size(-3) != hq && o.mask.size(-3) != 1) {
+    throw py::value_error(std::string("[") + fn + "] enable_gqa: attn_mask " + str(o.mask.shape()) +
+                          " must have 1 or " + std::to_string(hq) + " heads (dim -3), as query " + str(q.shape()));
+  }
+  if (native) {
+    o.enable_gqa = true;
+    return false;
   }
   const int64_t g = hq / hk;
   auto split = [&](const Tensor& t) {
@@ -148,8 +168,11 @@ Tensor sdpa_dropout(const Tensor& q, const Tensor& k, const Tensor& v, Attention
 // handed back without a copy. A bool mask keeps (SDPA), a floating one is added; is_causal is top-left and combines
 // with the mask (both must allow a pair), as torch 2.13 does.
 AttentionOptions strided_options(const py::object& attn_mask, bool is_causal, std::optional<double> scale,
+                                 bool enable_gqa, std::pair<int64_t, int64_t> window_size, double softcap,
                                  const char* fn) {
   AttentionOptions o = sdpa_options(py::none(), is_causal, scale, fn);
+  o.enable_gqa = enable_gqa;
+  set_variants(o, window_size, softcap, fn);
   if (py::isinstance<py::array_t<float>>(attn_mask)) {
     o.mask = to_tensor_strided(attn_mask, fn, "attn_mask");
     o.mask_kind = MaskKind::kAdditive;
@@ -167,8 +190,9 @@ void bind_strided(py::module_& m) {
   m.def(
       kFwd,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
-         bool is_causal, std::optional<double> scale) {
-        AttentionOptions o = strided_options(attn_mask, is_causal, scale, kFwd);
+         bool is_causal, std::optional<double> scale, bool enable_gqa, std::pair<int64_t, int64_t> window_size,
+         double softcap) {
+        AttentionOptions o = strided_options(attn_mask, is_causal, scale, enable_gqa, window_size, softcap, kFwd);
         o.return_lse = true;
         const Tensor q = to_tensor_strided(query, kFwd, "query");
         const Tensor k = to_tensor_strided(key, kFwd, "key");
@@ -182,15 +206,17 @@ void bind_strided(py::module_& m) {
         return py::make_tuple(to_numpy_shared(r.out), to_numpy_shared(r.lse));
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("is_causal"),
-      py::arg("scale"),
+      py::arg("scale"), py::arg("enable_gqa") = false, py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1},
+      py::arg("softcap") = 0.0,
       "qkv.torch's forward: (out (..., Tq, Dv), lse (..., Tq)) of the fused kernel; strided float32 inputs are read "
       "in place and the results are not copied.");
   m.def(
       kBwd,
       [](const py::object& grad_out, const py::object& query, const py::object& key, const py::object& value,
          const py::object& out, const py::object& lse, const py::object& attn_mask, bool is_causal,
-         std::optional<double> scale) {
-        const AttentionOptions o = strided_options(attn_mask, is_causal, scale, kBwd);
+         std::optional<double> scale, bool enable_gqa, std::pair<int64_t, int64_t> window_size, double softcap) {
+        const AttentionOptions o =
+            strided_options(attn_mask, is_causal, scale, enable_gqa, window_size, softcap, kBwd);
         const Tensor g = to_tensor_strided(grad_out, kBwd, "grad_out");
         const Tensor q = to_tensor_strided(query, kBwd, "query");
         const Tensor k = to_tensor_strided(key, kBwd, "key");
@@ -205,7 +231,8 @@ void bind_strided(py::module_& m) {
         return py::make_tuple(to_numpy_shared(grads.dq), to_numpy_shared(grads.dk), to_numpy_shared(grads.dv));
       },
       py::arg("grad_out"), py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"),
-      py::arg("attn_mask"), py::arg("is_causal"), py::arg("scale"),
+      py::arg("attn_mask"), py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa") = false,
+      py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1}, py::arg("softcap") = 0.0,
       "qkv.torch's backward: (grad_query, grad_key, grad_value) from the forward's out and lse through the fused "
       "kernel, summed over broadcast axes; strided inputs are read in place.");
 }
@@ -217,12 +244,14 @@ void bind_sdpa(py::module_& m) {
   m.def(
       kSdpa,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
-         double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+         double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
+         std::pair<int64_t, int64_t> window_size, double softcap) {
         if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
           throw py::value_error(std::string("[") + kSdpa + "] dropout_p must be in [0, 1), got " +
                                 std::to_string(dropout_p));
         }
         AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpa);
+        set_variants(o, window_size, softcap, kSdpa);
         Tensor q = to_tensor(query, kSdpa, "query");
         Tensor k = key.is(query) ? q : to_tensor(key, kSdpa, "key");
         Tensor v = value.is(key) ? k : to_tensor(value, kSdpa, "value");
@@ -231,7 +260,7 @@ void bind_sdpa(py::module_& m) {
           const Tensor out = Tensor::zeros(out_shape(empty_batch(q, k, v, o, kSdpa), q, v));
           return to_numpy_shared(grouped ? merge_heads(out) : out);
         }
-        const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpa);
+        if (enable_gqa) gqa_views(q, k, v, o, kSdpa, true);  // native: K and V read per group, never copied
         attention_check(q, k, v, o, kSdpa);
         Tensor out;
         if (dropout_p > 0.0) {
@@ -240,11 +269,12 @@ void bind_sdpa(py::module_& m) {
           py::gil_scoped_release nogil;
           out = qkv::attention(q, k, v, o).out;
         }
-        return to_numpy_shared(grouped ? merge_heads(out) : out);
+        return to_numpy_shared(out);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
       py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(),
-      py::arg("enable_gqa") = false,
+      py::arg("enable_gqa") = false, py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1},
+      py::arg("softcap") = 0.0,
       R"doc(torch.nn.functional.scaled_dot_product_attention on NumPy arrays (float32 compute).
 
 query (..., Hq, Tq, D), key (..., Hk, Tk, D), value (..., Hk, Tk, Dv) -> out (..., Hq, Tq, Dv); typically
@@ -252,7 +282,10 @@ query (..., Hq, Tq, D), key (..., Hk, Tk, D), value (..., Hk, Tk, Dv) -> out (..
 pair takes part, a float mask is added to the scaled scores (-inf blocks). is_causal applies PyTorch's top-left
 causal mask (query i sees keys j <= i); with attn_mask too, a pair must be allowed by both, as torch 2.13 does.
 scale defaults to 1/sqrt(D). enable_gqa: Hq a multiple of Hk, query head h reads key head h // (Hq/Hk) (K/V are
-broadcast over each group, not copied). dropout_p > 0 drops attention weights as torch does (inverted scaling), on
+read once per group in place, never copied). window_size=(left, right), -1 = unbounded, as FlashAttention-2: query
+i sees key j iff i + Tk - Tq - left <= j <= i + Tk - Tq + right (a model config's sliding_window = W is
+(W - 1, 0)); it combines with is_causal and attn_mask. softcap c > 0: scores become c·tanh(scores / c) before the
+mask. dropout_p > 0 drops attention weights as torch does (inverted scaling), on
 the reference path, with draws from the generator qkv.manual_seed reseeds. Empty sequences as torch: Tq == 0 gives
 an empty output, Tk == 0 gives zeros. A query row with every key masked gives 0 (as PyTorch 2.5+'s math backend;
 never NaN). Runs the fused FlashAttention-style kernel with the GIL released.)doc");
@@ -260,15 +293,17 @@ never NaN). Runs the fused FlashAttention-style kernel with the GIL released.)do
   m.def(
       kSdpaBackward,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& grad_out,
-         const py::object& attn_mask, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+         const py::object& attn_mask, bool is_causal, std::optional<double> scale, bool enable_gqa,
+         std::pair<int64_t, int64_t> window_size, double softcap) {
         AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpaBackward);
+        set_variants(o, window_size, softcap, kSdpaBackward);
         Tensor q = to_tensor(query, kSdpaBackward, "query");
         Tensor k = to_tensor(key, kSdpaBackward, "key");
         Tensor v = to_tensor(value, kSdpaBackward, "value");
         const Tensor g = to_tensor(grad_out, kSdpaBackward, "grad_out");
         const Shape q_shape = q.shape(), k_shape = k.shape(), v_shape = v.shape();
         const bool empty = is_empty_case(q, k, v);
-        const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpaBackward);
+        const bool grouped = enable_gqa && gqa_views(q, k, v, o, kSdpaBackward, !empty);
         const Shape batch =
             empty ? empty_batch(q, k, v, o, kSdpaBackward) : attention_check(q, k, v, o, kSdpaBackward);
         const Shape inner = out_shape(batch, q, v);  // with the group axis when grouped
@@ -294,11 +329,12 @@ never NaN). Runs the fused FlashAttention-style kernel with the GIL released.)do
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
       py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("enable_gqa") = false,
+      py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1}, py::arg("softcap") = 0.0,
       R"doc(Gradients of scaled_dot_product_attention: (grad_query, grad_key, grad_value).
 
 query (..., Tq, D), key (..., Tk, D), value (..., Tk, Dv), grad_out (..., Tq, Dv) = dL/d(out) with the broadcast
 leading dims -> grad_query, grad_key, grad_value with the shapes of query, key and value (summed over the axes each
-was broadcast along, as autograd does). Masks, is_causal and scale as in scaled_dot_product_attention; no gradient
+was broadcast along, as autograd does). Masks, is_causal, scale, window_size and softcap as in scaled_dot_product_attention; no gradient
 flows to the mask, and a fully masked row contributes 0. enable_gqa as in the forward: grad_key and grad_value are
 summed over each group of query heads. Empty sequences give zero gradients. The fused kernel recomputes the forward
 block by block.)doc");

@@ -11,6 +11,7 @@
 
 #include "attention_flash_kernels.h"
 #include "qkv/core/error.h"
+#include "qkv/kernels/attention_reference.h"
 #include "qkv/kernels/cpu.h"
 
 namespace qkv::kernels {
@@ -84,18 +85,13 @@ struct Operand {
   const float* at(int64_t b) const { return base + offs[static_cast<size_t>(b)]; }
 };
 
-Operand operand(const Tensor& t, const Shape& batch) {
+// group > 1: a GQA kv input whose head h / group serves batch head h (qkv/kernels/attention_reference.h).
+Operand operand(const Tensor& t, const Shape& batch, int64_t group = 1) {
   Operand o;
   o.t = (t.size(-1) == 1 || t.stride(-1) == 1) ? t : t.contiguous();
-  Shape full = batch;
-  full.push_back(o.t.size(-2));
-  full.push_back(o.t.size(-1));
-  const Tensor e = o.t.expand(full);
-  o.base = e.data();
-  o.rs = e.stride(-2);
-  const Shape strides(e.strides().begin(), e.strides().begin() + static_cast<int64_t>(batch.size()));
-  o.offs.resize(static_cast<size_t>(shape_numel(batch)));
-  for_each_offset(batch, strides, [&](int64_t i, int64_t off) { o.offs[static_cast<size_t>(i)] = off; });
+  o.base = o.t.data();
+  o.rs = o.t.stride(-2);
+  o.offs = matrix_offsets(o.t, batch, group);
   return o;
 }
 
@@ -136,22 +132,59 @@ MaskView mask_view(const AttentionOptions& options, const Shape& batch, int64_t 
   return m;
 }
 
-// What both passes share: inputs, sizes, the causal offset and the microkernels.
+// What both passes share: inputs, sizes, the causal offset, the window, the soft cap and the microkernels.
 struct Ctx {
   const Kernels* kr = nullptr;
   Operand q, k, v;
   MaskView mask;
+  AttentionOptions bounds;  // causal and window_* only: what visible_keys reads
   bool causal = false;
+  bool bounded = false;  // causal or a window hides some keys of some rows
   int64_t off = 0;  // query i sees keys j <= i + off when causal
   int64_t tq = 0, tk = 0, dk = 0, dv = 0;
   float scale = 1.0f;
-  float c2 = 1.0f;  // scale · log2(e): scores in log2 units
+  float c2 = 1.0f;    // what q·k is multiplied by before the tile math: scale · log2(e), or scale / cap when capped
+  float cap = 0.0f;   // soft cap c (0 = off)
+  float cap2 = 0.0f;  // c · log2(e): a capped score in log2 units is cap2 · tanh(scale · q·k / c)
   int64_t fq = kFwdQ, fk = kFwdK, bq = kBwdQ, bk = kBwdK;  // tile sizes
-  // Keys [0, key_end) are visible to query rows up to i_last.
-  int64_t key_end(int64_t i_last) const { return causal ? std::clamp<int64_t>(i_last + off + 1, 0, tk) : tk; }
-  // The tile (rows i0.., keys j0..j0+n) has a causally masked pair.
-  bool diagonal(int64_t i0, int64_t j0, int64_t n) const { return causal && j0 + n - 1 > i0 + off; }
+  KeyRange keys(int64_t i) const { return visible_keys(bounds, i, tq, tk); }
+  // Keys [key_begin(i0), key_end(i_last)) hold every key visible to query rows i0..i_last (bounds are monotone).
+  int64_t key_begin(int64_t i0) const { return bounded ? keys(i0).begin : 0; }
+  int64_t key_end(int64_t i_last) const { return bounded ? keys(i_last).end : tk; }
+  // The tile (rows i0..i0+bq, keys j0..j0+n) has a pair hidden by causal or the window.
+  bool diagonal(int64_t i0, int64_t bq, int64_t j0, int64_t n) const {
+    return bounded && (keys(i0 + bq - 1).begin > j0 || keys(i0).end < j0 + n);
+  }
+  // The first query row whose visible keys reach past key j (end > j), and the first that starts past key j
+  // (begin > j); tq when none.
+  int64_t first_row_ending_after(int64_t j) const {
+    return first_row([&](const KeyRange& r) { return r.end > j; });
+  }
+  int64_t first_row_starting_after(int64_t j) const {
+    return first_row([&](const KeyRange& r) { return r.begin > j; });
+  }
+  // Binary search for the first row whose keys satisfy `pred`, which the monotone bounds keep false, then true.
+  template <typename Pred>
+  int64_t first_row(const Pred& pred) const {
+    int64_t lo = 0, hi = tq;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (pred(keys(mid))) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+  }
 };
+
+// Soft cap of a score tile in place: x = scale·q·k / c  ->  cap2 · tanh(x) (log2 units); dcap (may be null)
+// receives 1 - tanh², the derivative the backward needs. rows x cols of a tile with row stride ld.
+void apply_softcap(const Ctx& cx, float* s, int64_t ld, int64_t rows, int64_t c0, int64_t c1, float* dcap) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = c0; c < c1; ++c) {
+      const float t = std::tanh(s[r * ld + c]);
+      s[r * ld + c] = cx.cap2 * t;
+      if (dcap) dcap[r * ld + c] = 1.0f - t * t;
+    }
+}
 
 Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
              const Shape& batch, float scale, const FlashConfig& config) {
@@ -161,14 +194,21 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   cx.tk = k.size(-2);
   cx.dk = q.size(-1);
   cx.dv = v.size(-1);
+  const int64_t group = gqa_group(options, k, batch);
   cx.q = operand(q, batch);
-  cx.k = operand(k, batch);
-  cx.v = operand(v, batch);
+  cx.k = operand(k, batch, group);
+  cx.v = operand(v, batch, group);
   cx.mask = mask_view(options, batch, cx.tq, cx.tk);
+  cx.bounds.causal = options.causal;
+  cx.bounds.window_left = options.window_left;
+  cx.bounds.window_right = options.window_right;
   cx.causal = options.causal != Causal::kNone;
+  cx.bounded = cx.causal || options.window_left >= 0 || options.window_right >= 0;
   cx.off = options.causal == Causal::kBottomRight ? cx.tk - cx.tq : 0;
   cx.scale = scale;
-  cx.c2 = static_cast<float>(scale * kLog2e);
+  cx.cap = options.softcap;
+  cx.cap2 = static_cast<float>(cx.cap * kLog2e);
+  cx.c2 = cx.cap > 0.0f ? static_cast<float>(double{scale} / cx.cap) : static_cast<float>(scale * kLog2e);
   const int64_t tiles[4] = {config.fwd_q_tile, config.fwd_k_tile, config.bwd_q_tile, config.bwd_k_tile};
   for (int64_t t : tiles)
     QKV_CHECK_ARG(t == 0 || (t > 0 && t % 8 == 0), "[attention] tile size ", t,
@@ -181,19 +221,21 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   return cx;
 }
 
-// Fills the log2-unit bias of the tile rows i0..i0+bq, keys j0..j0+n: the mask (if any) and -inf above the causal
-// diagonal (if diag). Element (i, j) goes to bias[i*i_step + j*j_step]. Returns whether any pair is allowed.
+// Fills the log2-unit bias of the tile rows i0..i0+bq, keys j0..j0+n: the mask (if any) and -inf outside the keys
+// causal and the window let each row see (if diag). Element (i, j) goes to bias[i*i_step + j*j_step]. Returns
+// whether any pair is allowed.
 bool build_bias(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j0, int64_t n, bool diag, float* bias,
                 int64_t i_step, int64_t j_step) {
   const bool has_mask = cx.mask.kind != MaskKind::kNone;
   const float* mb = has_mask ? cx.mask.op.at(b) : nullptr;
   bool any = false;
   for (int64_t i = 0; i < bq; ++i) {
-    const int64_t last = diag ? std::min(n - 1, i0 + i + cx.off - j0) : n - 1;  // last allowed local key
+    const KeyRange r = diag ? cx.keys(i0 + i) : KeyRange{j0, j0 + n};
+    const int64_t first = r.begin - j0, last = r.end - 1 - j0;  // allowed local keys [first, last]
     const float* mrow = has_mask ? mb + (i0 + i) * cx.mask.op.rs + j0 * cx.mask.cs : nullptr;
     float* brow = bias + i * i_step;
     for (int64_t j = 0; j < n; ++j) {
-      const float x = j > last ? kNegInf : (has_mask ? cx.mask.bias(mrow[j * cx.mask.cs]) : 0.0f);
+      const float x = (j < first || j > last) ? kNegInf : (has_mask ? cx.mask.bias(mrow[j * cx.mask.cs]) : 0.0f);
       brow[j * j_step] = x;
       any = any || x > kNegInf;
     }
@@ -246,12 +288,19 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
   const int64_t fk = small ? std::max(cx.fk, std::min<int64_t>(kSmallQK, cx.fk * cx.fq / 8)) : cx.fk;
   for (int64_t j0 = j_begin; j0 < j_end; j0 += fk) {
     const int64_t n = std::min(fk, j_end - j0);
-    const bool diag = cx.diagonal(i0, j0, n);
+    const bool diag = cx.diagonal(i0, bq, j0, n);
     if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), 1, ld)) continue;  // all blocked
-    // On the causal diagonal the queries before c0 see none of these keys: they are left out (a skipped column
-    // is exactly an all -inf one: m, l and O stay as they are), so a wide query tile wastes no work above it.
-    const int64_t c0 = (diag && !small) ? std::clamp<int64_t>(j0 - cx.off - i0, 0, bq) / 8 * 8 : 0;
-    const int64_t nc = ld - c0;
+    // On the causal diagonal the queries before c0 see none of these keys, and under a left window those from c1
+    // on: they are left out (a skipped column is exactly an all -inf one: m, l and O stay as they are), so a wide
+    // query tile wastes no work outside the band.
+    int64_t c0 = 0, c1 = ld;
+    if (diag && !small) {
+      c0 = std::clamp<int64_t>(cx.first_row_ending_after(j0) - i0, 0, bq) / 8 * 8;
+      c1 = std::min(ld, round_up(std::clamp<int64_t>(cx.first_row_starting_after(j0 + n - 1) - i0, 0, bq), 8));
+      if (c1 <= c0) continue;
+    }
+    const int64_t nc = c1 - c0;
+    const int64_t qend = std::min(bq, c1);  // query rows c0..qend of this tile take part
     float* sc = st + c0;
     // Sᵀ (n keys x nc queries), log2 units.
     if (small) {
@@ -264,18 +313,22 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       g.c = sc, g.c_rs = ld;
       kr.gemm(g);
     }
-    if (has_mask) {  // mask and causal together
+    if (cx.cap > 0.0f) apply_softcap(cx, st, ld, n, c0, qend, nullptr);
+    if (has_mask) {  // mask, causal and window together
       const float* bias = w.bias.data();
       for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = c0; i < bq; ++i) st[j * ld + i] += bias[j * ld + i];
-    } else if (diag) {  // causal only: key j is hidden from the queries i < j0 + j - off (a prefix of row j)
-      for (int64_t j = 0; j < n; ++j)
-        std::fill(sc + j * ld, st + j * ld + std::clamp<int64_t>(j0 + j - cx.off - i0, c0, bq), kNegInf);
+        for (int64_t i = c0; i < qend; ++i) st[j * ld + i] += bias[j * ld + i];
+    } else if (diag) {  // causal and window only: query i sees the keys of its range
+      for (int64_t i = c0; i < qend; ++i) {
+        const KeyRange r = cx.keys(i0 + i);
+        for (int64_t j = 0; j < n; ++j)
+          if (j0 + j < r.begin || j0 + j >= r.end) st[j * ld + i] = kNegInf;
+      }
     }
     kr.softmax_cols(sc, ld, n, nc, w.m.data() + c0, w.l.data() + c0, w.alpha.data() + c0);
     // O = alpha·O + P·V, P read from its transpose Sᵀ
     Gemm g;
-    g.rows = bq - c0, g.cols = dv, g.depth = n;
+    g.rows = qend - c0, g.cols = dv, g.depth = n;
     g.a = sc, g.a_rs = 1, g.a_ks = ld;
     g.b = vb + j0 * cx.v.rs, g.b_ks = cx.v.rs;
     g.c = w.o.data() + c0 * dv, g.c_rs = dv;
@@ -354,7 +407,7 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
         const int ntiles = (paired && tiles[1] != tiles[0]) ? 2 : 1;
         for (int t = 0; t < ntiles; ++t) {
           const int64_t i0 = tiles[t] * fq, bq = std::min(fq, tq - i0);
-          fwd_tile(cx, b, i0, bq, 0, cx.key_end(i0 + bq - 1), w);
+          fwd_tile(cx, b, i0, bq, cx.key_begin(i0), cx.key_end(i0 + bq - 1), w);
           fwd_finish(w, bq, dv, out + (b * tq + i0) * dv, lse + b * tq + i0);
         }
       }
@@ -372,9 +425,9 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
     for (int64_t it = 0; it < units * splits; ++it) {
       const int64_t u = it / splits, s = it % splits;
       const int64_t b = u / nqt, i0 = (u % nqt) * fq, bq = std::min(fq, tq - i0);
-      const int64_t kend = cx.key_end(i0 + bq - 1);
-      const int64_t per = ceil_div(ceil_div(kend, fk), splits) * fk;
-      const int64_t j_begin = std::min(kend, s * per), j_end = std::min(kend, (s + 1) * per);
+      const int64_t kbeg = cx.key_begin(i0), kend = std::max(kbeg, cx.key_end(i0 + bq - 1));
+      const int64_t per = ceil_div(ceil_div(kend - kbeg, fk), splits) * fk;
+      const int64_t j_begin = std::min(kend, kbeg + s * per), j_end = std::min(kend, kbeg + (s + 1) * per);
       fwd_tile(cx, b, i0, bq, j_begin, j_end, w);
       float* part = parts.data() + it * part_floats;
       std::copy(w.m.begin(), w.m.begin() + bq, part);
@@ -420,13 +473,14 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
 namespace {
 
 struct BwdWork {
-  std::vector<float> kt, vt, s, dp, bias, dka, dva;
+  std::vector<float> kt, vt, s, dp, bias, dcap, dka, dva;
   explicit BwdWork(const Ctx& cx)
       : kt(static_cast<size_t>(cx.dk * cx.bk)),
         vt(static_cast<size_t>(cx.dv * cx.bk)),
         s(static_cast<size_t>(cx.bq * cx.bk)),
         dp(static_cast<size_t>(cx.bq * cx.bk)),
         bias(cx.mask.kind != MaskKind::kNone ? static_cast<size_t>(cx.bq * cx.bk) : 0),
+        dcap(cx.cap > 0.0f ? static_cast<size_t>(cx.bq * cx.bk) : 0),
         dka(static_cast<size_t>(cx.bk * cx.dk)),
         dva(static_cast<size_t>(cx.bk * cx.dv)) {}
 };
@@ -449,7 +503,7 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
   const float* gb = bx.d_out.at(b);
   float* kt_p = w.kt.data();
   float* vt_p = w.vt.data();
-  for (int64_t j = 0; j < n; ++j) {  // Kᵀ scaled to log2 units (so S = Q·Kᵀ needs no rescaling), Vᵀ as is
+  for (int64_t j = 0; j < n; ++j) {  // Kᵀ scaled to log2 units (or by scale / cap when capped), Vᵀ as is
     for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = kb[j * cx.k.rs + d] * cx.c2;
     for (int64_t d = 0; d < dv; ++d) vt_p[d * ld + j] = vb[j * cx.v.rs + d];
   }
@@ -461,10 +515,12 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
   std::fill(w.dva.begin(), w.dva.begin() + n * dv, 0.0f);
 
   const bool has_mask = cx.mask.kind != MaskKind::kNone;
-  const int64_t i_first = cx.causal ? std::max<int64_t>(0, j0 - cx.off) : 0;  // first query that sees key j0
-  for (int64_t i0 = (i_first / cx.bq) * cx.bq; i0 < tq; i0 += cx.bq) {
+  // Only the queries [i_first, i_stop) see a key of this tile.
+  const int64_t i_first = cx.bounded ? cx.first_row_ending_after(j0) : 0;
+  const int64_t i_stop = cx.bounded ? cx.first_row_starting_after(j0 + n - 1) : tq;
+  for (int64_t i0 = (i_first / cx.bq) * cx.bq; i0 < i_stop; i0 += cx.bq) {
     const int64_t bq = std::min(cx.bq, tq - i0);
-    const bool diag = cx.diagonal(i0, j0, n);
+    const bool diag = cx.diagonal(i0, bq, j0, n);
     if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), ld, 1)) continue;
     const float* qi = qb + i0 * cx.q.rs;
     const float* gi = gb + i0 * bx.d_out.rs;
@@ -479,14 +535,25 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
     g.b = vt_p;
     g.c = w.dp.data();
     kr.gemm(g);
-    if (diag && !has_mask) {  // causal only: query i sees the local keys j <= i0 + i + off - j0
+    if (cx.cap > 0.0f) apply_softcap(cx, w.s.data(), ld, bq, 0, n, w.dcap.data());
+    if (diag && !has_mask) {  // causal and window only: query i sees the local keys of its range
       float* s = w.s.data();
-      for (int64_t i = 0; i < bq; ++i)
-        std::fill(s + i * ld + std::clamp<int64_t>(i0 + i + cx.off - j0 + 1, 0, n), s + i * ld + n, kNegInf);
+      for (int64_t i = 0; i < bq; ++i) {
+        const KeyRange r = cx.keys(i0 + i);
+        const int64_t first = std::clamp<int64_t>(r.begin - j0, 0, n), end = std::clamp<int64_t>(r.end - j0, 0, n);
+        std::fill(s + i * ld, s + i * ld + first, kNegInf);
+        std::fill(s + i * ld + std::max(first, end), s + i * ld + n, kNegInf);
+      }
     }
-    // P and dS = scale·P∘(dP − delta), in place.
+    // P and dS = scale·P∘(dP − delta), in place; capped scores then carry the tanh's derivative.
     kr.bwd_probs(w.s.data(), has_mask ? w.bias.data() : nullptr, w.dp.data(), ld, bq, n, bx.lse2 + b * tq + i0,
                  bx.delta + b * tq + i0, cx.scale);
+    if (cx.cap > 0.0f) {
+      float* dp = w.dp.data();
+      const float* dc = w.dcap.data();
+      for (int64_t i = 0; i < bq; ++i)
+        for (int64_t j = 0; j < n; ++j) dp[i * ld + j] *= dc[i * ld + j];
+    }
     Gemm gv;  // dV += Pᵀ·dO
     gv.rows = n, gv.cols = dv, gv.depth = bq;
     gv.a = w.s.data(), gv.a_rs = 1, gv.a_ks = ld;
@@ -524,6 +591,19 @@ Tensor sum_to(const Tensor& full, const Shape& shape) {
   return r;
 }
 
+// sum_to for a GQA kv gradient: `full` (batch..., T, D) with batch.back() = Hq is viewed as (..., Hkv, group, T, D)
+// and summed over the group and the broadcast dims into `shape` (..., Hkv, T, D).
+Tensor sum_to_kv(const Tensor& full, const Shape& shape, int64_t group) {
+  if (group == 1) return sum_to(full, shape);
+  Shape split = full.shape();
+  const size_t h = split.size() - 3;
+  split[h] /= group;
+  split.insert(split.begin() + static_cast<int64_t>(h) + 1, group);
+  Shape target = shape;
+  target.insert(target.end() - 2, 1);
+  return sum_to(full.view(split), target).view(shape);
+}
+
 }  // namespace
 
 AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -552,7 +632,9 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
   Tensor dq_full = Tensor::zeros(qf);
   Tensor dk_full = nb == 0 ? Tensor::zeros(kf) : Tensor::empty(kf);
   Tensor dv_full = nb == 0 ? Tensor::zeros(vf) : Tensor::empty(vf);
-  if (nb == 0) return {sum_to(dq_full, q.shape()), sum_to(dk_full, k.shape()), sum_to(dv_full, v.shape())};
+  const int64_t group = gqa_group(options, k, batch);
+  if (nb == 0)
+    return {sum_to(dq_full, q.shape()), sum_to_kv(dk_full, k.shape(), group), sum_to_kv(dv_full, v.shape(), group)};
 
   const int threads = thread_count(config);
   const double work = 2.5 * static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(tk) *
@@ -614,7 +696,7 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
       }
     }
   }
-  return {sum_to(dq_full, q.shape()), sum_to(dk_full, k.shape()), sum_to(dv_full, v.shape())};
+  return {sum_to(dq_full, q.shape()), sum_to_kv(dk_full, k.shape(), group), sum_to_kv(dv_full, v.shape(), group)};
 }
 
 }  // namespace qkv::kernels

@@ -25,16 +25,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kParallelScores = int64_t{1} << 15;
 
 // Per flat batch index, the storage offset of that batch's trailing matrix in `t` broadcast to `batch`
-// (stride 0 along broadcast axes). `t` has rank >= 2; its leading dims broadcast to `batch`.
-std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
-  Shape full = batch;
-  full.push_back(t.size(-2));
-  full.push_back(t.size(-1));
-  const Tensor e = t.expand(full);
-  const Shape strides(e.strides().begin(), e.strides().begin() + static_cast<int64_t>(batch.size()));
-  std::vector<int64_t> offs(static_cast<size_t>(shape_numel(batch)));
-  for_each_offset(batch, strides, [&](int64_t i, int64_t off) { offs[static_cast<size_t>(i)] = off; });
-  return offs;
+// (stride 0 along broadcast axes; a GQA group of query heads shares its kv head's matrix).
+std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch, int64_t group = 1) {
+  return matrix_offsets(t, batch, group);
 }
 
 // A read-only (batch..., R, C) operand as contiguous row-major matrices (ld = C), one offset per batch index.
@@ -44,10 +37,10 @@ struct Operand {
   const float* at(int64_t b) const { return t.data() + offs[static_cast<size_t>(b)]; }
 };
 
-Operand operand(const Tensor& t, const Shape& batch) {
+Operand operand(const Tensor& t, const Shape& batch, int64_t group = 1) {
   Operand o;
   o.t = t.contiguous();
-  o.offs = batch_offsets(o.t, batch);
+  o.offs = batch_offsets(o.t, batch, group);
   return o;
 }
 
@@ -75,12 +68,14 @@ MaskView mask_view(const AttentionOptions& options, const Shape& batch, int64_t 
 }
 
 
-// s[0, Tk): scaled scores of query row i of batch b. Applies causal and mask in place (-inf = blocked).
-void mask_row(float* s, int64_t tk, int64_t key_end, const MaskView& m, int64_t b, int64_t i) {
-  for (int64_t j = key_end; j < tk; ++j) s[j] = kNegInf;
+// s[0, Tk): scaled scores of query row i of batch b. Applies causal, the window (keys outside `keys`) and the mask
+// in place (-inf = blocked).
+void mask_row(float* s, int64_t tk, KeyRange keys, const MaskView& m, int64_t b, int64_t i) {
+  for (int64_t j = 0; j < keys.begin; ++j) s[j] = kNegInf;
+  for (int64_t j = keys.end; j < tk; ++j) s[j] = kNegInf;
   if (m.kind == MaskKind::kNone) return;
   const float* mrow = m.base + m.offs[static_cast<size_t>(b)] + i * m.row_stride;
-  for (int64_t j = 0; j < key_end; ++j) {
+  for (int64_t j = keys.begin; j < keys.end; ++j) {
     const float mv = mrow[j * m.col_stride];
     switch (m.kind) {
       case MaskKind::kKeep:
@@ -145,15 +140,24 @@ Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v, const Shape& bat
           static_cast<int>(v.size(-1)), shape_numel(batch)};
 }
 
-// S (Tq, Tk) = scale · Q Kᵀ, then causal + mask, then per row either softmax (lse_out, may be null) or, when
-// lse_in is given, exp(S - lse). Rows whose lse is -inf are all zero.
-void probabilities(const float* qb, const float* kb, float* s, const Dims& d, float scale, Causal causal,
-                   const MaskView& mask, int64_t b, float* lse_out, const float* lse_in, bool parallel_rows) {
+// S (Tq, Tk) = scale · Q Kᵀ, soft-capped to c·tanh(S / c) when options.softcap > 0 (dcap, when given, receives
+// the derivative 1 - tanh² of each capped score), then causal + window + mask, then per row either softmax
+// (lse_out, may be null) or, when lse_in is given, exp(S - lse). Rows whose lse is -inf are all zero.
+void probabilities(const float* qb, const float* kb, float* s, const Dims& d, float scale,
+                   const AttentionOptions& options, const MaskView& mask, int64_t b, float* lse_out,
+                   const float* lse_in, bool parallel_rows, float* dcap = nullptr) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.tq, d.tk, d.dk, scale, qb, d.dk, kb, d.dk, 0.0f, s, d.tk);
+  const double cap = options.softcap;
 #pragma omp parallel for schedule(static) if (parallel_rows && int64_t{d.tq} * d.tk >= kParallelScores)
   for (int64_t i = 0; i < d.tq; ++i) {
     float* row = s + i * d.tk;
-    mask_row(row, d.tk, causal_key_end(causal, i, d.tq, d.tk), mask, b, i);
+    if (cap > 0.0)
+      for (int64_t j = 0; j < d.tk; ++j) {
+        const double t = std::tanh(static_cast<double>(row[j]) / cap);
+        row[j] = static_cast<float>(cap * t);
+        if (dcap) dcap[i * d.tk + j] = static_cast<float>(1.0 - t * t);
+      }
+    mask_row(row, d.tk, visible_keys(options, i, d.tq, d.tk), mask, b, i);
     if (lse_in) {
       probs_from_lse(row, d.tk, lse_in[i]);
     } else {
@@ -200,7 +204,8 @@ AttentionResult attention_reference_forward(const Tensor& q, const Tensor& k, co
                                             const AttentionOptions& options, const Shape& batch,
                                             float scale) {
   const Dims d = dims_of(q, k, v, batch);
-  const Operand qo = operand(q, batch), ko = operand(k, batch), vo = operand(v, batch);
+  const int64_t group = gqa_group(options, k, batch);
+  const Operand qo = operand(q, batch), ko = operand(k, batch, group), vo = operand(v, batch, group);
   const MaskView mask = mask_view(options, batch, d.tq, d.tk);
 
   AttentionResult r;
@@ -215,7 +220,7 @@ AttentionResult attention_reference_forward(const Tensor& q, const Tensor& k, co
   for_each_batch(d.nb, true, weights ? 0 : static_cast<size_t>(tqk), [&](int64_t b, float* scratch, bool rows) {
     float* w = weights ? weights + b * tqk : scratch;
     float* lb = lse_all + b * d.tq;
-    probabilities(qo.at(b), ko.at(b), w, d, scale, options.causal, mask, b, lb, nullptr, rows);
+    probabilities(qo.at(b), ko.at(b), w, d, scale, options, mask, b, lb, nullptr, rows);
     float* ob = out + b * d.tq * d.dv;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.tq, d.dv, d.tk, 1.0f, w, d.tk, vo.at(b), d.dv, 0.0f,
                 ob, d.dv);
@@ -233,7 +238,8 @@ AttentionGrads attention_reference_backward(const Tensor& q, const Tensor& k, co
                                             const AttentionOptions& options, const Shape& batch,
                                             float scale) {
   const Dims d = dims_of(q, k, v, batch);
-  const Operand qo = operand(q, batch), ko = operand(k, batch), vo = operand(v, batch);
+  const int64_t group = gqa_group(options, k, batch);
+  const Operand qo = operand(q, batch), ko = operand(k, batch, group), vo = operand(v, batch, group);
   const Operand dOo = operand(d_out, batch);
   const MaskView mask = mask_view(options, batch, d.tq, d.tk);
 
@@ -256,8 +262,8 @@ AttentionGrads attention_reference_backward(const Tensor& q, const Tensor& k, co
   g.dk = Tensor::zeros(k.shape());
   g.dv = Tensor::zeros(v.shape());
   const std::vector<int64_t> dq_offs = batch_offsets(g.dq, batch);
-  const std::vector<int64_t> dk_offs = batch_offsets(g.dk, batch);
-  const std::vector<int64_t> dv_offs = batch_offsets(g.dv, batch);
+  const std::vector<int64_t> dk_offs = batch_offsets(g.dk, batch, group);
+  const std::vector<int64_t> dv_offs = batch_offsets(g.dv, batch, group);
   float* dq_all = g.dq.data();
   float* dk_all = g.dk.data();
   float* dv_all = g.dv.data();
@@ -266,15 +272,18 @@ AttentionGrads attention_reference_backward(const Tensor& q, const Tensor& k, co
   const bool parallel = owns_every_batch(q, d.nb) && owns_every_batch(k, d.nb) && owns_every_batch(v, d.nb);
   const int64_t tqk = int64_t{d.tq} * d.tk;
 
-  for_each_batch(d.nb, parallel, static_cast<size_t>(2 * tqk), [&](int64_t b, float* scratch, bool rows) {
+  const bool capped = options.softcap > 0.0f;
+  for_each_batch(d.nb, parallel, static_cast<size_t>((capped ? 3 : 2) * tqk), [&](int64_t b, float* scratch,
+                                                                                  bool rows) {
     float* p = scratch;
     float* ds = scratch + tqk;
+    float* dcap = capped ? scratch + 2 * tqk : nullptr;
     const size_t bi = static_cast<size_t>(b);
     const float* qb = qo.at(b);
     const float* kb = ko.at(b);
     const float* dob = dOo.at(b);
     const float* ob = oo.at(b);
-    probabilities(qb, kb, p, d, scale, options.causal, mask, b, nullptr, lse_all + b * d.tq, rows);
+    probabilities(qb, kb, p, d, scale, options, mask, b, nullptr, lse_all + b * d.tq, rows, dcap);
 
     // in the forward pass this was:  out = P V
     // so now:                        dV += Pᵀ dO,   dP = dO Vᵀ   (dP stored in ds)
@@ -294,6 +303,9 @@ AttentionGrads attention_reference_backward(const Tensor& q, const Tensor& k, co
       float* dsr = ds + i * d.tk;
       for (int64_t j = 0; j < d.tk; ++j)
         dsr[j] = pr[j] == 0.0f ? 0.0f : static_cast<float>(pr[j] * (static_cast<double>(dsr[j]) - delta));
+      // soft-capped:                 dS_raw = dS ∘ (1 − tanh²)
+      if (dcap)
+        for (int64_t j = 0; j < d.tk; ++j) dsr[j] *= dcap[i * d.tk + j];
     }
 
     // in the forward pass this was:  S = scale · Q Kᵀ

@@ -55,9 +55,30 @@ Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const A
                 str(q.shape()), ", k ", str(k.shape()), " and v ", str(v.shape()),
                 ": Tq, Tk, Dk and Dv must be nonzero");
   Shape qk, batch;
-  QKV_CHECK_ARG(broadcast_into(qk, leading(q), leading(k)) && broadcast_into(batch, qk, leading(v)), "[", op,
-                "] the leading (batch) dims of q ", str(q.shape()), ", k ", str(k.shape()), " and v ",
-                str(v.shape()), " do not broadcast");
+  if (options.enable_gqa) {
+    // GQA: the head dims (-3) pair up by groups; only the dims before them broadcast.
+    QKV_CHECK_ARG(q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3, "[", op, "] enable_gqa needs q ", str(q.shape()),
+                  ", k ", str(k.shape()), " and v ", str(v.shape()), " of rank >= 3: (..., H, T, D)");
+    const int64_t hq = q.size(-3), hkv = k.size(-3);
+    QKV_CHECK_ARG(v.size(-3) == hkv, "[", op, "] enable_gqa: k ", str(k.shape()), " and v ", str(v.shape()),
+                  " must have the same number of heads (dim -3)");
+    QKV_CHECK_ARG(hkv > 0 && hq % hkv == 0, "[", op, "] enable_gqa: the query heads of q ", str(q.shape()),
+                  " (", hq, ") must be a multiple of the kv heads of k ", str(k.shape()), " (", hkv, ")");
+    const auto outer = [](const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 3); };
+    QKV_CHECK_ARG(broadcast_into(qk, outer(q), outer(k)) && broadcast_into(batch, qk, outer(v)), "[", op,
+                  "] the dims before the heads of q ", str(q.shape()), ", k ", str(k.shape()), " and v ",
+                  str(v.shape()), " do not broadcast");
+    batch.push_back(hq);
+  } else {
+    QKV_CHECK_ARG(broadcast_into(qk, leading(q), leading(k)) && broadcast_into(batch, qk, leading(v)), "[", op,
+                  "] the leading (batch) dims of q ", str(q.shape()), ", k ", str(k.shape()), " and v ",
+                  str(v.shape()), " do not broadcast");
+  }
+  QKV_CHECK_ARG(options.window_left >= -1 && options.window_right >= -1, "[", op, "] window_size (",
+                options.window_left, ", ", options.window_right, ") must be >= -1 on each side (-1 = unbounded); q ",
+                str(q.shape()), ", k ", str(k.shape()));
+  QKV_CHECK_ARG(std::isfinite(options.softcap) && options.softcap >= 0.0f, "[", op, "] softcap ",
+                options.softcap, " must be finite and >= 0 (0 = off); q ", str(q.shape()), ", k ", str(k.shape()));
 
   const bool has_mask = options.mask.defined();
   QKV_CHECK_ARG(!(has_mask && options.mask_kind == MaskKind::kNone), "[", op, "] mask ",

@@ -25,16 +25,17 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// options' mask and causal flag as one additive tensor broadcastable to (batch..., Tq, Tk); undefined when none.
+// options' mask, causal flag and sliding window as one additive tensor broadcastable to (batch..., Tq, Tk);
+// undefined when none.
 Tensor additive_mask(const AttentionOptions& o, int64_t tq, int64_t tk) {
   Tensor m;
   if (o.mask_kind != MaskKind::kNone && o.mask.defined()) m = mask_to_additive(o.mask, o.mask_kind);
-  if (o.causal != Causal::kNone) {
+  if (o.causal != Causal::kNone || o.window_left >= 0 || o.window_right >= 0) {
     Tensor c = Tensor::empty({tq, tk});
     float* p = c.data();
     for (int64_t i = 0; i < tq; ++i) {
-      const int64_t end = kernels::causal_key_end(o.causal, i, tq, tk);
-      for (int64_t j = 0; j < tk; ++j) p[i * tk + j] = j < end ? 0.0f : kNegInf;
+      const kernels::KeyRange r = kernels::visible_keys(o, i, tq, tk);
+      for (int64_t j = 0; j < tk; ++j) p[i * tk + j] = j >= r.begin && j < r.end ? 0.0f : kNegInf;
     }
     m = m.defined() ? qkv::add(m, c) : c;
   }
@@ -158,15 +159,30 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
       t.accumulate_owned(v, g.dv);
     });
   }
-  // Composed: scores -> bias -> mask -> softmax -> dropout -> weights·v.
+  // Composed: scores -> soft cap -> bias -> mask -> softmax -> dropout -> weights·v.
   const float sc = attention_scale(options, q.size(-1));
-  Var s = scale(matmul(q, transpose(k, -1, -2)), sc);
+  Var kk = k, vv = v;
+  if (options.enable_gqa && k.size(-3) != q.size(-3)) {
+    // GQA on the tape: each kv head repeated over its group (a broadcast view; the backward sums the group).
+    const auto grouped = [&](const Var& x) {
+      const int64_t hkv = x.size(-3), group = q.size(-3) / hkv;
+      Shape wide = x.shape();
+      wide.insert(wide.end() - 2, group);
+      Shape merged = x.shape();
+      merged[merged.size() - 3] = hkv * group;
+      return reshape(expand(unsqueeze(x, x.dim() - 2), wide), merged);
+    };
+    kk = grouped(k);
+    vv = grouped(v);
+  }
+  Var s = scale(matmul(q, transpose(kk, -1, -2)), sc);
+  if (options.softcap > 0.0f) s = scale(tanh(scale(s, 1.0f / options.softcap)), options.softcap);
   if (extras.bias.defined()) s = add(s, extras.bias);
   const Tensor m = additive_mask(options, tq, tk);
   if (m.defined()) s = add(s, Var(m));
   Var w = softmax(s, -1);
   if (extras.dropout > 0.0f) w = dropout(w, extras.dropout, true, *extras.dropout_rng);
-  return matmul(w, v);
+  return matmul(w, vv);
 }
 
 Var relative_attention(const Var& q, const Var& k, const Var& v, const Var& rel_k, const Var& rel_v, int64_t clip,

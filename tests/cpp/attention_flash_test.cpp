@@ -16,6 +16,7 @@
 #include "ops_testing.h"
 #include "qkv/core/rng.h"
 #include "qkv/kernels/attention_flash.h"
+#include "qkv/kernels/cpu.h"
 #include "qkv/ops/attention.h"
 
 namespace qkv {
@@ -38,18 +39,23 @@ constexpr double kCancellationRtol = 1e-6;
 // ---------------------------------------------------------------------------------------------------------------
 // float64 oracle on the broadcast batch, forward and backward, written the obvious way.
 
-struct Dense {  // row-major double copy of a tensor expanded to (batch..., R, C)
+struct Dense {  // row-major double copy of a tensor expanded to (batch..., R, C); GQA: `head` maps batch -> matrix
   int64_t rows = 0, cols = 0;
   std::vector<double> v;
-  double at(int64_t b, int64_t r, int64_t c) const { return v[static_cast<size_t>((b * rows + r) * cols + c)]; }
+  int64_t group = 1, hq = 1;  // group > 1: batch index b reads matrix (b / hq) * (hq / group) + (b % hq) / group
+  double at(int64_t b, int64_t r, int64_t c) const {
+    const int64_t m = group == 1 ? b : (b / hq) * (hq / group) + (b % hq) / group;
+    return v[static_cast<size_t>((m * rows + r) * cols + c)];
+  }
 };
 
-Dense dense(const Tensor& t, const Shape& batch, int64_t rows, int64_t cols) {
+Dense dense(const Tensor& t, const Shape& batch, int64_t rows, int64_t cols, int64_t group = 1) {
   Shape full = batch;
+  if (group > 1) full.back() /= group;
   full.push_back(rows);
   full.push_back(cols);
   const std::vector<float> x = t.expand(full).contiguous().to_vector();
-  return {rows, cols, std::vector<double>(x.begin(), x.end())};
+  return {rows, cols, std::vector<double>(x.begin(), x.end()), group, batch.empty() ? 1 : batch.back()};
 }
 
 // Sums a (batch..., R, C) double array into the shape it was broadcast from.
@@ -70,7 +76,9 @@ Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   const Shape batch = attention_check(q, k, v, o, "oracle");
   const int64_t nb = shape_numel(batch), tq = q.size(-2), tk = k.size(-2), dk = q.size(-1), dv = v.size(-1);
   const double scale = o.scale ? double{*o.scale} : 1.0 / std::sqrt(static_cast<double>(dk));
-  const Dense Q = dense(q, batch, tq, dk), K = dense(k, batch, tk, dk), V = dense(v, batch, tk, dv);
+  const int64_t group = o.enable_gqa ? batch.back() / k.size(-3) : 1;
+  const Dense Q = dense(q, batch, tq, dk), K = dense(k, batch, tk, dk, group), V = dense(v, batch, tk, dv, group);
+  const double cap = o.softcap;
   const bool has_mask = o.mask_kind != MaskKind::kNone;
   const Dense M = has_mask ? dense(o.mask, batch, tq, tk) : Dense{};
   const Dense G = d_out.defined() ? dense(d_out, batch, tq, dv) : Dense{};
@@ -80,7 +88,8 @@ Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   std::vector<double> dq(static_cast<size_t>(nb * tq * dk)), dkf(static_cast<size_t>(nb * tk * dk)),
       dvf(static_cast<size_t>(nb * tk * dv));
   std::vector<double> dq_abs(dq.size()), dk_abs(dkf.size());  // sums of |terms|
-  std::vector<double> s(static_cast<size_t>(tk)), w(static_cast<size_t>(tk)), dw(static_cast<size_t>(tk));
+  std::vector<double> s(static_cast<size_t>(tk)), w(static_cast<size_t>(tk)), dw(static_cast<size_t>(tk)),
+      dcap(static_cast<size_t>(tk), 1.0);
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t i = 0; i < tq; ++i) {
       double mx = -kInf;
@@ -88,8 +97,15 @@ Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         double dot = 0.0;
         for (int64_t c = 0; c < dk; ++c) dot += Q.at(b, i, c) * K.at(b, j, c);
         double x = scale * dot;
+        if (cap > 0.0) {  // soft cap, before the masks
+          const double t = std::tanh(x / cap);
+          x = cap * t;
+          dcap[j] = 1.0 - t * t;
+        }
         if (o.causal == Causal::kTopLeft && j > i) x = -kInf;
         if (o.causal == Causal::kBottomRight && j > i + tk - tq) x = -kInf;
+        if (o.window_left >= 0 && j < i + tk - tq - o.window_left) x = -kInf;
+        if (o.window_right >= 0 && j > i + tk - tq + o.window_right) x = -kInf;
         if (has_mask) {
           const double m = M.at(b, i, j);
           if (o.mask_kind == MaskKind::kKeep && m == 0.0) x = -kInf;
@@ -118,8 +134,8 @@ Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         wdw_abs += w[j] * std::fabs(x);
       }
       for (int64_t j = 0; j < tk; ++j) {
-        const double ds = w[j] * (dw[j] - wdw) * scale;
-        const double ds_abs = w[j] * (std::fabs(dw[j]) + wdw_abs) * std::fabs(scale);
+        const double ds = w[j] * (dw[j] - wdw) * scale * dcap[j];
+        const double ds_abs = w[j] * (std::fabs(dw[j]) + wdw_abs) * std::fabs(scale) * dcap[j];
         for (int64_t c = 0; c < dk; ++c) {
           dq[row * dk + c] += ds * K.at(b, j, c);
           dkf[static_cast<size_t>((b * tk + j) * dk + c)] += ds * Q.at(b, i, c);
@@ -137,8 +153,18 @@ Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
     for (double x : dq_abs) r.dq_mag = std::max(r.dq_mag, x);
     for (double x : dk_abs) r.dk_mag = std::max(r.dk_mag, x);
     r.dq = sum_to(dq, qf, q.shape());
-    r.dk = sum_to(dkf, kf, k.shape());
-    r.dv = sum_to(dvf, vf, v.shape());
+    Shape kt = k.shape(), vt = v.shape();
+    if (group > 1) {  // (..., Hq, T, D) seen as (..., Hkv, group, T, D), summed over the group
+      for (Shape* f : {&kf, &vf}) {
+        const size_t h = f->size() - 3;
+        (*f)[h] /= group;
+        f->insert(f->begin() + static_cast<int64_t>(h) + 1, group);
+      }
+      kt.insert(kt.end() - 2, 1);
+      vt.insert(vt.end() - 2, 1);
+    }
+    r.dk = sum_to(dkf, kf, kt);
+    r.dv = sum_to(dvf, vf, vt);
   }
   return r;
 }
@@ -343,6 +369,83 @@ TEST(AttentionFlash, PortableKernelsMatchFloat64Oracle) { Sweep(60, 5000, {Flash
 TEST(AttentionFlash, OddThreadCountsMatchFloat64Oracle) {
   Sweep(30, 7000, {FlashIsa::kAuto, 3, 0});
   Sweep(20, 8000, {FlashIsa::kAuto, 1, 0});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The attention variants (GQA/MQA, sliding window, soft cap) over the same random configurations
+
+// random_config(seed) with, at random: q's heads multiplied by a GQA group (k and v keep theirs; never copied), a
+// sliding window on either side (often narrow, so whole key tiles fall outside and rows see no key), a soft cap.
+Config random_variant_config(uint64_t seed) {
+  Config c = random_config(seed);
+  Rng rng(seed * 31 + 7);
+  const int64_t sides[] = {-1, -1, 0, 1, 2, 5, 13, 40};
+  c.o.window_left = sides[rng.below(std::size(sides))];
+  c.o.window_right = sides[rng.below(std::size(sides))];
+  if (rng.bernoulli(0.6f)) c.o.softcap = rng.uniform(0.3f, 6.0f);
+  const bool gqa = c.q.dim() == 4 && (!c.o.mask.defined() || c.o.mask.dim() < 4) && rng.bernoulli(0.7f);
+  if (gqa) {
+    const int64_t group = 2 + static_cast<int64_t>(rng.below(2));
+    Shape qs = c.q.shape(), gs = c.d_out.shape();
+    qs[1] *= group;
+    gs[1] *= group;
+    c.q = make_input(qs, static_cast<int>(rng.below(3)), seed * 7 + 11);
+    c.d_out = randn(gs, seed * 7 + 12);
+    c.o.enable_gqa = true;
+  }
+  c.desc += " window (" + std::to_string(c.o.window_left) + ", " + std::to_string(c.o.window_right) + ") softcap " +
+            std::to_string(c.o.softcap) + (gqa ? " gqa q " + str(c.q.shape()) : "");
+  return c;
+}
+
+void VariantSweep(int n, uint64_t first_seed, FlashIsa isa) {
+  for (int i = 0; i < n; ++i) {
+    const Config c = random_variant_config(first_seed + static_cast<uint64_t>(i));
+    FlashConfig cfg{isa, 0, 0};
+    const auto& t = kTileChoices[static_cast<size_t>(i) % std::size(kTileChoices)];
+    cfg.fwd_q_tile = t[0], cfg.fwd_k_tile = t[1], cfg.bwd_q_tile = t[2], cfg.bwd_k_tile = t[3];
+    EXPECT_TRUE(MatchesOracle(c.q, c.k, c.v, c.o, c.d_out, cfg))
+        << c.desc << " isa " << kernels::flash_isa_name(cfg.isa) << " tiles " << t[0] << "," << t[1] << ","
+        << t[2] << "," << t[3];
+  }
+}
+
+TEST(AttentionFlashVariants, PortableKernelsMatchFloat64Oracle) { VariantSweep(30, 20000, FlashIsa::kPortable); }
+
+TEST(AttentionFlashVariants, Avx2KernelsMatchFloat64Oracle) {
+  if (!kernels::cpu_supports(kernels::Isa::kAvx2)) {  // nothing to run: a named AVX2 request must then throw
+    EXPECT_THROW(run_fused(randn({4, 8}, 1), randn({4, 8}, 2), randn({4, 8}, 3), {}, Tensor(), {FlashIsa::kAvx2, 0}),
+                 std::runtime_error);
+    return;
+  }
+  VariantSweep(40, 21000, FlashIsa::kAvx2);
+}
+
+// This CPU may lack AVX-512 (then the avx512 set is only compiled, sharing every line of the driver above).
+TEST(AttentionFlashVariants, Avx512KernelsMatchFloat64Oracle) {
+  if (!kernels::cpu_supports(kernels::Isa::kAvx512)) {
+    EXPECT_THROW(run_fused(randn({4, 8}, 1), randn({4, 8}, 2), randn({4, 8}, 3), {}, Tensor(), {FlashIsa::kAvx512, 0}),
+                 std::runtime_error);
+    return;
+  }
+  VariantSweep(40, 22000, FlashIsa::kAvx512);
+}
+
+// The reference kernels (the weights path) on the same variants, against the same float64 oracle.
+TEST(AttentionReferenceVariants, MatchFloat64Oracle) {
+  for (uint64_t seed = 23000; seed < 23025; ++seed) {
+    const Config c = random_variant_config(seed);
+    const Oracle r = oracle(c.q, c.k, c.v, c.o, c.d_out);
+    AttentionOptions o = c.o;
+    o.return_lse = true;
+    const AttentionResult f = attention_reference(c.q, c.k, c.v, o);
+    EXPECT_TRUE(NormClose(f.out, r.out, kForwardRtol, "out")) << c.desc;
+    EXPECT_TRUE(LseClose(f.lse, r.lse)) << c.desc;
+    const AttentionGrads g = attention_backward_reference(c.q, c.k, c.v, f.out, f.lse, c.d_out, c.o);
+    EXPECT_TRUE(NormClose(g.dq, r.dq, kBackwardRtol, "dq", r.dq_mag)) << c.desc;
+    EXPECT_TRUE(NormClose(g.dk, r.dk, kBackwardRtol, "dk", r.dk_mag)) << c.desc;
+    EXPECT_TRUE(NormClose(g.dv, r.dv, kBackwardRtol, "dv")) << c.desc;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -622,6 +725,59 @@ TEST(AttentionFusedErrors, BadInputsNameTheOp) {
   o.mask = randn({3, 3}, 4);  // kind left at kNone
   EXPECT_TRUE(ThrowsArg([&] { attention_fused(randn({3, 4}, 1), randn({3, 4}, 2), randn({3, 4}, 3), o); },
                         "[attention]"));
+}
+
+TEST(AttentionFusedErrors, BadVariantOptionsNameTheOpAndShapes) {
+  const Tensor q = randn({1, 6, 3, 4}, 1), k = randn({1, 4, 5, 4}, 2), v = randn({1, 4, 5, 4}, 3);
+  AttentionOptions gqa;
+  gqa.enable_gqa = true;  // 6 query heads over 4 kv heads
+  EXPECT_TRUE(ThrowsArg([&] { attention(q, k, v, gqa); }, "[attention] enable_gqa: the query heads of q (1, 6, 3, 4)"));
+  EXPECT_TRUE(ThrowsArg([&] { attention(q, k, randn({1, 2, 5, 4}, 4), gqa); }, "must have the same number of heads"));
+  EXPECT_TRUE(ThrowsArg([&] { attention(randn({3, 4}, 5), randn({5, 4}, 6), randn({5, 4}, 7), gqa); },
+                        "enable_gqa needs q (3, 4)"));
+  EXPECT_TRUE(ThrowsArg([&] { attention(q, k, v); }, "do not broadcast"));  // GQA shapes without enable_gqa
+  AttentionOptions w;
+  w.window_left = -2;
+  EXPECT_TRUE(ThrowsArg([&] { attention(k, k, v, w); }, "[attention] window_size (-2, -1) must be >= -1"));
+  AttentionOptions c;
+  c.softcap = -1.0f;
+  EXPECT_TRUE(ThrowsArg([&] { attention(k, k, v, c); }, "[attention] softcap -1 must be finite and >= 0"));
+  c.softcap = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(ThrowsArg([&] { attention_backward(k, k, v, Tensor(), Tensor(), randn({1, 4, 5, 4}, 8), c); },
+                        "[attention_backward] softcap"));
+}
+
+// Head h of q reads kv head h / group: the same numbers as K and V repeated per query head, and the gradient of a
+// kv head is the sum over its group's copies.
+TEST(AttentionFlashVariants, GqaEqualsRepeatedKvHeads) {
+  const Tensor q = randn({2, 6, 37, 16}, 1), k = randn({2, 2, 41, 16}, 2), v = randn({2, 2, 41, 24}, 3);
+  const Tensor g = randn({2, 6, 37, 24}, 4);
+  const auto repeat = [](const Tensor& t) {  // (B, 2, T, D) -> (B, 6, T, D): heads 0 0 0 1 1 1
+    return t.unsqueeze(2).expand({t.size(0), 2, 3, t.size(2), t.size(3)}).contiguous().view(
+        {t.size(0), 6, t.size(2), t.size(3)});
+  };
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  o.return_lse = true;
+  AttentionOptions og = o;
+  og.enable_gqa = true;
+  const AttentionResult a = attention(q, k, v, og), b = attention(q, repeat(k), repeat(v), o);
+  EXPECT_TRUE(NormClose(a.out, testing::to_double(b.out), kForwardRtol, "out"));
+  const AttentionGrads ga = attention_backward(q, k, v, a.out, a.lse, g, og);
+  const AttentionGrads gb = attention_backward(q, repeat(k), repeat(v), b.out, b.lse, g, o);
+  EXPECT_EQ(ga.dk.shape(), k.shape());
+  const auto group_sum = [](const Tensor& t) {  // (B, 6, T, D) -> (B, 2, T, D)
+    const std::vector<float> x = t.contiguous().to_vector();
+    const int64_t B = t.size(0), T = t.size(2), D = t.size(3);
+    std::vector<double> r(static_cast<size_t>(B * 2 * T * D), 0.0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < 6; ++h)
+        for (int64_t i = 0; i < T * D; ++i) r[static_cast<size_t>((b * 2 + h / 3) * T * D + i)] += x[static_cast<size_t>((b * 6 + h) * T * D + i)];
+    return r;
+  };
+  EXPECT_TRUE(NormClose(ga.dq, testing::to_double(gb.dq), kBackwardRtol, "dq"));
+  EXPECT_TRUE(NormClose(ga.dk, group_sum(gb.dk), kBackwardRtol, "dk"));
+  EXPECT_TRUE(NormClose(ga.dv, group_sum(gb.dv), kBackwardRtol, "dv"));
 }
 
 TEST(AttentionFusedErrors, BackwardShapesNameTheOp) {

@@ -449,29 +449,47 @@ TEST(GradAttention, FullyMaskedRowGivesZeroGradientNotNaN) {
     for (float g : x->grad().to_vector()) EXPECT_FALSE(std::isnan(g));
 }
 
-TEST(GradAttention, ComposedPathMatchesFusedPath) {
-  // A zero bias that requires a gradient forces the composed path; both must agree on values and gradients.
-  const Tensor q = randn({2, 2, 5, 4}, 86), k = randn({2, 2, 5, 4}, 87), v = randn({2, 2, 5, 3}, 88);
-  AttentionOptions o;
-  o.causal = Causal::kTopLeft;
-  o.mask = Tensor::zeros({2, 1, 1, 5});
-  o.mask.data()[4] = 1.0f;
-  o.mask_kind = MaskKind::kBlock;
-  const Tensor dout = randn({2, 2, 5, 3}, 89);
+// The composed path (forced by a zero bias of `bias_shape` that requires a gradient) against the fused node: the
+// same values and gradients.
+void ExpectComposedMatchesFused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                const Tensor& dout, const Shape& bias_shape) {
   std::vector<Tensor> grads[2];
   Tensor outs[2];
   for (int path = 0; path < 2; ++path) {
     Tape tape;
     const Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
     ad::AttentionExtras ex;
-    if (path == 1) ex.bias = tape.leaf(Tensor::zeros({1, 2, 5, 5}));
+    if (path == 1) ex.bias = tape.leaf(Tensor::zeros(bias_shape));
     const Var out = ad::attention(qv, kv, vv, o, ex);
     tape.backward(out, dout);
     outs[path] = out.value;
     grads[path] = {qv.grad(), kv.grad(), vv.grad()};
   }
+  EXPECT_EQ(grads[0][1].shape(), k.shape());
   EXPECT_TRUE(AllClose(outs[1], outs[0], testing::kFloatVsDouble));
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(AllClose(grads[1][i], grads[0][i], {1e-5, 1e-4})) << i;
+}
+
+TEST(GradAttention, ComposedPathMatchesFusedPath) {
+  const Tensor q = randn({2, 2, 5, 4}, 86), k = randn({2, 2, 5, 4}, 87), v = randn({2, 2, 5, 3}, 88);
+  AttentionOptions o;
+  o.causal = Causal::kTopLeft;
+  o.mask = Tensor::zeros({2, 1, 1, 5});
+  o.mask.data()[4] = 1.0f;
+  o.mask_kind = MaskKind::kBlock;
+  ExpectComposedMatchesFused(q, k, v, o, randn({2, 2, 5, 3}, 89), {1, 2, 5, 5});
+}
+
+TEST(GradAttention, ComposedPathMatchesFusedPathWithGqaWindowAndSoftcap) {
+  // GQA (4 query heads over 2 kv heads), a sliding window, a soft cap and causal; dK and dV summed over each group.
+  const Tensor q = randn({2, 4, 5, 4}, 186), k = randn({2, 2, 7, 4}, 187), v = randn({2, 2, 7, 3}, 188);
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  o.enable_gqa = true;
+  o.window_left = 2;
+  o.window_right = 1;
+  o.softcap = 1.5f;
+  ExpectComposedMatchesFused(q, k, v, o, randn({2, 4, 5, 3}, 189), {1, 4, 5, 7});
 }
 
 TEST(GradAttention, DifferentiableBiasGetsTheScoreGradient) {

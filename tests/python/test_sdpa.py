@@ -255,3 +255,92 @@ def test_parity_rule_rejects_a_result_off_by_more_than_float32_noise():
     bumped.flat[0] += 1e-4 * max(1.0, float(np.max(np.abs(ref64))))
     with pytest.raises(AssertionError, match="exceeds"):
         assert_parity("sdpa.self_check_bumped", bumped, ref64, ref32)
+
+
+# ----- the attention variants: enable_gqa (native), window_size, softcap ----------------------------------------
+
+def torch_variant(q, k, v, g, dtype, causal=False, window=(-1, -1), softcap=0.0, enable_gqa=False):
+    """The variants written out in torch: K/V repeated per group, the window as an explicit mask, tanh capping."""
+    tq, tk, tv = (torch.from_numpy(np.asarray(a, np.float64)).to(dtype).requires_grad_() for a in (q, k, v))
+    kk, vv = tk, tv
+    if enable_gqa:
+        group = tq.shape[-3] // tk.shape[-3]
+        kk, vv = tk.repeat_interleave(group, dim=-3), tv.repeat_interleave(group, dim=-3)
+    s = tq @ kk.transpose(-1, -2) / np.sqrt(q.shape[-1])
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    i = torch.arange(Tq)[:, None]
+    j = torch.arange(Tk)[None, :]
+    keep = torch.ones(Tq, Tk, dtype=torch.bool)
+    if causal:
+        keep &= j <= i
+    if window[0] >= 0:
+        keep &= j >= i + Tk - Tq - window[0]
+    if window[1] >= 0:
+        keep &= j <= i + Tk - Tq + window[1]
+    s = s.masked_fill(~keep, float("-inf"))
+    w = torch.softmax(s, -1).nan_to_num(0.0)  # a row that sees no key: 0
+    out = w @ vv
+    out.backward(torch.from_numpy(g.astype(np.float64)).to(dtype))
+    return [t.detach().numpy() for t in (out, tq.grad, tk.grad, tv.grad)]
+
+
+VARIANTS = {
+    "gqa": dict(qs=(2, 8, 11, 16), ks=(2, 2, 13, 16), enable_gqa=True),
+    "mqa_causal": dict(qs=(1, 4, 9, 8), ks=(1, 1, 9, 8), enable_gqa=True, causal=True),
+    "window_left": dict(qs=(2, 2, 17, 8), ks=(2, 2, 17, 8), window=(3, 0)),
+    "window_both_tq_lt_tk": dict(qs=(1, 2, 5, 8), ks=(1, 2, 21, 8), window=(4, 2)),
+    "window_rows_see_nothing": dict(qs=(1, 2, 12, 8), ks=(1, 2, 4, 8), window=(1, 0)),
+    "window_causal": dict(qs=(1, 3, 19, 8), ks=(1, 3, 19, 8), window=(5, 3), causal=True),
+    "softcap": dict(qs=(2, 2, 9, 16), ks=(2, 2, 12, 16), softcap=0.7),
+    "all_three": dict(qs=(1, 6, 15, 16), ks=(1, 2, 15, 16), enable_gqa=True, window=(4, -1), softcap=2.0,
+                      causal=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_match_torch_written_out_forward_and_backward(name):
+    c = VARIANTS[name]
+    rng = np.random.default_rng(hash(name) % 997)
+    qs, ks = c["qs"], c["ks"]
+    q, k, v = rand(rng, *qs, scale=1.5), rand(rng, *ks, scale=1.5), rand(rng, *ks)
+    g = rand(rng, *qs)
+    opts = dict(causal=c.get("causal", False), window=c.get("window", (-1, -1)), softcap=c.get("softcap", 0.0),
+                enable_gqa=c.get("enable_gqa", False))
+    ref64 = torch_variant(q, k, v, g, torch.float64, **opts)
+    ref32 = torch_variant(q, k, v, g, torch.float32, **opts)
+    kw = dict(is_causal=opts["causal"], window_size=opts["window"], softcap=opts["softcap"],
+              enable_gqa=opts["enable_gqa"])
+    out = qkv.scaled_dot_product_attention(q, k, v, **kw)
+    grads = qkv.scaled_dot_product_attention_backward(q, k, v, g, **kw)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape
+    grad_scale = max(float(np.max(np.abs(r))) for r in ref64[1:])
+    for i, (what, got, r64, r32) in enumerate(zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), ref64,
+                                                  ref32)):
+        assert_parity(f"{name}.{what}", got, r64, r32, magnitude=grad_scale if i else None)
+
+
+def test_enable_gqa_matches_torch_enable_gqa():
+    rng = np.random.default_rng(5)
+    q, k, v = rand(rng, 2, 6, 10, 8), rand(rng, 2, 3, 14, 8), rand(rng, 2, 3, 14, 4)
+    tq, tk, tv = (torch.from_numpy(a.astype(np.float64)).requires_grad_() for a in (q, k, v))
+    ref = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
+    g = rand(rng, *ref.shape)
+    ref.backward(torch.from_numpy(g.astype(np.float64)))
+    got = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    dq, dk, dv = qkv.scaled_dot_product_attention_backward(q, k, v, g, is_causal=True, enable_gqa=True)
+    for what, a, r in (("out", got, ref), ("dq", dq, tq.grad), ("dk", dk, tk.grad), ("dv", dv, tv.grad)):
+        np.testing.assert_allclose(a, r.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=what)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(window_size=(-2, 0)), r"\[scaled_dot_product_attention\] window_size \(-2, 0\) must be >= -1"),
+    (dict(softcap=-1.0), r"\[scaled_dot_product_attention\] softcap must be a finite float >= 0"),
+    (dict(softcap=float("nan")), r"\[scaled_dot_product_attention\] softcap must be a finite float >= 0"),
+])
+def test_bad_window_or_softcap_raise_one_line_value_error(kwargs, message):
+    z = np.zeros((1, 2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=message) as e:
+        qkv.scaled_dot_product_attention(z, z, z, **kwargs)
+    assert "\n" not in str(e.value)

@@ -277,3 +277,22 @@ def test_inputs_are_read_in_place_not_copied():
     tracemalloc.stop()
     assert out.shape == (2, 4, 256, 64) and lse.shape == (2, 4, 256)
     assert peak < one_input // 8, f"numpy allocated {peak} bytes during the call (one input: {one_input})"
+
+
+def test_enable_gqa_is_native_kv_heads_are_not_expanded(monkeypatch):
+    seen = []
+    real = qkv._qkv._sdpa_forward
+    monkeypatch.setattr(qkv._qkv, "_sdpa_forward", lambda *a: seen.append((a[1].shape, a[6])) or real(*a))
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 8, 7, 16, generator=gen, requires_grad=True)
+    k = torch.randn(2, 2, 9, 16, generator=gen, requires_grad=True)
+    v = torch.randn(2, 2, 9, 16, generator=gen, requires_grad=True)
+    out = qt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert seen == [((2, 2, 9, 16), True)]  # the kernel got k with its 2 heads, and the GQA flag
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -2,6 +2,7 @@
 // alignment, the options of one call and its results. They sit in core so that kernels and ops both see them.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "qkv/core/tensor.h"
@@ -28,6 +29,18 @@ struct AttentionOptions {
   std::optional<float> scale;          // default 1/sqrt(Dk); any finite value, 1.0 = unscaled
   bool return_weights = false;         // forces the reference path: weights (..., Tq, Tk)
   bool return_lse = false;             // lse (..., Tq): log-sum-exp of the masked, scaled scores
+  // Grouped-query attention (GQA/MQA; PyTorch's enable_gqa): q is (..., Hq, Tq, Dk), k and v (..., Hkv, Tk, D)
+  // with Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv). K and V are never copied; the backward sums dK
+  // and dV over each group. The dims before the head dim broadcast as usual.
+  bool enable_gqa = false;
+  // Sliding window (FlashAttention-2's window_size = (left, right); -1 = unbounded on that side): query i sees key
+  // j iff i + Tk - Tq - left <= j <= i + Tk - Tq + right (aligned bottom-right whatever `causal` is). Combines
+  // with causal and the mask: all must allow a pair. A model config's sliding_window = W is (W - 1, 0).
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // Logit soft-capping (Gemma 2), 0 = off: with c > 0 the score is c·tanh(scale·q·k / c), before the mask and
+  // any additive bias.
+  float softcap = 0.0f;
 };
 
 struct AttentionResult {
