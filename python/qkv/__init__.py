@@ -20,6 +20,9 @@ get_num_threads = _qkv.get_num_threads
 scaled_dot_product_attention = _calls.function(_qkv.scaled_dot_product_attention, "scaled_dot_product_attention")
 scaled_dot_product_attention_backward = _calls.function(_qkv.scaled_dot_product_attention_backward,
                                                         "scaled_dot_product_attention_backward")
+flash_attn_varlen_func = _calls.function(_qkv.flash_attn_varlen_func, "flash_attn_varlen_func")
+flash_attn_varlen_backward = _calls.function(_qkv.flash_attn_varlen_backward, "flash_attn_varlen_backward")
+flash_attn_with_kvcache = _calls.function(_qkv.flash_attn_with_kvcache, "flash_attn_with_kvcache")
 load_safetensors = _calls.function(_qkv.load_safetensors, "load_safetensors")
 save_safetensors = _calls.function(_qkv.save_safetensors, "save_safetensors")
 MultiheadAttention = _calls.patch_class(_qkv.MultiheadAttention)

@@ -6,6 +6,10 @@
 
 namespace py = pybind11;
 
+namespace qkv::python {
+void bind_varlen(py::module_& m);  // flash_attn_varlen_func[_backward], flash_attn_with_kvcache (python/src/varlen.cpp)
+}  // namespace qkv::python
+
 PYBIND11_MODULE(_qkv, m) {
   m.doc() = "qkv: attention from Seq2Seq to self-attention (C++ core)";
   m.attr("__version__") = "0.1.0";
@@ -31,6 +35,7 @@ PYBIND11_MODULE(_qkv, m) {
       "Threads qkv's kernels use for calls from this thread (like torch.get_num_threads).");
   qkv::python::bind_attention(m);
   qkv::python::bind_sdpa(m);
+  qkv::python::bind_varlen(m);
   qkv::python::bind_mha(m);
   qkv::python::bind_transformer(m);
   qkv::python::bind_rnn(m);

@@ -82,7 +82,17 @@ struct Operand {
   const float* base = nullptr;
   std::vector<int64_t> offs;
   int64_t rs = 0;
+  // Paged (a KV cache in blocks): row j of every matrix lives in block pages[j / page_rows], page_stride floats
+  // apart; offs then holds the offset of each matrix within a block. pages == nullptr: rows are rs apart.
+  const int32_t* pages = nullptr;
+  int64_t page_rows = 0, page_stride = 0;
   const float* at(int64_t b) const { return base + offs[static_cast<size_t>(b)]; }
+  const float* row(int64_t b, int64_t j) const {
+    if (!pages) return at(b) + j * rs;
+    return at(b) + pages[j / page_rows] * page_stride + (j % page_rows) * rs;
+  }
+  // Rows j.. that stay contiguous (within one block): at most `n`.
+  int64_t run(int64_t j, int64_t n) const { return pages ? std::min(n, page_rows - j % page_rows) : n; }
 };
 
 // group > 1: a GQA kv input whose head h / group serves batch head h (qkv/kernels/attention_reference.h).
@@ -140,14 +150,16 @@ struct Ctx {
   AttentionOptions bounds;  // causal and window_* only: what visible_keys reads
   bool causal = false;
   bool bounded = false;  // causal or a window hides some keys of some rows
-  int64_t off = 0;  // query i sees keys j <= i + off when causal
+  // Query rows per query position: GQA decoding stacks the `qdiv` query heads of a group as the rows of one tile
+  // (row r is query r / qdiv of Tq / qdiv), so that each K/V tile is read once per group.
+  int64_t qdiv = 1;
   int64_t tq = 0, tk = 0, dk = 0, dv = 0;
   float scale = 1.0f;
   float c2 = 1.0f;    // what q·k is multiplied by before the tile math: scale · log2(e), or scale / cap when capped
   float cap = 0.0f;   // soft cap c (0 = off)
   float cap2 = 0.0f;  // c · log2(e): a capped score in log2 units is cap2 · tanh(scale · q·k / c)
   int64_t fq = kFwdQ, fk = kFwdK, bq = kBwdQ, bk = kBwdK;  // tile sizes
-  KeyRange keys(int64_t i) const { return visible_keys(bounds, i, tq, tk); }
+  KeyRange keys(int64_t i) const { return visible_keys(bounds, i / qdiv, tq / qdiv, tk); }
   // Keys [key_begin(i0), key_end(i_last)) hold every key visible to query rows i0..i_last (bounds are monotone).
   int64_t key_begin(int64_t i0) const { return bounded ? keys(i0).begin : 0; }
   int64_t key_end(int64_t i_last) const { return bounded ? keys(i_last).end : tk; }
@@ -186,12 +198,13 @@ void apply_softcap(const Ctx& cx, float* s, int64_t ld, int64_t rows, int64_t c0
     }
 }
 
+// tk >= 0 overrides k's length (a paged cache, whose k and v are placeholders for the first block).
 Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
-             const Shape& batch, float scale, const FlashConfig& config) {
+             const Shape& batch, float scale, const FlashConfig& config, int64_t tk = -1) {
   Ctx cx;
   cx.kr = &pick(config.isa);
   cx.tq = q.size(-2);
-  cx.tk = k.size(-2);
+  cx.tk = tk >= 0 ? tk : k.size(-2);
   cx.dk = q.size(-1);
   cx.dv = v.size(-1);
   const int64_t group = gqa_group(options, k, batch);
@@ -204,7 +217,6 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   cx.bounds.window_right = options.window_right;
   cx.causal = options.causal != Causal::kNone;
   cx.bounded = cx.causal || options.window_left >= 0 || options.window_right >= 0;
-  cx.off = options.causal == Causal::kBottomRight ? cx.tk - cx.tq : 0;
   cx.scale = scale;
   cx.cap = options.softcap;
   cx.cap2 = static_cast<float>(cx.cap * kLog2e);
@@ -280,14 +292,15 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
   std::fill(w.l.begin(), w.l.begin() + ld, 0.0f);
   std::fill(w.o.begin(), w.o.begin() + bq * dv, 0.0f);
 
-  const float* kb = cx.k.at(b);
-  const float* vb = cx.v.at(b);
   const bool has_mask = cx.mask.kind != MaskKind::kNone;
   float* st = w.st.data();
   // A few queries (decoding) stream K and V from memory: longer key tiles switch less often between the two.
   const int64_t fk = small ? std::max(cx.fk, std::min<int64_t>(kSmallQK, cx.fk * cx.fq / 8)) : cx.fk;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += fk) {
-    const int64_t n = std::min(fk, j_end - j0);
+  int64_t n = 0;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += n) {
+    n = cx.k.run(j0, std::min(fk, j_end - j0));  // a tile never crosses a cache block
+    const float* kj = cx.k.row(b, j0);
+    const float* vj = cx.v.row(b, j0);
     const bool diag = cx.diagonal(i0, bq, j0, n);
     if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), 1, ld)) continue;  // all blocked
     // On the causal diagonal the queries before c0 see none of these keys, and under a left window those from c1
@@ -304,11 +317,11 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     float* sc = st + c0;
     // Sᵀ (n keys x nc queries), log2 units.
     if (small) {
-      kr.dot_scores(qt, bq, dk, kb + j0 * cx.k.rs, cx.k.rs, n, st, ld);
+      kr.dot_scores(qt, bq, dk, kj, cx.k.rs, n, st, ld);
     } else {
       Gemm g;
       g.rows = n, g.cols = nc, g.depth = dk;
-      g.a = kb + j0 * cx.k.rs, g.a_rs = cx.k.rs, g.a_ks = 1;
+      g.a = kj, g.a_rs = cx.k.rs, g.a_ks = 1;
       g.b = qt + c0, g.b_ks = ld;
       g.c = sc, g.c_rs = ld;
       kr.gemm(g);
@@ -330,7 +343,7 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     Gemm g;
     g.rows = qend - c0, g.cols = dv, g.depth = n;
     g.a = sc, g.a_rs = 1, g.a_ks = ld;
-    g.b = vb + j0 * cx.v.rs, g.b_ks = cx.v.rs;
+    g.b = vj, g.b_ks = cx.v.rs;
     g.c = w.o.data() + c0 * dv, g.c_rs = dv;
     g.row_scale = w.alpha.data() + c0;
     g.accumulate = true;
@@ -368,10 +381,72 @@ int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
 
 const char* flash_isa_name(FlashIsa isa) { return pick(isa).name; }
 
+static AttentionResult forward(const Ctx& cx, const Shape& batch, const FlashConfig& config);
+
 AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const AttentionOptions& options, const Shape& batch, float scale,
                                         const FlashConfig& config) {
-  const Ctx cx = make_ctx(q, k, v, options, batch, scale, config);
+  const int64_t group = gqa_group(options, k, batch);
+  if (group > 1 && q.size(-2) == 1 && options.mask_kind == MaskKind::kNone && !batch.empty()) {
+    // GQA decoding: (..., Hq, 1, D) queries as (..., Hkv, group, D), one tile of `group` rows per kv head, so each
+    // K/V tile is read once per group instead of once per query head. q is tiny here: the copy costs nothing.
+    Shape full = batch, stacked = batch, kv_batch = batch;
+    full.insert(full.end(), {1, q.size(-1)});
+    kv_batch.back() /= group;
+    stacked.back() /= group;
+    stacked.insert(stacked.end(), {group, q.size(-1)});
+    const Tensor qs = q.expand(full).contiguous().view(stacked);
+    AttentionOptions o = options;
+    o.enable_gqa = false;  // k's heads now match kv_batch
+    Ctx cx = make_ctx(qs, k, v, o, kv_batch, scale, config);
+    cx.qdiv = group;
+    AttentionResult r = forward(cx, kv_batch, config);
+    Shape out_shape = batch, lse_shape = batch;
+    out_shape.insert(out_shape.end(), {1, v.size(-1)});
+    lse_shape.push_back(1);
+    r.out = r.out.view(out_shape);  // (..., Hkv, group, Dv) is (..., Hq, 1, Dv) in memory
+    r.lse = r.lse.view(lse_shape);
+    return r;
+  }
+  return forward(make_ctx(q, k, v, options, batch, scale, config), batch, config);
+}
+
+AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv, const AttentionOptions& options,
+                                              float scale, const FlashConfig& config) {
+  const char* op = "[attention_with_kvcache]";
+  QKV_CHECK_ARG(q.dim() == 3 && kv.k_cache.dim() == 4 && kv.v_cache.dim() == 4, op, " q ", str(q.shape()),
+                " must be (Hq, Tq, D) and the caches ", str(kv.k_cache.shape()), ", ", str(kv.v_cache.shape()),
+                " (num_blocks, block_size, Hkv, D)");
+  QKV_CHECK_ARG(kv.k_cache.is_contiguous() && kv.v_cache.is_contiguous() && kv.block_table && kv.tk > 0, op,
+                " the caches must be contiguous, with a block table and tk > 0 (tk ", kv.tk, ")");
+  // Placeholders (Hkv, block_size, D) over block 0: make_ctx reads their heads, strides and D; rows come from pages.
+  const Tensor k0 = kv.k_cache.select(0, 0).transpose(0, 1), v0 = kv.v_cache.select(0, 0).transpose(0, 1);
+  const int64_t hq = q.size(0), hkv = k0.size(0), group = hq / std::max<int64_t>(hkv, 1);
+  QKV_CHECK_ARG(hkv > 0 && hq % hkv == 0, op, " the query heads of q ", str(q.shape()),
+                " must be a multiple of the kv heads of the cache ", str(kv.k_cache.shape()));
+  AttentionOptions o = options;
+  o.enable_gqa = true;
+  // One query per head (decoding) with GQA: the group's heads stacked as the rows of one tile, as in
+  // attention_flash_forward, so each block is read once per group.
+  const bool stack = group > 1 && q.size(1) == 1;
+  const Tensor qs = stack ? q.contiguous().view({hkv, group, q.size(2)}) : q;
+  const Shape batch{stack ? hkv : hq};
+  Ctx cx = make_ctx(qs, k0, v0, o, batch, scale, config, kv.tk);
+  if (stack) cx.qdiv = group;
+  for (Operand* x : {&cx.k, &cx.v}) {
+    x->pages = kv.block_table;
+    x->page_rows = kv.k_cache.size(1);
+    x->page_stride = kv.k_cache.stride(0);
+  }
+  AttentionResult r = forward(cx, batch, config);
+  if (stack) {
+    r.out = r.out.view({hq, 1, cx.dv});
+    r.lse = r.lse.view({hq, 1});
+  }
+  return r;
+}
+
+static AttentionResult forward(const Ctx& cx, const Shape& batch, const FlashConfig& config) {
   const int64_t nb = shape_numel(batch), tq = cx.tq, dv = cx.dv;
   Shape out_shape = batch, lse_shape = batch;
   out_shape.push_back(tq);

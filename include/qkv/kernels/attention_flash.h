@@ -34,6 +34,19 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
                                         const AttentionOptions& options, const Shape& batch, float scale,
                                         const FlashConfig& config = {});
 
+// One sequence's paged KV cache for attention_flash_forward_paged.
+struct KvPages {
+  Tensor k_cache, v_cache;               // (num_blocks, block_size, Hkv, Dk / Dv), contiguous
+  const int32_t* block_table = nullptr;  // physical block of each logical block: ceil(tk / block_size) entries
+  int64_t tk = 0;                        // keys of this sequence (> 0)
+};
+
+// q: (Hq, Tq, Dk), any strides with a contiguous last dim, against the first kv.tk keys of the cache, read in place
+// block by block (a key tile never crosses a block)  ->  out (Hq, Tq, Dv), lse (Hq, Tq). Hq % Hkv == 0 (GQA).
+// options: causal, window_*, softcap, no mask. Forward only: the decoding path (qkv::attention_with_kvcache).
+AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv, const AttentionOptions& options,
+                                              float scale, const FlashConfig& config = {});
+
 // q, k, v as above; out, d_out: (batch..., Tq, Dv); lse: (batch..., Tq) from attention_flash_forward (or any
 // forward: natural-log LSE, -inf for a fully masked row).  ->  dq, dk, dv with the shapes of q, k, v (summed over
 // the batch axes each one was broadcast along). Fully masked rows give zero gradient. Deterministic: no atomics.
