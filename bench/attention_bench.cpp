@@ -23,6 +23,7 @@
 #include "qkv/core/tensor.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/attention_varlen.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -40,6 +41,8 @@ struct Args {
   int reps = 10;
   bool python = true;
   bool quick = false;
+  bool variants_only = false;  // --variants: only the attention-variant rows (GQA, window, packed)
+  bool tiny = false;           // --tiny: the variant rows at small sizes (a smoke run, no numbers)
   std::string python_exe = std::string(QKV_SOURCE_DIR) + "/.venv/bin/python";
   std::string script = std::string(QKV_SOURCE_DIR) + "/bench/torch_sdpa.py";
   std::string json = "out/bench/attention.json";
@@ -292,16 +295,93 @@ Args parse(int argc, char** argv) {
     else if (s == "--python") a.python_exe = next();
     else if (s == "--no-python") a.python = false;
     else if (s == "--quick") a.quick = true;
+    else if (s == "--variants") a.variants_only = true;
+    else if (s == "--tiny") a.tiny = true;
     else if (s == "--cpu-time") g_cpu_time = true;
     else if (s == "--memory-child") a.memory_child = next();
     else {
       std::fprintf(stderr,
                    "usage: attention_bench [--threads N] [--reps N] [--json PATH] [--python EXE] [--no-python] "
-                   "[--quick] [--cpu-time]\n");
+                   "[--quick] [--variants] [--tiny] [--cpu-time]\n");
       std::exit(2);
     }
   }
   return a;
+}
+
+// The attention variants, each ratio measured against a baseline in the same run (the GQA prefill against torch's
+// enable_gqa is in bench/torch_sdpa_bench.py).
+struct VariantCheck {
+  std::string what;
+  double value, limit;
+  bool at_least;
+  std::string detail;
+};
+
+std::vector<VariantCheck> measure_variants(const Args& a, double sweep) {
+  using qkv::kernels::attention_flash_forward;
+  const qkv::kernels::FlashConfig cfg{qkv::kernels::FlashIsa::kAuto, a.threads};
+  const int64_t div = a.tiny ? 16 : 1;
+  const int reps = a.tiny ? 1 : a.reps;
+  qkv::Rng rng(7);
+  std::vector<VariantCheck> out;
+  {  // GQA decode: 32 query heads over 8 kv heads, one query against Tk keys; K/V must be read once per group.
+    const int64_t tk = 8192 / div, d = 128;
+    const Tensor q = rng.normal({1, 32, 1, d}), k = rng.normal({1, 8, tk, d}), v = rng.normal({1, 8, tk, d});
+    AttentionOptions o;
+    o.enable_gqa = true;
+    const Shape batch = qkv::attention_check(q, k, v, o, "bench");
+    const float scale = qkv::attention_scale(o, d);
+    const double t = best_of(4 * reps, [&] { attention_flash_forward(q, k, v, o, batch, scale, cfg); });
+    const double gbs = 2.0 * 8 * static_cast<double>(tk) * d * 4.0 / t / 1e9;
+    out.push_back({"GQA decode Hq32 Hkv8 Tk" + std::to_string(tk) + " D128: K/V GB/s / read sweep", gbs / sweep,
+                   0.8, true, fmt(gbs, 1) + " GB/s, " + fmt(t * 1e3, 3) + " ms"});
+  }
+  {  // A window of 512 against full causal at T = 16384 (B1 H2 D64): the window's cost must not grow with T.
+    const int64_t t = 16384 / div, w = 512 / div;
+    const Tensor q = rng.normal({1, 2, t, 64}), k = rng.normal({1, 2, t, 64}), v = rng.normal({1, 2, t, 64});
+    AttentionOptions full;
+    full.causal = Causal::kBottomRight;
+    AttentionOptions win = full;
+    win.window_left = w - 1;  // sliding_window = w
+    win.window_right = 0;
+    const Shape batch = qkv::attention_check(q, k, v, full, "bench");
+    const float scale = qkv::attention_scale(full, 64);
+    const int r = std::max(1, reps / 5);
+    const double tf = best_of(r, [&] { attention_flash_forward(q, k, v, full, batch, scale, cfg); });
+    const double tw = best_of(r, [&] { attention_flash_forward(q, k, v, win, batch, scale, cfg); });
+    out.push_back({"window " + std::to_string(w) + " / full causal time, T" + std::to_string(t), tw / tf, 0.1,
+                   false, fmt(tw * 1e3) + " ms vs " + fmt(tf * 1e3) + " ms"});
+  }
+  {  // A packed MiniLM-like batch (H12 D32, lengths 5..128) against the same batch padded to 128 with a key mask:
+     // the packed time over the padded one, divided by sum T^2 / (B max T^2), should be about 1.
+    const int64_t nseq = 64 / div, maxt = 128, h = 12, d = 32;
+    std::vector<int32_t> cu{0};
+    double sum_t2 = 0.0;
+    for (int64_t i = 0; i < nseq; ++i) {
+      const int32_t len = static_cast<int32_t>(5 + (i * 37) % 124);
+      cu.push_back(cu.back() + len);
+      sum_t2 += static_cast<double>(len) * len;
+    }
+    const Tensor pq = rng.normal({cu.back(), h, d}), pk = rng.normal({cu.back(), h, d});
+    const Tensor pv = rng.normal({cu.back(), h, d});
+    const Tensor q = rng.normal({nseq, h, maxt, d}), k = rng.normal({nseq, h, maxt, d});
+    const Tensor v = rng.normal({nseq, h, maxt, d});
+    Tensor keep = Tensor::zeros({nseq, 1, 1, maxt});
+    for (int64_t b = 0; b < nseq; ++b)
+      for (int64_t j = 0; j < cu[b + 1] - cu[b]; ++j) keep.data()[b * maxt + j] = 1.0f;
+    AttentionOptions po;
+    po.mask = keep;
+    po.mask_kind = qkv::MaskKind::kKeep;
+    const Shape batch = qkv::attention_check(q, k, v, po, "bench");
+    const float scale = qkv::attention_scale(po, d);
+    const double tp = best_of(reps, [&] { qkv::attention_varlen(pq, pk, pv, cu, cu, maxt, maxt); });
+    const double tpad = best_of(reps, [&] { attention_flash_forward(q, k, v, po, batch, scale, cfg); });
+    const double work = sum_t2 / (static_cast<double>(nseq) * maxt * maxt);
+    out.push_back({"packed / padded time over sum T^2 / (B max T^2), B" + std::to_string(nseq), (tp / tpad) / work,
+                   1.5, false, fmt(tp * 1e3) + " ms vs " + fmt(tpad * 1e3) + " ms, work ratio " + fmt(work, 3)});
+  }
+  return out;
 }
 
 }  // namespace
@@ -321,6 +401,17 @@ int main(int argc, char** argv) {
       {"decode B1 H32 Tq1 Tk4096 D128", 1, 32, 1, 4096, 128, false, "decode", "K/V GB/s >= 0.7 x stream copy"},
   };
   if (a.quick) rows.erase(rows.begin() + 4);  // the 32k row takes the longest
+  if (a.variants_only) {
+    const double sweep = stream_read_gbs(int64_t{a.tiny ? 32 : 512} << 20, a.tiny ? 1 : 5, a.threads);
+    std::printf("qkv attention variants: %d threads, kernels %s, %s, read sweep %.1f GB/s%s\n", a.threads,
+                qkv::kernels::flash_isa_name(), cpu_model().c_str(), sweep, a.tiny ? " (tiny sizes)" : "");
+    for (const VariantCheck& c : measure_variants(a, sweep)) {
+      const bool ok = c.at_least ? c.value >= c.limit : c.value <= c.limit;
+      std::printf("  %-66s %8s  (%s %.2f)  %s  [%s]\n", c.what.c_str(), fmt(c.value, 3).c_str(),
+                  c.at_least ? ">=" : "<=", c.limit, ok ? "ok" : "MISSED", c.detail.c_str());
+    }
+    return 0;
+  }
 
   std::fprintf(stderr, "attention_bench: %d threads, kernels %s, %s\n", a.threads,
                qkv::kernels::flash_isa_name(), cpu_model().c_str());
@@ -365,6 +456,7 @@ int main(int argc, char** argv) {
   }
   for (const Row& r : rows)
     if (!std::isnan(r.torch_ms)) checks.push_back({"torch ms / qkv ms, " + r.name, r.torch_ms / r.qkv_ms, 1.0, true});
+  for (const VariantCheck& c : measure_variants(a, sweep)) checks.push_back({c.what, c.value, c.limit, c.at_least});
 
   std::printf("\nqkv attention benchmark: %d threads, kernels %s, %s, %s\n", a.threads,
               qkv::kernels::flash_isa_name(), cpu_model().c_str(), g_cpu_time ? "CPU time" : "wall time");

@@ -4,7 +4,9 @@
 Rows, all in one run and one process, so the ratios come from the same machine state:
   1. SDPA fwd+bwd, causal, B4 H8 D64, T = 512, 1024, 2048 (float32, CPU): torch.nn.functional's vs
      qkv.torch.scaled_dot_product_attention (autograd through qkv's fused backward).
-  2. One training step (forward, cross-entropy, backward, Adam) of a small causal Transformer LM built from
+  2. GQA prefill, causal, forward only, Hq 32 over Hkv 8, D128: torch's enable_gqa=True vs qkv.torch's (native GQA:
+     K/V never expanded).
+  3. One training step (forward, cross-entropy, backward, Adam) of a small causal Transformer LM built from
      torch.nn.TransformerEncoderLayer vs the same model with qkv.torch.TransformerEncoderLayer (same weights).
 The two sides take turns, `--repeats` times each, so a machine that slows down slows both alike; each time is the
 median. Also checks that both sides give the same numbers. Only an idle machine gives numbers worth recording.
@@ -97,6 +99,28 @@ def sdpa_rows(B, H, D, Ts, repeats):
     return rows
 
 
+def gqa_prefill_rows(B, Hq, Hkv, D, Ts, repeats):
+    rows = []
+    for T in Ts:
+        g = torch.Generator().manual_seed(T + 1)
+        q = torch.randn(B, Hq, T, D, generator=g)
+        k, v = (torch.randn(B, Hkv, T, D, generator=g) for _ in range(2))
+
+        def run(fn):
+            return lambda: fn(q, k, v, is_causal=True, enable_gqa=True)
+
+        with torch.no_grad():
+            t_torch, t_qkv = interleaved([run(F.scaled_dot_product_attention), run(qt.scaled_dot_product_attention)],
+                                         repeats)
+            err = max_rel(run(qt.scaled_dot_product_attention)(), run(F.scaled_dot_product_attention)())
+        rows.append({"row": "gqa_prefill_causal", "B": B, "Hq": Hq, "Hkv": Hkv, "T": T, "D": D,
+                     "torch_ms": 1e3 * t_torch, "qkv_ms": 1e3 * t_qkv, "speedup": t_torch / t_qkv,
+                     "max_rel_diff": err})
+        print(f"GQA prefill causal B{B} Hq{Hq} Hkv{Hkv} T{T} D{D}: torch {1e3 * t_torch:8.2f} ms  qkv "
+              f"{1e3 * t_qkv:8.2f} ms  x{t_torch / t_qkv:.2f}  (max rel diff {err:.1e})", flush=True)
+    return rows
+
+
 class TinyLM(nn.Module):
     def __init__(self, layer_cls, vocab, d, heads, ff, layers, T):
         super().__init__()
@@ -164,9 +188,11 @@ def main():
           f"median of {repeats}, sides interleaved", flush=True)
     if args.quick:
         rows = sdpa_rows(2, 2, 16, [64, 128], repeats)
+        rows += gqa_prefill_rows(1, 4, 2, 16, [64], repeats)
         rows += training_rows((50, 32, 4, 64, 2, 2, 32), repeats)
     else:
         rows = sdpa_rows(4, 8, 64, [512, 1024, 2048], repeats)
+        rows += gqa_prefill_rows(1, 32, 8, 128, [512, 2048], repeats)
         rows += training_rows((1000, 256, 8, 1024, 4, 8, 256), repeats)
     if args.json:
         tmp = args.json + ".tmp"  # written whole, then renamed: never a half-written file
