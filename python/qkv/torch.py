@@ -34,6 +34,7 @@ __all__ = [
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
     "patched",
+    "flash_attn_varlen_func",
 ]
 
 # torch's own SDPA, read once: the fallback, and what patched() restores.
@@ -172,6 +173,52 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     out, _ = _sdpa_op(query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale), gqa)
     return out
+
+
+# ----- flash_attn_varlen_func with autograd -------------------------------------------------------------------
+
+class _Varlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap):
+        cq, ck = cu_q.detach().numpy(), cu_k.detach().numpy()
+        out, lse = _qkv.flash_attn_varlen_func(_np(q), _np(k), _np(v), cq, ck, max_q, max_k, softmax_scale=scale,
+                                               causal=causal, window_size=window, softcap=softcap, return_lse=True)
+        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (max_q, max_k, scale, causal, window, softcap)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, scale, causal, window, softcap = ctx.args
+        dq, dk, dv = _qkv.flash_attn_varlen_backward(
+            _np(q), _np(k), _np(v), _np(out), _np(lse), _np(grad_out.contiguous()), cu_q.numpy(), cu_k.numpy(),
+            max_q, max_k, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
+        return (torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv)) + (None,) * 8
+
+
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float] = None,
+                           causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           return_lse: bool = False):
+    """FlashAttention-2's flash_attn_varlen_func on CPU float32 torch tensors, differentiable in q, k and v.
+
+    q (total_q, Hq, D), k, v (total_k, Hk, D) packed, cu_seqlens_* int32 (B + 1) offsets; semantics as
+    qkv.flash_attn_varlen_func (causal bottom-right, window_size, softcap). The backward is qkv's fused one; lse
+    (Hq, total_q) takes no gradient."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not _plain_cpu_f32(t):
+            raise TypeError(f"[flash_attn_varlen_func] {name} must be a CPU float32 tensor, got {t.dtype} on {t.device}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"[flash_attn_varlen_func] {name} must be an int32 tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+    out, lse = _Varlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                             None if softmax_scale is None else float(softmax_scale), bool(causal),
+                             (int(window_size[0]), int(window_size[1])), float(softcap))
+    return (out, lse) if return_lse else out
 
 
 # ----- patched(): route torch.nn.functional.scaled_dot_product_attention to qkv inside a block ------------------

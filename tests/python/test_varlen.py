@@ -122,3 +122,25 @@ def test_kvcache_errors_name_the_op():
     with pytest.raises(ValueError, match=r"block_table entry 7 is outside \[0, 2\)"):
         qkv.flash_attn_with_kvcache(q, k_cache, k_cache.copy(), cache_seqlens=np.array([1, 1], np.int32),
                                     block_table=np.array([[7], [0]], np.int32))
+
+
+def test_torch_varlen_autograd_matches_each_sequence():
+    import qkv.torch as qt
+    rng = np.random.default_rng(9)
+    lq, lk = [4, 9, 1], [6, 9, 2]
+    q, k, v = (torch.from_numpy(a).requires_grad_() for a in (packed(rng, lq, 4, 8), packed(rng, lk, 2, 8),
+                                                              packed(rng, lk, 2, 8)))
+    cq, ck = torch.from_numpy(offsets(lq)), torch.from_numpy(offsets(lk))
+    g = packed(rng, lq, 4, 8)
+    out = qt.flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), causal=True, window_size=(3, 0), softcap=2.0)
+    out.backward(torch.from_numpy(g))
+    for b in range(len(lq)):
+        qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        r, rq, rk, rv = ref_attention(q.detach().numpy()[qs], k.detach().numpy()[ks], v.detach().numpy()[ks], True,
+                                      (3, 0), 2.0, grad=g[qs])
+        np.testing.assert_allclose(out.detach().numpy()[qs], r, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(q.grad.numpy()[qs], rq, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(k.grad.numpy()[ks], rk, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(v.grad.numpy()[ks], rv, rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match=r"cu_seqlens_q must be an int32 tensor, got torch.int64"):
+        qt.flash_attn_varlen_func(q, k, v, cq.long(), ck, max(lq), max(lk))
