@@ -5,6 +5,7 @@ relative, the same 64 greedy tokens through qkv's KV cache, seeded sampling, and
 folders."""
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -128,3 +129,44 @@ def test_broken_folders_name_the_problem(pair, tmp_path):
         assert "\n" not in str(e.value), kind
     with pytest.raises(ValueError, match="does not exist"):
         qkv.CausalLM.from_pretrained(str(tmp_path / "absent"))
+
+
+def cli(*args):
+    # The module is built into <build>/python/qkv; the command sits at <build>/qkv.
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(qkv.__file__))))
+    path = os.path.join(build, "qkv")
+    assert os.path.isfile(path), f"the qkv command was not built next to the module: {path}"
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    return subprocess.run([path, "generate", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def ids_of(stdout):
+    return [int(x) for x in stdout.strip().split(",")] if stdout.strip() else []
+
+
+def test_cli_generate_prints_the_modules_tokens(pair):
+    _, _, model, folder = pair
+    r = cli("--model", folder, "--prompt-ids", "5,17,42", "--max-new-tokens", "64")
+    assert r.returncode == 0, r.stderr
+    assert ids_of(r.stdout) == model.generate(PROMPT, 64).tolist()
+    r = cli("--model", folder, "--prompt-ids", "5,17,42", "--max-new-tokens", "12", "--temperature", "1.2",
+            "--top-k", "20", "--top-p", "0.95", "--seed", "9")
+    assert r.returncode == 0, r.stderr
+    assert ids_of(r.stdout) == model.generate(PROMPT, 12, temperature=1.2, top_k=20, top_p=0.95, seed=9).tolist()
+    r = cli("--model", folder, "--prompt-ids", "5,17,42", "--max-new-tokens", "8", "--beam", "3", "--eos", "0")
+    assert r.returncode == 0, r.stderr
+    beam = ids_of(r.stdout)
+    assert 1 <= len(beam) <= 8 and all(0 <= t < 97 for t in beam)
+
+
+def test_cli_generate_errors_are_one_line(pair, tmp_path):
+    _, _, _, folder = pair
+    for args, message in [
+        (["--model", folder, "--prompt-ids", "5,x"], "'x' is not a token id"),
+        (["--model", folder, "--prompt-ids", "5,97"], "outside [0, vocab_size = 97)"),
+        (["--model", folder, "--prompt-ids", "5", "--temperature", "-1"], "temperature"),
+        (["--model", str(tmp_path / "absent"), "--prompt-ids", "5"], "does not exist"),
+    ]:
+        r = cli(*args)
+        assert r.returncode != 0 and r.stdout == ""
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
