@@ -14,6 +14,9 @@
 #include "qkv/nn/kv_cache.h"
 #include "qkv/decode/search.h"
 #include "qkv/decode/transformer_step.h"
+#include "qkv/decode/sampling.h"
+#include "qkv/models/llama.h"
+#include "qkv/train/loss.h"
 
 namespace qkv::decode {
 using nn::gather_rows;
@@ -412,6 +415,128 @@ TEST(TransformerCache, CachedDecodingIsFasterThanRecomputation) {
               tc * 1e3, tf * 1e3, tf / tc);
   RecordProperty("cache_speedup", std::to_string(tf / tc));
   EXPECT_GT(tf / tc, 1.5);
+}
+
+// --- Llama-style decoders and sampling ---------------------------------------------------------------------------
+
+// A tiny Gemma 2-like config: GQA 4/2, window 3 on layer 0, both soft-caps, (1 + w) norms, sandwich norms.
+models::LlamaConfig tiny_llama(bool gemma) {
+  models::LlamaConfig c;
+  c.model_type = gemma ? "gemma2" : "llama";
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 6;
+  c.layer_sliding = {gemma, false};
+  if (gemma) {
+    c.sliding_window = 3;
+    c.attn_logit_softcapping = 1.5f;
+    c.final_logit_softcapping = 3.0f;
+    c.attention_scale = 0.3f;
+    c.norm_unit_offset = c.scale_embeddings = c.sandwich_norms = true;
+    c.hidden_act = models::GatedActivation::kGeluTanh;
+    c.tie_word_embeddings = true;
+  }
+  return c;
+}
+
+TEST(LlamaDecoding, CachedStepsEqualTheFullForward) {
+  for (bool gemma : {false, true}) {
+    Rng rng(5);
+    const models::LlamaConfig c = tiny_llama(gemma);
+    const models::LlamaForCausalLM model(c, rng);
+    const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9}, {1, 9}};
+    const Tensor full = model.logits(ids);  // (1, 9, V)
+    std::vector<nn::KvCache> caches = model.new_caches(1, 2);  // grows while decoding
+    const Tensor first = model.forward(nn::Context(), Ids{{3, 7, 1, 19}, {1, 4}}, &caches).value;
+    EXPECT_TRUE(AllClose(first, full.slice(1, 0, 4), Tol{1e-5, 1e-5})) << "gemma " << gemma;
+    for (int64_t t = 4; t < 9; ++t) {
+      const Tensor step = model.forward(nn::Context(), Ids{{ids.data[t]}, {1, 1}}, &caches).value;
+      EXPECT_TRUE(AllClose(step, full.slice(1, t, t + 1), Tol{1e-5, 1e-5})) << "gemma " << gemma << " t " << t;
+    }
+    EXPECT_EQ(caches[0].length(), 9);
+  }
+}
+
+TEST(LlamaDecoding, TapeGradientMatchesADirectionalDifference) {
+  // The same forward on a tape: d(loss)/d(weights) along a random direction against a central difference.
+  Rng rng(6);
+  models::LlamaForCausalLM model(tiny_llama(true), rng);
+  const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2}, {2, 4}};
+  const std::vector<int64_t> targets{7, 1, 19, 4, 11, 2, 9, 0};
+  ad::ParameterSet params(model);
+  ad::Tape tape;
+  nn::Context ctx(tape, params);
+  tape.backward(train::cross_entropy(model.forward(ctx, ids), targets));
+  auto loss = [&] { return static_cast<double>(train::cross_entropy(model.logits(ids), targets).value.data()[0]); };
+  for (const char* name : {"model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                           "model.layers.0.post_feedforward_layernorm.weight", "model.embed_tokens.weight"}) {
+    ad::Parameter* p = params.find(name);
+    ASSERT_TRUE(p && p->has_grad) << name;
+    const Tensor dir = randn(p->value->shape(), 77);
+    double analytic = 0.0;
+    for (int64_t i = 0; i < dir.numel(); ++i) analytic += static_cast<double>(dir.data()[i]) * p->grad.data()[i];
+    const Tensor saved = p->value->clone();
+    const float h = 1e-2f;
+    double l[2];
+    for (int s = 0; s < 2; ++s) {
+      for (int64_t i = 0; i < dir.numel(); ++i) p->value->data()[i] = saved.data()[i] + (s ? -h : h) * dir.data()[i];
+      l[s] = loss();
+    }
+    for (int64_t i = 0; i < dir.numel(); ++i) p->value->data()[i] = saved.data()[i];
+    EXPECT_NEAR(analytic, (l[0] - l[1]) / (2.0 * h), 2e-3 * std::max(1.0, std::fabs(analytic))) << name;
+  }
+}
+
+TEST(Sampling, FiltersAndFrequencies) {
+  const std::vector<float> logits{1.0f, 3.0f, 2.5f, -1.0f, 3.0f};
+  Rng rng(3);
+  SamplingOptions greedy;
+  EXPECT_EQ(sample_token(logits.data(), 5, greedy, rng), 1);  // lowest id on ties
+  SamplingOptions o;
+  o.temperature = 0.7f;
+  o.top_k = 1;
+  EXPECT_EQ(sample_token(logits.data(), 5, o, rng), 1);
+  // Frequencies follow softmax(logits / T) among the top 3 (ids 1, 4, 2).
+  o.top_k = 3;
+  std::vector<double> want(5, 0.0);
+  double z = 0.0;
+  for (int64_t id : {1, 4, 2}) z += want[id] = std::exp(logits[id] / 0.7);
+  for (double& w : want) w /= z;
+  std::vector<double> seen(5, 0.0);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) seen[sample_token(logits.data(), 5, o, rng)] += 1.0 / n;
+  for (int id = 0; id < 5; ++id) EXPECT_NEAR(seen[id], want[id], 0.015) << id;
+  // top_p: ids 1 and 4 hold ~0.77 of the mass at T = 0.7, so p = 0.5 keeps two tokens and p = 0.9 three.
+  o.top_k = 0;
+  o.top_p = 0.5f;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t t = sample_token(logits.data(), 5, o, rng);
+    EXPECT_TRUE(t == 1 || t == 4) << t;
+  }
+  o.temperature = -1.0f;
+  EXPECT_THROW(sample_token(logits.data(), 5, o, rng), std::invalid_argument);
+}
+
+TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
+  Rng rng(9);
+  const models::LlamaForCausalLM model(tiny_llama(true), rng);
+  SamplingOptions o;
+  o.temperature = 1.0f;
+  o.seed = 4;
+  EXPECT_EQ(generate(model, {3, 5}, 12, o), generate(model, {3, 5}, 12, o));
+  // CausalLmStep under greedy_search continues the prompt as generate() does (eos 0 as the end token).
+  const std::vector<int64_t> g = generate(model, {3, 5, 8}, 10, {}, 0);
+  CausalLmStep step(model, {{3, 5, 8}});
+  SearchOptions so;
+  so.max_len = 10;
+  so.bos = 8;
+  so.eos = 0;
+  EXPECT_EQ(greedy_search(step, so).at(0).tokens, g);
+  EXPECT_THROW(generate(model, {3, 23}, 4), std::invalid_argument);
 }
 
 }  // namespace
