@@ -84,8 +84,8 @@ void visit(RunConfig& c, const FieldVisitor& v) {
 }  // namespace
 
 void RunConfig::resolve_and_check() {
-  QKV_CHECK_ARG(one_of(model, {"rnn", "rnn-attn", "transformer", "decoder"}), "[train] --model '", model,
-                "' is not one of rnn, rnn-attn, transformer, decoder");
+  QKV_CHECK_ARG(one_of(model, {"rnn", "rnn-attn", "transformer", "decoder", "llama"}), "[train] --model '", model,
+                "' is not one of rnn, rnn-attn, transformer, decoder, llama");
   const bool rnn = model == "rnn" || model == "rnn-attn";
   if (d_model == 0) d_model = 64;
   if (hidden == 0) hidden = 128;

@@ -46,6 +46,18 @@ train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
     m.max_len = c.max_positions;
     m.num_layers = c.layers;
     m.layer = layer_config(c, nn::Activation::kGelu);
+  } else if (c.model == "llama") {
+    // The Llama decoder (RMSNorm, RoPE, SwiGLU, no dropout) over the same sequences.
+    t.kind = train::TextModelKind::kLlama;
+    models::LlamaConfig& m = t.llama;
+    m.vocab_size = vocab;
+    m.hidden_size = c.d_model;
+    m.intermediate_size = c.ffn;
+    m.num_hidden_layers = c.layers;
+    m.num_attention_heads = c.heads;
+    m.num_key_value_heads = c.heads;
+    m.head_dim = c.d_model / c.heads;
+    m.layer_sliding.assign(static_cast<size_t>(c.layers), false);
   } else {
     t.kind = train::TextModelKind::kTransformerSeq2Seq;
     models::TransformerSeq2SeqConfig& m = t.transformer;

@@ -424,7 +424,7 @@ void add_train(CLI::App& app) {
   auto s = [](std::string RunConfig::*m) { return [m](const RunConfig& r) { return r.*m; }; };
 
   cmd->group("Model");
-  CLI::Option* model_opt = cmd->add_option("--model", c.model, "rnn | rnn-attn | transformer | decoder")
+  CLI::Option* model_opt = cmd->add_option("--model", c.model, "rnn | rnn-attn | transformer | decoder | llama")
                                ->capture_default_str();
   lock(cmd->add_option("--cell", c.cell, "RNN cell: gru | lstm")->capture_default_str(), s(&RunConfig::cell));
   lock(cmd->add_option("--attention", c.attention, "rnn-attn scoring: bahdanau | luong-dot | luong-general")

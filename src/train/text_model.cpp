@@ -1,6 +1,6 @@
-// The three TextModel kinds: the RNN Seq2Seq (decoding through decode::RnnStep), the encoder-decoder Transformer
+// The TextModel kinds: the RNN Seq2Seq (decoding through decode::RnnStep), the encoder-decoder Transformer
 // and the decoder-only Transformer (decoding through the KV-cached step models, which switch the model to eval
-// mode). Each forwards to its model's one forward on the Context.
+// mode), and the Llama decoder (decoding by recomputation). Each forwards to its model's one forward on the Context.
 #include "qkv/train/text_model.h"
 
 #include <memory>
@@ -9,6 +9,7 @@
 #include "qkv/core/error.h"
 #include "qkv/data/vocab.h"
 #include "qkv/decode/rnn_step.h"
+#include "qkv/decode/sampling.h"
 #include "qkv/decode/transformer_step.h"
 
 namespace qkv::train {
@@ -116,6 +117,32 @@ class DecoderOnly : public TextModel {
   models::DecoderOnlyTransformer model_;
 };
 
+// The Llama decoder on the LM batches of kDecoderOnly (right-padded: causal rows never see their padding);
+// decoding recomputes each row, since sources differ in length.
+class Llama : public TextModel {
+ public:
+  Llama(const TextModelConfig& c, Rng& rng) : TextModel(c), model_(c.llama, rng) {
+    QKV_CHECK_ARG(!c.reverse_source && !c.source_eos,
+                  "[TextModel] reverse_source and source_eos are for the encoder-decoder kinds");
+  }
+  nn::Module& module() override { return model_; }
+
+  TeacherForced teacher_forced(const nn::Context& c, const std::vector<const data::Example*>& batch) override {
+    const data::LmBatch b = data::make_lm_batch(batch);
+    return {model_.forward(c, b.input.ids), b.targets, b.num_target_tokens};
+  }
+
+  std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
+    model_.eval();
+    return std::make_unique<decode::CausalLmRecomputeStep>(model_, sources);
+  }
+
+  bool has_attention() const override { return false; }
+
+ private:
+  models::LlamaForCausalLM model_;
+};
+
 }  // namespace
 
 std::unique_ptr<TextModel> make_text_model(const TextModelConfig& config, Rng& rng) {
@@ -123,6 +150,7 @@ std::unique_ptr<TextModel> make_text_model(const TextModelConfig& config, Rng& r
     case TextModelKind::kRnnSeq2Seq: return std::make_unique<RnnSeq2Seq>(config, rng);
     case TextModelKind::kTransformerSeq2Seq: return std::make_unique<TransformerSeq2Seq>(config, rng);
     case TextModelKind::kDecoderOnly: return std::make_unique<DecoderOnly>(config, rng);
+    case TextModelKind::kLlama: return std::make_unique<Llama>(config, rng);
   }
   QKV_CHECK_ARG(false, "[TextModel] unknown model kind");
   return nullptr;

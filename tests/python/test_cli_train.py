@@ -94,6 +94,7 @@ def test_every_model_kind_learns_copy_at_length_10(tmp_path):
     ("rnn-attn", ["--d-model", "16", "--hidden", "32", "--cell", "lstm"]),
     ("decoder", ["--dropout", "0.1", "--d-model", "32", "--heads", "2", "--layers", "1", "--optimizer", "adamw",
                  "--weight-decay", "0.01"]),
+    ("llama", ["--d-model", "32", "--heads", "2", "--layers", "1"]),
 ])
 def test_resume_reproduces_the_uninterrupted_loss_curve_bit_exactly(tmp_path, kind, extra):
     common = ["train", "--model", kind, "--task", "reverse", "--min-len", "3", "--max-len", "8", "--train-size", "300",

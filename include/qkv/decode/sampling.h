@@ -45,6 +45,23 @@ class CausalLmStep : public StepModel {
   int64_t rows_ = 0;
 };
 
+// The same model over prompts of any lengths (empty allowed), recomputing prompt + prefix each step, one row at a
+// time (no cache, no padding): for searches over unequal prompts (qkv train's evaluation). SearchOptions::bos is
+// fed first, as to any StepModel.
+class CausalLmRecomputeStep : public StepModel {
+ public:
+  CausalLmRecomputeStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts);
+  int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
+  int64_t vocab_size() const override;
+  void start() override;
+  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
+
+ private:
+  const models::LlamaForCausalLM* model_;
+  std::vector<std::vector<int64_t>> prompts_;
+  std::vector<std::vector<int64_t>> rows_;  // per row: prompt + tokens so far
+};
+
 // The prompt (P >= 1 ids in [0, V)) continued by max_new_tokens >= 0 tokens, greedy or sampled as options says,
 // through the KV caches (the prompt runs at once, then one token per step). Stops early after eos when eos >= 0.
 // -> the new tokens only.

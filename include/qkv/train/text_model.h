@@ -12,6 +12,7 @@
 #include "qkv/core/rng.h"
 #include "qkv/data/batch.h"
 #include "qkv/decode/search.h"
+#include "qkv/models/llama.h"
 #include "qkv/models/seq2seq.h"
 #include "qkv/models/transformer.h"
 #include "qkv/nn/context.h"
@@ -24,6 +25,7 @@ enum class TextModelKind {
   kRnnSeq2Seq,          // models::Seq2Seq (none / Bahdanau / Luong, GRU or LSTM)
   kTransformerSeq2Seq,  // models::Seq2SeqTransformer
   kDecoderOnly,         // models::DecoderOnlyTransformer over  source + BOS + target
+  kLlama,               // models::LlamaForCausalLM over the same sequences
 };
 
 struct TextModelConfig {
@@ -31,6 +33,7 @@ struct TextModelConfig {
   models::Seq2SeqConfig rnn;                   // kRnnSeq2Seq
   models::TransformerSeq2SeqConfig transformer;  // kTransformerSeq2Seq
   models::DecoderOnlyConfig decoder_only;      // kDecoderOnly
+  models::LlamaConfig llama;                   // kLlama
   // Sequence-to-sequence kinds: the encoder reads each source reversed (RNN only) / with EOS appended.
   bool reverse_source = false;
   bool source_eos = false;
