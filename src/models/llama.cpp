@@ -3,7 +3,6 @@
 #include "qkv/models/llama.h"
 
 #include <cmath>
-#include <limits>
 #include <set>
 #include <string>
 
@@ -72,39 +71,20 @@ float read_rope_theta(const files::JsonObject& o) {
   return static_cast<float>(o.number_or("rope_theta", 10000.0));
 }
 
-// Additive (Tq, Tk) mask of causal (bottom-right) attention within a window of `window` keys:
-// query i (at position i + Tk - Tq) sees key j when i + Tk - Tq - window < j <= i + Tk - Tq.
-Tensor window_mask(int64_t tq, int64_t tk, int64_t window) {
-  Tensor m = Tensor::empty({tq, tk});
-  const float inf = std::numeric_limits<float>::infinity();
-  const int64_t off = tk - tq;
-  for (int64_t i = 0; i < tq; ++i)
-    for (int64_t j = 0; j < tk; ++j)
-      m.data()[i * tk + j] = (j <= i + off && j > i + off - window) ? 0.0f : -inf;
-  return m;
-}
-
-// Causal attention of q (B, Hkv, G, Tq, D) over k, v (B, Hkv, Tk, D): query head (kv, g) reads kv head kv, through
-// broadcasting (K/V are never copied per query head). Window and soft-capping as the config says.
+// Causal (bottom-right) attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D) through ad::attention's options:
+// grouped-query heads (query head h reads kv head h / (Hq / Hkv); K/V never copied), HF's sliding window W
+// (window_size (W - 1, 0)) and logit soft-capping, so the fused kernels skip key tiles outside the window.
 ad::Var attend(const ad::Var& q, const ad::Var& k, const ad::Var& v, float scale, int64_t window, float softcap) {
-  const ad::Var k5 = ad::unsqueeze(k, 2), v5 = ad::unsqueeze(v, 2);
-  const int64_t tq = q.size(-2), tk = k.size(-2);
   AttentionOptions o;
   o.scale = scale;
-  if (softcap > 0.0f) {
-    // scores = c·tanh(scale·q·kᵀ / c), then the causal (and window) mask, softmax, · v: composed on the tape.
-    ad::Var s = ad::matmul(q, ad::transpose(k5, -1, -2));
-    s = ad::scale(ad::tanh(ad::scale(s, scale / softcap)), softcap);
-    s = ad::add(s, window_mask(tq, tk, window > 0 ? window : tk + 1));
-    return ad::matmul(ad::softmax(s, -1), v5);
+  o.causal = Causal::kBottomRight;
+  o.enable_gqa = q.size(1) != k.size(1);
+  if (window > 0) {
+    o.window_left = window - 1;
+    o.window_right = 0;
   }
-  if (window > 0 && window < tk) {
-    o.mask = window_mask(tq, tk, window);
-    o.mask_kind = MaskKind::kAdditive;
-  } else {
-    o.causal = Causal::kBottomRight;
-  }
-  return ad::attention(q, k5, v5, o);
+  o.softcap = softcap;
+  return ad::attention(q, k, v, o);
 }
 
 }  // namespace
@@ -222,9 +202,8 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == k.hidden_size, "[llama] attention input ", str(x.shape()),
                 " must be (B, T, ", k.hidden_size, ")");
   const int64_t b = x.size(0), t = x.size(1), d = k.head_dim, hkv = k.num_key_value_heads;
-  const int64_t g = k.num_attention_heads / hkv;
-  // (B, T, Hq·D) -> (B, Hkv, G, T, D): query head h = kv·G + gi reads kv head kv, as HF's repeat_kv.
-  ad::Var q = ad::permute(ad::reshape(q_proj.forward(c, x), {b, t, hkv, g, d}), {0, 2, 3, 1, 4});
+  // (B, T, H·D) -> (B, H, T, D)
+  ad::Var q = ad::permute(ad::reshape(q_proj.forward(c, x), {b, t, k.num_attention_heads, d}), {0, 2, 1, 3});
   ad::Var kk = ad::permute(ad::reshape(k_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   q = ad::rope(q, offset, k.rope_theta, RopeVariant::kHalfSplit);
@@ -240,8 +219,8 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   }
   const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
   const ad::Var out = attend(q, kk, v, scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping);
-  // (B, Hkv, G, T, D) -> (B, T, Hq·D)
-  return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 3, 1, 2, 4}), {b, t, k.num_attention_heads * d}));
+  // (B, Hq, T, D) -> (B, T, Hq·D)
+  return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 2, 1, 3}), {b, t, k.num_attention_heads * d}));
 }
 
 LlamaMlp::LlamaMlp(const LlamaConfig& c, Rng& rng)
