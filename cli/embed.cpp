@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "qkv/core/json.h"
 #include "run_common.h"
 #include "qkv/models/bert.h"
 
@@ -15,20 +16,8 @@ namespace {
 
 // A JSON string literal: quotes, backslashes and control characters escaped, UTF-8 kept as is.
 void put_json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  out += '"';
+  std::string out;
+  json::append_quoted(out, s);
   std::fputs(out.c_str(), stdout);
 }
 

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "qkv/core/error.h"
+#include "qkv/core/json.h"
 #include "run_common.h"
 #include "run_data.h"
 
@@ -39,9 +40,9 @@ void run_eval(const EvalArgs& a) {
     out += std::string(", \"token_accuracy\": ") + buf;
     out += ", \"examples\": " + std::to_string(r.examples) + ", \"tokens\": " + std::to_string(r.tokens);
     out += ", \"step\": " + std::to_string(step) + ", \"split\": ";
-    append_json_string(out, a.split);
+    json::append_quoted(out, a.split);
     out += ", \"model\": ";
-    append_json_string(out, c.model);
+    json::append_quoted(out, c.model);
     out += ", \"beam\": " + std::to_string(a.beam) + "}";
     std::printf("%s\n", out.c_str());
   } else {

@@ -1,7 +1,6 @@
 // RunConfig: per-kind defaults, validation, and the flat JSON text of config.json (write and strict read).
 #include "run_config.h"
 
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/json.h"
 
 namespace qkv::cli {
 namespace {
@@ -131,37 +131,16 @@ void RunConfig::resolve_and_check() {
   QKV_CHECK_ARG(early_stop >= 0.0 && early_stop <= 1.0, "[train] --early-stop must be in [0, 1] (0 = off)");
 }
 
-void append_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  out += '"';
-}
-
 std::string RunConfig::to_json() const {
   RunConfig c = *this;
   std::string out = "{\n  \"format\": \"qkv-train-config 1\"";
   auto key = [&](const char* k) {
     out += ",\n  ";
-    append_json_string(out, k);
+    json::append_quoted(out, k);
     out += ": ";
   };
   FieldVisitor v;
-  v.str = [&](const char* k, std::string& x) { key(k); append_json_string(out, x); };
+  v.str = [&](const char* k, std::string& x) { key(k); json::append_quoted(out, x); };
   v.i64 = [&](const char* k, int64_t& x) { key(k); out += std::to_string(x); };
   v.u64 = [&](const char* k, uint64_t& x) { key(k); out += std::to_string(x); };
   v.f64 = [&](const char* k, double& x) { key(k); out += num(x); };
@@ -171,93 +150,26 @@ std::string RunConfig::to_json() const {
   return out;
 }
 
-std::map<std::string, std::string> parse_flat_json(const std::string& t, const std::string& name) {
-  size_t i = 0;
-  auto fail = [&](const std::string& what) -> void {
-    throw std::invalid_argument("[config] " + name + ": " + what + " at byte " + std::to_string(i));
-  };
-  auto ws = [&] {
-    while (i < t.size() && (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t')) ++i;
-  };
-  auto read_string = [&]() {
-    std::string s;
-    if (i >= t.size() || t[i] != '"') fail("expected a string");
-    ++i;
-    while (true) {
-      if (i >= t.size()) fail("unterminated string");
-      const char c = t[i++];
-      if (c == '"') break;
-      if (c != '\\') {
-        s += c;
-        continue;
-      }
-      if (i >= t.size()) fail("unterminated escape");
-      const char e = t[i++];
-      if (e == 'n') s += '\n';
-      else if (e == 't') s += '\t';
-      else if (e == 'r') s += '\r';
-      else if (e == '"' || e == '\\' || e == '/') s += e;
-      else if (e == 'u') {
-        if (i + 4 > t.size()) fail("short \\u escape");
-        unsigned cp = 0;
-        for (int d = 0; d < 4; ++d, ++i) {
-          const char h = t[i];
-          const int digit = h >= '0' && h <= '9' ? h - '0'
-                            : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                            : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                   : -1;
-          if (digit < 0) fail("bad hex digit in \\u escape");
-          cp = cp * 16 + static_cast<unsigned>(digit);
-        }
-        if (cp >= 0x80) fail("\\u escapes above 0x7F are not supported");
-        s += static_cast<char>(cp);
-      } else {
-        fail(std::string("bad escape \\") + e);
-      }
-    }
-    return s;
-  };
+std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& name) {
+  json::Reader r(text, "[config] " + name);
   std::map<std::string, std::string> out;
-  ws();
-  if (i >= t.size() || t[i] != '{') fail("expected '{'");
-  ++i;
-  ws();
-  if (i < t.size() && t[i] == '}') {
-    ++i;
-  } else {
-    while (true) {
-      ws();
-      const std::string k = read_string();
-      ws();
-      if (i >= t.size() || t[i] != ':') fail("expected ':'");
-      ++i;
-      ws();
-      std::string val;
-      if (i < t.size() && t[i] == '"') {
-        val = read_string();
-      } else {
-        const size_t b = i;
-        while (i < t.size() && (std::isalnum(static_cast<unsigned char>(t[i])) || t[i] == '-' || t[i] == '+' ||
-                                t[i] == '.'))
-          ++i;
-        if (i == b) fail("expected a string, number or boolean");
-        val = t.substr(b, i - b);
-      }
-      if (!out.emplace(k, val).second) fail("duplicate key '" + k + "'");
-      ws();
-      if (i < t.size() && t[i] == ',') {
-        ++i;
-        continue;
-      }
-      if (i < t.size() && t[i] == '}') {
-        ++i;
-        break;
-      }
-      fail("expected ',' or '}'");
+  std::string key;
+  r.begin_object();
+  while (r.next_key(key)) {
+    const size_t at = r.pos();
+    std::string value;
+    switch (r.peek_kind()) {
+      case json::Kind::String: value = r.read_string(); break;
+      case json::Kind::Number: value = r.read_number_text(); break;
+      case json::Kind::True:
+      case json::Kind::False: value = r.read_literal(); break;
+      default:
+        r.fail(detail::concat("the value of '", key, "' must be a string, number or boolean, not ",
+                              json::kind_name(r.peek_kind())));
     }
+    if (!out.emplace(key, std::move(value)).second) r.fail_at(at, "duplicate key '" + key + "'");
   }
-  ws();
-  if (i != t.size()) fail("trailing characters");
+  r.expect_end();
   return out;
 }
 

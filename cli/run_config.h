@@ -70,9 +70,8 @@ struct RunConfig {
   static RunConfig from_json(const std::string& text, const std::string& name);
 };
 
-// A flat JSON object of strings, numbers and booleans: values are kept as their text (strings unescaped).
+// A flat JSON object of strings, numbers and booleans (qkv/core/json.h's strict Reader): values are kept as their
+// text (strings unescaped); errors throw invalid_argument "[config] NAME: ... (at byte N)".
 std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& name);
-// Appends "s" as a JSON string literal (quotes included).
-void append_json_string(std::string& out, const std::string& s);
 
 }  // namespace qkv::cli

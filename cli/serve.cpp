@@ -1,6 +1,6 @@
 // `qkv serve --model DIR|--run DIR [--port N]`: the viewer page on http://127.0.0.1:PORT/ (loopback only), backed by the model:
 // POST /api/attention {"text", "second"?, "mask"?: [positions]} re-runs it and answers the page data as JSON.
-// Built with Debian's cpp-httplib and nlohmann-json; without them the command says so and exits non-zero.
+// Built with Debian's cpp-httplib; without it the command says so and exits non-zero.
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,13 +14,13 @@
 
 #include <cstdio>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <thread>
 
 #include <filesystem>
 
 #include "qkv/core/error.h"
+#include "qkv/core/json.h"
 #include "viz_page.h"
 #include "viz_run.h"
 #endif
@@ -44,7 +44,7 @@ struct RequestError : std::runtime_error {
 
 void answer_error(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
-  res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
+  res.set_content(json::Value::object().set("error", message).dump(0), "application/json");
 }
 
 // What the server runs: a BERT folder (--model) or a training run (--run).
@@ -54,7 +54,7 @@ struct Backend {
   std::string name;
 };
 
-experiments::Json page_data(Backend& backend, std::mutex& model_mutex, const ServeLimits& limits,
+json::Value page_data(Backend& backend, std::mutex& model_mutex, const ServeLimits& limits,
                             const std::string& text, const std::string* second, const std::vector<int64_t>& mask) {
   if (text.size() > limits.max_text || (second && second->size() > limits.max_text))
     throw RequestError(413, "[serve] a sentence has more than " + std::to_string(limits.max_text) + " bytes");
@@ -81,8 +81,8 @@ experiments::Json page_data(Backend& backend, std::mutex& model_mutex, const Ser
     std::lock_guard<std::mutex> lock(model_mutex);
     snap = backend.bert ? bert_snapshot(*backend.bert, text, second, mask) : backend.run->snapshots(text, false).at(0);
   }
-  experiments::Json data = viz_data({snap}, backend.name + " (live)");
-  experiments::Json live = experiments::Json::object();
+  json::Value data = viz_data({snap}, backend.name + " (live)");
+  json::Value live = json::Value::object();
   live.set("text", text);
   live.set("second", second ? *second : std::string());
   live.set("mask", std::vector<int64_t>(mask.begin(), mask.end()));
@@ -94,30 +94,32 @@ experiments::Json page_data(Backend& backend, std::mutex& model_mutex, const Ser
 // Parses {"text": str, "second": str (optional), "mask": [int] (optional)}; anything else is a 400.
 void parse_request(const std::string& body, std::string& text, std::string& second, bool& has_second,
                    std::vector<int64_t>& mask) {
-  nlohmann::json j;
+  json::Value j;
   try {
-    j = nlohmann::json::parse(body);
-  } catch (const nlohmann::json::exception&) {
+    j = json::Value::parse(body, "[serve] request");
+  } catch (const std::invalid_argument&) {
     throw RequestError(400, "[serve] the request body is not JSON");
   }
   if (!j.is_object()) throw RequestError(400, "[serve] the request must be a JSON object");
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (it.key() != "text" && it.key() != "second" && it.key() != "mask")
-      throw RequestError(400, "[serve] unknown field '" + it.key() + "' (expected text, second, mask)");
-  if (!j.contains("text") || !j["text"].is_string()) throw RequestError(400, "[serve] 'text' must be a string");
-  text = j["text"].get<std::string>();
+  for (const auto& [key, value] : j.members())
+    if (key != "text" && key != "second" && key != "mask")
+      throw RequestError(400, "[serve] unknown field '" + key + "' (expected text, second, mask)");
+  const json::Value* t = j.find("text");
+  if (!t || !t->is_string()) throw RequestError(400, "[serve] 'text' must be a string");
+  text = t->as_string();
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw RequestError(400, "[serve] 'text' is empty");
-  has_second = j.contains("second") && !j["second"].is_null();
+  const json::Value* s = j.find("second");
+  has_second = s && !s->is_null();
   if (has_second) {
-    if (!j["second"].is_string()) throw RequestError(400, "[serve] 'second' must be a string");
-    second = j["second"].get<std::string>();
+    if (!s->is_string()) throw RequestError(400, "[serve] 'second' must be a string");
+    second = s->as_string();
     if (second.find_first_not_of(" \t\r\n") == std::string::npos) has_second = false;
   }
-  if (j.contains("mask")) {
-    if (!j["mask"].is_array()) throw RequestError(400, "[serve] 'mask' must be an array of token positions");
-    for (const auto& p : j["mask"]) {
-      if (!p.is_number_integer()) throw RequestError(400, "[serve] 'mask' must hold integers");
-      mask.push_back(p.get<int64_t>());
+  if (const json::Value* m = j.find("mask")) {
+    if (!m->is_array()) throw RequestError(400, "[serve] 'mask' must be an array of token positions");
+    for (const json::Value& p : m->items()) {
+      if (!p.is_integer()) throw RequestError(400, "[serve] 'mask' must hold integers");
+      mask.push_back(p.as_integer());
     }
   }
 }
@@ -173,7 +175,7 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
       const std::string m = res.status == 413   ? "[serve] the request is too large"
                             : res.status == 404 ? "[serve] not found: GET / or POST /api/attention"
                                                 : "[serve] bad request";
-      res.set_content(nlohmann::json{{"error", m}}.dump(), "application/json");
+      res.set_content(json::Value::object().set("error", m).dump(0), "application/json");
     }
   });
   svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -234,8 +236,8 @@ void add_serve(CLI::App& app) {
     const int rc = run_serve(*model, *run, *port, *text, limits);
     if (rc != 0) throw CLI::RuntimeError(rc);
 #else
-    throw std::runtime_error("[serve] this qkv was built without cpp-httplib (install libcpp-httplib-dev and "
-                             "nlohmann-json3-dev, then rebuild)");
+    throw std::runtime_error("[serve] this qkv was built without cpp-httplib (install libcpp-httplib-dev, then "
+                             "rebuild)");
 #endif
   });
 }

@@ -32,7 +32,7 @@ void check_group(const VizGroup& g, const VizGroup* first) {
   }
 }
 
-experiments::Json group_json(const VizGroup& g, VizDtype dtype) {
+json::Value group_json(const VizGroup& g, VizDtype dtype) {
   const int64_t heads = g.layers[0].size(0), tq = g.layers[0].size(1), tk = g.layers[0].size(2);
   std::string bytes;
   bytes.reserve(static_cast<size_t>(g.layers.size() * heads * tq * tk * (dtype == VizDtype::kF16 ? 2 : 1)));
@@ -53,15 +53,15 @@ experiments::Json group_json(const VizGroup& g, VizDtype dtype) {
       }
     }
   }
-  experiments::Json j = experiments::Json::object();
+  json::Value j = json::Value::object();
   j.set("name", g.name);
   j.set("kind", g.cross ? "cross" : "self");
   j.set("layers", static_cast<int64_t>(g.layers.size()));
   j.set("heads", heads);
   j.set("tq", tq);
   j.set("tk", tk);
-  j.set("q_tokens", experiments::Json(g.q_tokens));
-  j.set("k_tokens", experiments::Json(g.k_tokens));
+  j.set("q_tokens", json::Value(g.q_tokens));
+  j.set("k_tokens", json::Value(g.k_tokens));
   j.set("causal", g.causal);
   j.set("dtype", dtype == VizDtype::kF16 ? "f16" : "u8");
   j.set("data", base64(bytes));
@@ -132,7 +132,7 @@ std::string base64(const std::string& bytes) {
   return out;
 }
 
-experiments::Json viz_data(const std::vector<VizSnapshot>& snapshots, const std::string& title, VizDtype dtype) {
+json::Value viz_data(const std::vector<VizSnapshot>& snapshots, const std::string& title, VizDtype dtype) {
   QKV_CHECK_ARG(!snapshots.empty() && !snapshots[0].groups.empty(), "[viz] nothing to draw: no snapshot or group");
   size_t values = 0;
   for (const VizSnapshot& s : snapshots) {
@@ -144,16 +144,16 @@ experiments::Json viz_data(const std::vector<VizSnapshot>& snapshots, const std:
     }
   }
   if (dtype == VizDtype::kAuto) dtype = values * 2 * 4 / 3 <= kMaxF16Base64 ? VizDtype::kF16 : VizDtype::kU8;
-  experiments::Json snaps = experiments::Json::array();
+  json::Value snaps = json::Value::array();
   for (const VizSnapshot& s : snapshots) {
-    experiments::Json groups = experiments::Json::array();
+    json::Value groups = json::Value::array();
     for (const VizGroup& g : s.groups) groups.push(group_json(g, dtype));
-    experiments::Json js = experiments::Json::object();
+    json::Value js = json::Value::object();
     js.set("label", s.label);
     js.set("groups", std::move(groups));
     snaps.push(std::move(js));
   }
-  experiments::Json data = experiments::Json::object();
+  json::Value data = json::Value::object();
   data.set("format", "qkv-attention-1");
   data.set("title", title);
   data.set("lang", "en");
@@ -161,7 +161,7 @@ experiments::Json viz_data(const std::vector<VizSnapshot>& snapshots, const std:
   return data;
 }
 
-std::string viz_page(const experiments::Json& data) {
+std::string viz_page(const json::Value& data) {
   std::string json = data.dump(0);
   // "</" cannot appear inside a <script> element: write it as "<\/" (the same JSON string).
   for (size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) json.insert(at + 1, "\\");

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "qkv/core/tensor.h"
-#include "qkv/experiments/json.h"
+#include "qkv/core/json.h"
 #include "qkv/models/bert.h"
 
 namespace qkv::cli {
@@ -31,10 +31,10 @@ struct VizSnapshot {
 enum class VizDtype { kAuto, kF16, kU8 };  // kAuto: float16 unless its base64 would pass 8 MB, then uint8
 
 // The page data. Throws std::invalid_argument "[viz] ..." on inconsistent shapes, NaN or weights outside [0, 1].
-experiments::Json viz_data(const std::vector<VizSnapshot>& snapshots, const std::string& title,
+json::Value viz_data(const std::vector<VizSnapshot>& snapshots, const std::string& title,
                            VizDtype dtype = VizDtype::kAuto);
 // The viewer page holding `data`.
-std::string viz_page(const experiments::Json& data);
+std::string viz_page(const json::Value& data);
 
 // A BERT encoder's self-attention for one text (or a pair), one group of L x H maps; mask: positions -> [MASK].
 VizSnapshot bert_snapshot(const models::SentenceEncoder& encoder, const std::string& text, const std::string* second,

@@ -13,7 +13,7 @@ PYTHON="${PYTHON:-python3}"
 # libbenchmark-dev       : Google Benchmark (bench/)
 # libcli11-dev           : CLI11, header-only argument parser for the `qkv` command
 # clang-14, libclang-rt-14-dev, libfuzzer-14-dev, libomp-14-dev : libFuzzer target, ThreadSanitizer build
-# libcpp-httplib-dev, nlohmann-json3-dev : HTTP server and JSON parser of `qkv serve`
+# libcpp-httplib-dev     : HTTP server of `qkv serve`
 # chromium, chromium-driver : the headless browser of the viewer tests (driven by Selenium, never downloaded)
 # fonts-wqy-microhei     : a CJK font, so that the browser and the PNG figures draw Chinese tokens and labels
 # libfreetype-dev        : FreeType, which draws the figures' non-ASCII text with that font
@@ -29,7 +29,7 @@ APT_PACKAGES=(
   zlib1g-dev
   ccache
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libomp-14-dev
-  libcpp-httplib-dev nlohmann-json3-dev
+  libcpp-httplib-dev
   chromium chromium-driver fonts-wqy-microhei libfreetype-dev
   openmpi-bin libopenmpi-dev
 )

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "json_min.h"
+#include "qkv/core/json.h"
 #include "qkv/core/error.h"
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");

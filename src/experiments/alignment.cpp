@@ -143,7 +143,7 @@ Outcome run_alignment(const Options& o) {
   t.rows.push_back({"dates (13 formats)", fmt(ds.exact, 3), fmt(ds.token_accuracy, 3),
                     "weight on source year digits while writing the year", fmt(year_mass, 3)});
   out.tables.push_back(t);
-  Json r = Json::object();
+  json::Value r = json::Value::object();
   r.set("exact_match", rs.exact);
   r.set("token_accuracy", rs.token_accuracy);
   r.set("alignment_argmax_accuracy", rev_hit);
@@ -151,7 +151,7 @@ Outcome run_alignment(const Options& o) {
   r.set("alignment_argmax_next_position", rev_next);
   r.set("alignment_mass_mirrored_or_next", rev_band);
   out.results.set("reverse", r);
-  Json d = Json::object();
+  json::Value d = json::Value::object();
   d.set("exact_match", ds.exact);
   d.set("token_accuracy", ds.token_accuracy);
   d.set("year_attention_mass", year_mass);

@@ -39,7 +39,7 @@ Outcome run_bottleneck(const Options& o) {
   Table summary;
   summary.header = {"hidden d", "model", "params", "train s", "exact (shortest bucket)", "exact (longest bucket)",
                     "token acc (longest)", "length where token acc < 0.9"};
-  Json runs = Json::array();
+  json::Value runs = json::Value::array();
   std::vector<Image> panels_tok, panels_ex;
   // acc[hidden][kind] -> per bucket (token accuracy, exact)
   std::map<int64_t, std::map<S2SKind, std::vector<std::pair<double, double>>>> acc;
@@ -66,7 +66,7 @@ Outcome run_bottleneck(const Options& o) {
       plot::Series st, se;
       st.label = se.label = s2s_name(k);
       st.color = se.color = plot::palette(static_cast<int>(ki));
-      Json per = Json::array();
+      json::Value per = json::Value::array();
       double cross = static_cast<double>(max_len + 1);
       for (const auto& [b0, exs] : buckets) {
         const SeqScore s = score_sequences(greedy_s2s(m, exs, max_len + 5), exs);
@@ -77,7 +77,7 @@ Outcome run_bottleneck(const Options& o) {
         se.x.push_back(mid);
         se.y.push_back(s.exact);
         if (s.token_accuracy < 0.9 && cross > max_len) cross = static_cast<double>(b0);
-        Json j = Json::object();
+        json::Value j = json::Value::object();
         j.set("length_from", b0);
         j.set("length_to", b0 + bucket - 1);
         j.set("n", static_cast<int64_t>(exs.size()));
@@ -91,14 +91,14 @@ Outcome run_bottleneck(const Options& o) {
       summary.rows.push_back({std::to_string(H), s2s_name(k), std::to_string(m.num_parameters()), fmt(cv.seconds, 1),
                               fmt(a.front().second, 3), fmt(a.back().second, 3), fmt(a.back().first, 3),
                               cross > max_len ? "> " + std::to_string(max_len) : fmt(cross, 0)});
-      Json r = Json::object();
+      json::Value r = json::Value::object();
       r.set("hidden", H);
       r.set("model", s2s_name(k));
       r.set("params", m.num_parameters());
       r.set("train_seconds", cv.seconds);
       r.set("final_train_loss", cv.final_loss);
       r.set("loss_curve", cv.loss);
-      r.set("first_length_token_acc_below_0.9", cross > max_len ? Json() : Json(cross));
+      r.set("first_length_token_acc_below_0.9", cross > max_len ? json::Value() : json::Value(cross));
       r.set("by_length", per);
       runs.push_back(r);
       log(o, label + ": longest-bucket exact " + fmt(a.back().second, 3));

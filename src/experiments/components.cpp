@@ -35,7 +35,7 @@ Outcome run_components(const Options& o) {
   Table t;
   t.header = {"layers", "variant", "params", "final train loss", "steps to loss < 0.1", "test token accuracy",
               "test exact match"};
-  Json runs = Json::array();
+  json::Value runs = json::Value::array();
   std::vector<Image> panels;
   std::map<int64_t, std::map<std::string, double>> acc, reach;
   plot::BarChart bars;
@@ -109,7 +109,7 @@ Outcome run_components(const Options& o) {
         se.y.push_back(mean(vals));
       }
       c.series.push_back(se);
-      Json r = Json::object();
+      json::Value r = json::Value::object();
       r.set("layers", depth);
       r.set("variant", v.name);
       r.set("params", params);
@@ -118,8 +118,8 @@ Outcome run_components(const Options& o) {
       r.set("test_exact_match", ex);
       r.set("steps_to_loss_0.1", to01);
       r.set("steps", steps);
-      Json cj = Json::array();
-      for (const auto& cv : curves) cj.push(Json(cv));
+      json::Value cj = json::Value::array();
+      for (const auto& cv : curves) cj.push(json::Value(cv));
       r.set("loss_curves", cj);
       runs.push_back(r);
     }

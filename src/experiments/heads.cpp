@@ -73,7 +73,7 @@ Outcome run_heads(const Options& o) {
               "its ablation drop", "least important head drop"};
   Table ab;
   ab.header = {"seed", "head ablated", "test token accuracy", "drop"};
-  Json runs = Json::array();
+  json::Value runs = json::Value::array();
   std::vector<double> div_init, div_trained;
   std::vector<std::vector<double>> all_drops;
   for (int s = 0; s < n_seeds; ++s) {
@@ -94,7 +94,7 @@ Outcome run_heads(const Options& o) {
     div_trained.push_back(d1);
     const double base = eval_tagger(m, data.test).token_accuracy;
     std::vector<double> drops;
-    Json abl = Json::array();
+    json::Value abl = json::Value::array();
     for (int64_t h = 0; h < layers * heads; ++h) {
       TaggerRun run;
       run.head_mask.assign(static_cast<size_t>(layers * heads), 1.0f);
@@ -103,7 +103,7 @@ Outcome run_heads(const Options& o) {
       drops.push_back(base - acc);
       const std::string name = std::string("L") + std::to_string(h / heads) + "H" + std::to_string(h % heads);
       ab.rows.push_back({std::to_string(s), name, fmt(acc, 3), fmt(base - acc, 3)});
-      Json j = Json::object();
+      json::Value j = json::Value::object();
       j.set("head", name);
       j.set("token_accuracy", acc);
       j.set("drop", base - acc);
@@ -115,7 +115,7 @@ Outcome run_heads(const Options& o) {
     auto hname = [&](size_t h) { return std::string("L") + std::to_string(h / heads) + "H" + std::to_string(h % heads); };
     t.rows.push_back({std::to_string(s), fmt(base, 3), fmt(d0, 4), fmt(d1, 4), hname(best), fmt(drops[best], 3),
                       fmt(drops[least], 3)});
-    Json r = Json::object();
+    json::Value r = json::Value::object();
     r.set("seed", static_cast<int64_t>(s));
     r.set("test_token_accuracy", base);
     r.set("diversity_init", d0);

@@ -75,18 +75,18 @@ Outcome run_parallelism(const Options& o) {
   Table t;
   t.header = {"T", "GRU ms", "attn ms", "GRU/attn", "GRU speedup 1->" + std::to_string(thread_counts[last]) + "t",
               "attn speedup", "seq. steps GRU (1 / 6 layers)", "attn (1 / 6 layers)"};
-  Json rows = Json::array();
+  json::Value rows = json::Value::array();
   for (size_t i = 0; i < lengths.size(); ++i) {
     const int64_t T = lengths[i];
     const double g = times[0][last][i], a = times[1][last][i];
     const double sg = times[0][0][i] / g, sa = times[1][0][i] / a;
     t.rows.push_back({std::to_string(T), fmt(g * 1e3, 2), fmt(a * 1e3, 2), fmt(g / a, 2), fmt(sg, 2), fmt(sa, 2),
                       std::to_string(T) + " / " + std::to_string(T + layers_deep - 1), "1 / " + std::to_string(layers_deep)});
-    Json r = Json::object();
+    json::Value r = json::Value::object();
     r.set("T", T);
-    Json per_threads = Json::object();
+    json::Value per_threads = json::Value::object();
     for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
-      Json m = Json::object();
+      json::Value m = json::Value::object();
       m.set("gru_ms", times[0][ti][i] * 1e3);
       m.set("attention_ms", times[1][ti][i] * 1e3);
       per_threads.set(std::to_string(thread_counts[ti]), m);

@@ -62,7 +62,7 @@ Outcome run_permutation(const Options& o) {
 
   Table t1;
   t1.header = {"positional encoding", "max |f(Px) - P f(x)| / max|f|", "pooled output change", "equivariant?"};
-  Json part1 = Json::array();
+  json::Value part1 = json::Value::array();
   plot::BarChart bc;
   bc.title = "Shuffle the input: how far is f(Px) from P f(x)?";
   bc.y_label = "relative deviation";
@@ -92,7 +92,7 @@ Outcome run_permutation(const Options& o) {
       min_other_dev = std::min(min_other_dev, d.per_position);
     }
     t1.rows.push_back({pos_name(p), fmt(d.per_position, 8), fmt(d.pooled, 8), eq ? "yes" : "no"});
-    Json j = Json::object();
+    json::Value j = json::Value::object();
     j.set("positional", pos_name(p));
     j.set("max_rel_deviation", d.per_position);
     j.set("pooled_rel_deviation", d.pooled);
@@ -117,7 +117,7 @@ Outcome run_permutation(const Options& o) {
   tc.log_every = o.quick ? 0 : 500;
   Table t3;
   t3.header = {"task", "positions", "test token accuracy", "test exact match", "final train loss"};
-  Json part3 = Json::array();
+  json::Value part3 = json::Value::array();
   plot::BarChart acc_chart;
   acc_chart.title = "Learned with and without positional encoding";
   acc_chart.y_label = "test token accuracy";
@@ -151,7 +151,7 @@ Outcome run_permutation(const Options& o) {
       }
       acc_of[task][pos_name(p)] = tok;
       t3.rows.push_back({task, pos_name(p), fmt_pm(tok, 3), fmt_pm(ex, 3), fmt_pm(fl, 3)});
-      Json j = Json::object();
+      json::Value j = json::Value::object();
       j.set("task", task);
       j.set("positional", pos_name(p));
       j.set("token_accuracy", tok);

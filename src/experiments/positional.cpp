@@ -36,7 +36,7 @@ Outcome run_positional(const Options& o) {
   const std::vector<std::string> tasks = {"reverse", "shift"};
   Table t;
   t.header = {"task", "positions", "params", "token acc <= L", "token acc L+1..2L", "exact <= L", "exact L+1..2L"};
-  Json runs = Json::array();
+  json::Value runs = json::Value::array();
   std::vector<Image> panels;
   // in-distribution / extrapolation token accuracy per task and encoding (mean over seeds)
   std::map<std::string, std::map<std::string, std::pair<double, double>>> summary;
@@ -95,14 +95,14 @@ Outcome run_positional(const Options& o) {
       se.label = pos_name(p);
       se.color = plot::palette(static_cast<int>(pi));
       se.dashed = p == PosKind::kNone;
-      Json bl = Json::object();
+      json::Value bl = json::Value::object();
       for (const auto& [len, v] : by_len_acc) {
         se.x.push_back(static_cast<double>(len));
         se.y.push_back(mean(v));
         bl.set(std::to_string(len), mean(v));
       }
       c.series.push_back(se);
-      Json r = Json::object();
+      json::Value r = json::Value::object();
       r.set("task", task);
       r.set("positional", pos_name(p));
       r.set("params", params);

@@ -12,7 +12,7 @@
 #include "common.h"
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
-#include "../models/json_value.h"
+#include "qkv/core/json.h"
 
 namespace qkv::experiments {
 
@@ -158,7 +158,7 @@ RunRecord run_experiment(const std::string& name, const Options& options) {
   }
   omp_set_num_threads(old_threads);
   rec.wall_seconds = seconds_since(start);
-  Json j = Json::object();
+  json::Value j = json::Value::object();
   j.set("experiment", name);
   j.set("mode", options.quick ? "quick" : "full");
   j.set("seed", static_cast<int64_t>(options.seed));
@@ -169,12 +169,12 @@ RunRecord run_experiment(const std::string& name, const Options& options) {
   j.set("figures", rec.outcome.figures);
   j.set("setup", rec.outcome.setup);
   j.set("discussion", rec.outcome.discussion);
-  Json tables = Json::array();
+  json::Value tables = json::Value::array();
   for (const Table& t : rec.outcome.tables) {
-    Json tj = Json::object();
+    json::Value tj = json::Value::object();
     tj.set("header", t.header);
-    Json rows = Json::array();
-    for (const auto& r : t.rows) rows.push(Json(r));
+    json::Value rows = json::Value::array();
+    for (const auto& r : t.rows) rows.push(json::Value(r));
     tj.set("rows", rows);
     tables.push(tj);
   }
@@ -189,37 +189,37 @@ RunRecord load_run(const std::string& dir) {
   std::ifstream in(path, std::ios::binary);
   QKV_CHECK_RUNTIME(in.good(), "[experiment] cannot open '", path, "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const models::json::Value v = models::json::parse(text, "[experiment] " + path);
-  auto str = [&](const models::json::Value& o, const char* key) {
-    const models::json::Value* m = o.find(key);
-    QKV_CHECK_ARG(m && m->type == models::json::Value::Type::kString, "[experiment] ", path, ": '", key,
+  const json::Value v = json::Value::parse(text, "[experiment] " + path);
+  auto str = [&](const json::Value& o, const char* key) {
+    const json::Value* m = o.find(key);
+    QKV_CHECK_ARG(m && m->type() == json::Value::Type::kString, "[experiment] ", path, ": '", key,
                   "' is missing or not a string");
-    return m->string;
+    return m->as_string();
   };
-  auto list = [&](const models::json::Value& o, const char* key) {
-    const models::json::Value* m = o.find(key);
-    QKV_CHECK_ARG(m && m->type == models::json::Value::Type::kArray, "[experiment] ", path, ": '", key,
+  auto list = [&](const json::Value& o, const char* key) {
+    const json::Value* m = o.find(key);
+    QKV_CHECK_ARG(m && m->type() == json::Value::Type::kArray, "[experiment] ", path, ": '", key,
                   "' is missing or not an array");
-    return m->array;
+    return m->items();
   };
-  auto strings = [&](const std::vector<models::json::Value>& a) {
+  auto strings = [&](const std::vector<json::Value>& a) {
     std::vector<std::string> out;
     for (const auto& e : a) {
-      QKV_CHECK_ARG(e.type == models::json::Value::Type::kString, "[experiment] ", path, ": expected strings");
-      out.push_back(e.string);
+      QKV_CHECK_ARG(e.type() == json::Value::Type::kString, "[experiment] ", path, ": expected strings");
+      out.push_back(e.as_string());
     }
     return out;
   };
   RunRecord r;
   r.name = str(v, "experiment");
   find_experiment(r.name);
-  const models::json::Value* wall = v.find("wall_seconds");
-  QKV_CHECK_ARG(wall && wall->type == models::json::Value::Type::kNumber, "[experiment] ", path,
+  const json::Value* wall = v.find("wall_seconds");
+  QKV_CHECK_ARG(wall && wall->type() == json::Value::Type::kNumber, "[experiment] ", path,
                 ": 'wall_seconds' is missing");
-  r.wall_seconds = wall->number;
+  r.wall_seconds = wall->as_number();
   r.quick = str(v, "mode") == "quick";
-  const models::json::Value* th = v.find("threads");
-  r.threads = th && th->type == models::json::Value::Type::kNumber ? static_cast<int>(th->number) : 0;
+  const json::Value* th = v.find("threads");
+  r.threads = th && th->type() == json::Value::Type::kNumber ? static_cast<int>(th->as_number()) : 0;
   r.outcome.claim = str(v, "claim");
   r.outcome.verdict = str(v, "verdict");
   r.outcome.setup = str(v, "setup");
@@ -229,8 +229,8 @@ RunRecord load_run(const std::string& dir) {
     Table tb;
     tb.header = strings(list(t, "header"));
     for (const auto& row : list(t, "rows")) {
-      QKV_CHECK_ARG(row.type == models::json::Value::Type::kArray, "[experiment] ", path, ": a table row is not an array");
-      tb.rows.push_back(strings(row.array));
+      QKV_CHECK_ARG(row.type() == json::Value::Type::kArray, "[experiment] ", path, ": a table row is not an array");
+      tb.rows.push_back(strings(row.items()));
     }
     r.outcome.tables.push_back(tb);
   }

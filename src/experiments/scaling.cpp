@@ -72,14 +72,14 @@ Outcome run_scaling(const Options& o) {
   t1.header = {"d_k", "entropy scaled", "entropy unscaled", "max weight scaled", "max weight unscaled",
                "grad norm scaled", "grad norm unscaled", "||dq|| scaled", "||dq|| unscaled"};
   std::vector<InitStats> sc, un;
-  Json part1 = Json::array();
+  json::Value part1 = json::Value::array();
   for (int64_t dk : dks) {
     sc.push_back(softmax_stats(dk, true, rows, keys, rng));
     un.push_back(softmax_stats(dk, false, rows, keys, rng));
     t1.rows.push_back({std::to_string(dk), fmt(sc.back().entropy, 3), fmt(un.back().entropy, 3),
                        fmt(sc.back().max_weight, 3), fmt(un.back().max_weight, 3), fmt(sc.back().grad_norm, 4),
                        fmt(un.back().grad_norm, 4), fmt(sc.back().grad_q, 4), fmt(un.back().grad_q, 4)});
-    Json j = Json::object();
+    json::Value j = json::Value::object();
     j.set("d_k", dk);
     j.set("entropy_scaled", sc.back().entropy);
     j.set("entropy_unscaled", un.back().entropy);
@@ -144,7 +144,7 @@ Outcome run_scaling(const Options& o) {
   const TagTask data = make_tag_task("reverse", o.quick ? 500 : 6000, o.quick ? 100 : 1000, 3, 8, o.seed + 41);
   Table t2;
   t2.header = {"d_k", "heads", "scale", "final train loss", "test token accuracy", "loss at 25% of steps"};
-  Json part2 = Json::array();
+  json::Value part2 = json::Value::array();
   plot::LineChart curves;
   curves.title = "Reversal, d_model " + std::to_string(width) + ": training loss with and without 1/sqrt(d_k)";
   curves.x_label = "step";
@@ -194,15 +194,15 @@ Outcome run_scaling(const Options& o) {
     t2.rows.push_back({std::to_string(arms[a].dk), std::to_string(width / arms[a].dk),
                        arms[a].scaled ? "1/sqrt(d_k)" : "1", fmt_pm(fl, 3), fmt_pm(acc, 3),
                        fmt_pm(early, 3)});
-    Json j = Json::object();
+    json::Value j = json::Value::object();
     j.set("d_k", arms[a].dk);
     j.set("scaled", arms[a].scaled);
     j.set("final_train_loss", fl);
     j.set("test_token_accuracy", acc);
     j.set("loss_at_quarter", early);
     j.set("steps", steps);
-    Json cj = Json::array();
-    for (const auto& c2 : seed_curves) cj.push(Json(c2));
+    json::Value cj = json::Value::array();
+    for (const auto& c2 : seed_curves) cj.push(json::Value(c2));
     j.set("loss_curves", cj);
     part2.push_back(j);
   }

@@ -68,7 +68,7 @@ Outcome run_translation(const Options& o) {
   Table summary;
   summary.header = {"target", "model", "params", "train s", "BLEU", "chrF"};
   for (const Bucket& b : buckets) summary.header.push_back("BLEU " + b.name() + " w");
-  Json langs_json = Json::array();
+  json::Value langs_json = json::Value::array();
   std::vector<Image> panels;
   // bleu[lang][kind] -> overall, per bucket
   std::map<std::string, std::map<S2SKind, std::pair<double, std::vector<double>>>> bleu;
@@ -109,12 +109,12 @@ Outcome run_translation(const Options& o) {
       c.x_ticks.push_back(static_cast<double>(b + 1));
       c.x_tick_labels.push_back(buckets[b].name());
     }
-    Json lj = Json::object();
+    json::Value lj = json::Value::object();
     lj.set("target", lang.code);
     lj.set("catalog", path);
     lj.set("train_pairs", static_cast<int64_t>(train.size()));
     lj.set("test_pairs", static_cast<int64_t>(test.size()));
-    Json models = Json::array();
+    json::Value models = json::Value::array();
     for (size_t ki = 0; ki < kinds.size(); ++ki) {
       const S2SKind k = kinds[ki];
       S2SModel m = make_s2s(k, task.src_vocab.size(), task.tgt_vocab.size(), sz, o.seed + 900 + ki);
@@ -128,7 +128,7 @@ Outcome run_translation(const Options& o) {
       const double b_all = eval::corpus_bleu(hyps, refs, lang.tok).score;
       const double chrf = eval::corpus_chrf(hyps, refs).score;
       std::vector<double> per;
-      Json pb = Json::array();
+      json::Value pb = json::Value::array();
       plot::Series se;
       se.label = s2s_name(k);
       se.color = plot::palette(static_cast<int>(ki));
@@ -145,7 +145,7 @@ Outcome run_translation(const Options& o) {
         per.push_back(v);
         se.x.push_back(static_cast<double>(b + 1));
         se.y.push_back(v);
-        Json j = Json::object();
+        json::Value j = json::Value::object();
         j.set("bucket_words", buckets[b].name());
         j.set("n", static_cast<int64_t>(h.size()));
         j.set("bleu", v);
@@ -158,7 +158,7 @@ Outcome run_translation(const Options& o) {
                                       fmt(b_all, 2), fmt(chrf, 2)};
       for (double v : per) row.push_back(fmt(v, 2));
       summary.rows.push_back(row);
-      Json mj = Json::object();
+      json::Value mj = json::Value::object();
       mj.set("model", s2s_name(k));
       mj.set("params", m.num_parameters());
       mj.set("train_seconds", cv.seconds);
@@ -167,9 +167,9 @@ Outcome run_translation(const Options& o) {
       mj.set("bleu", b_all);
       mj.set("chrf", chrf);
       mj.set("by_source_words", pb);
-      Json ex = Json::array();
+      json::Value ex = json::Value::array();
       for (size_t i = 0; i < std::min<size_t>(8, test.size()); ++i) {
-        Json e = Json::object();
+        json::Value e = json::Value::object();
         e.set("source", test[i].src);
         e.set("reference", refs[i]);
         e.set("output", hyps[i]);

@@ -30,12 +30,13 @@ std::string join(const std::string& dir, const std::string& name) {
 int64_t token_id(const files::JsonObject& o, const std::string& key) {
   const json::Value* v = o.get(key);
   if (!v || v->is_null()) return -1;
-  if (v->type == json::Value::Type::kArray) {
-    if (v->array.empty()) return -1;
-    const json::Value& first = v->array.front();
-    if (first.type != json::Value::Type::kNumber || first.number < 0 || first.number != std::floor(first.number))
+  if (v->type() == json::Value::Type::kArray) {
+    if (v->items().empty()) return -1;
+    const json::Value& first = v->items().front();
+    if (first.type() != json::Value::Type::kNumber || first.as_number() < 0 ||
+        first.as_number() != std::floor(first.as_number()))
       refuse(o.path, "\"" + key + "\" must hold non-negative integers");
-    return static_cast<int64_t>(first.number);
+    return static_cast<int64_t>(first.as_number());
   }
   return o.integer(key);
 }
@@ -51,19 +52,19 @@ GatedActivation activation(const std::string& name, const std::string& path) {
 float read_rope_theta(const files::JsonObject& o) {
   if (o.has("rope_parameters")) {
     const json::Value& p = *o.get("rope_parameters");
-    if (p.type != json::Value::Type::kObject) refuse(o.path, "\"rope_parameters\" must be an object");
+    if (p.type() != json::Value::Type::kObject) refuse(o.path, "\"rope_parameters\" must be an object");
     const files::JsonObject r{p, o.path, kOp};
     const std::string type = r.string_or("rope_type", "default");
     if (type != "default")
       refuse(o.path, "rope_parameters.rope_type \"" + type + "\" is not supported (only \"default\")");
-    for (const auto& [key, value] : p.object)
+    for (const auto& [key, value] : p.members())
       if (key != "rope_type" && key != "rope_theta" && !value.is_null())
         refuse(o.path, "rope_parameters." + key + " is not supported");
     return static_cast<float>(r.number_or("rope_theta", 10000.0));
   }
   if (o.has("rope_scaling")) {
     const json::Value& s = *o.get("rope_scaling");
-    if (s.type != json::Value::Type::kObject) refuse(o.path, "\"rope_scaling\" must be an object or null");
+    if (s.type() != json::Value::Type::kObject) refuse(o.path, "\"rope_scaling\" must be an object or null");
     const files::JsonObject r{s, o.path, kOp};
     const std::string type = r.string_or("rope_type", r.string_or("type", "default"));
     if (type != "default") refuse(o.path, "rope_scaling \"" + type + "\" is not supported (only the default rope)");
@@ -93,7 +94,7 @@ ad::Var attend(const ad::Var& q, const ad::Var& k, const ad::Var& v, float scale
 
 LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
   const json::Value doc = files::read_json(path, kOp);
-  if (doc.type != json::Value::Type::kObject) refuse(path, "must hold a JSON object");
+  if (doc.type() != json::Value::Type::kObject) refuse(path, "must hold a JSON object");
   const files::JsonObject o{doc, path, kOp};
   LlamaConfig c;
   c.model_type = o.string_or("model_type", "");
@@ -129,16 +130,16 @@ LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
     const json::Value* types = o.get("layer_types");
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % 2 != 0;
     if (types && !types->is_null()) {
-      if (types->type != json::Value::Type::kArray ||
-          static_cast<int64_t>(types->array.size()) != c.num_hidden_layers)
+      if (types->type() != json::Value::Type::kArray ||
+          static_cast<int64_t>(types->items().size()) != c.num_hidden_layers)
         refuse(path, "\"layer_types\" must list one type per layer");
-      for (size_t i = 0; i < types->array.size(); ++i) {
-        const json::Value& t = types->array[i];
-        if (t.type != json::Value::Type::kString ||
-            (t.string != "sliding_attention" && t.string != "full_attention"))
+      for (size_t i = 0; i < types->items().size(); ++i) {
+        const json::Value& t = types->items()[i];
+        if (t.type() != json::Value::Type::kString ||
+            (t.as_string() != "sliding_attention" && t.as_string() != "full_attention"))
           refuse(path, "layer_types[" + std::to_string(i) +
                            "] must be \"sliding_attention\" or \"full_attention\"");
-        c.layer_sliding[i] = t.string == "sliding_attention";
+        c.layer_sliding[i] = t.as_string() == "sliding_attention";
       }
     }
     if (c.sliding_window == 0) c.layer_sliding.assign(c.layer_sliding.size(), false);

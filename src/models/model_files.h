@@ -3,14 +3,14 @@
 
 #include <string>
 
-#include "json_value.h"
+#include "qkv/core/json.h"
 
 namespace qkv::models::files {
 
 bool exists(const std::string& path);
 // The whole file; std::runtime_error "[<op>] cannot read <path>" when it cannot be read.
 std::string read_text(const std::string& path, const char* op);
-// read_text + json::parse; a parse error becomes std::runtime_error "[<op>] <path> is not valid JSON: ...".
+// read_text + json::Value::parse; a parse error becomes std::runtime_error "[<op>] <path> is not valid JSON: ...".
 json::Value read_json(const std::string& path, const char* op);
 
 // Typed members of a JSON object; a wrong type throws std::runtime_error "[<op>] <path>: \"key\" must be ...".

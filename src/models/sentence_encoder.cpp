@@ -19,19 +19,19 @@ std::string join(const std::string& dir, const std::string& name) {
 }
 
 files::JsonObject object_in(const json::Value& v, const std::string& path, const char* op) {
-  QKV_CHECK_RUNTIME(v.type == json::Value::Type::kObject, "[", op, "] ", path, " must hold a JSON object, not ",
-                    json::type_name(v.type));
+  QKV_CHECK_RUNTIME(v.type() == json::Value::Type::kObject, "[", op, "] ", path, " must hold a JSON object, not ",
+                    json::type_name(v.type()));
   return files::JsonObject{v, path, op};
 }
 
 // A special token in tokenizer_config.json: "[UNK]" or {"content": "[UNK]", ...}.
 std::string special_token(const files::JsonObject& o, const std::string& key, const std::string& fallback) {
   const json::Value* v = o.get(key);
-  if (v && v->type == json::Value::Type::kObject) {
+  if (v && v->type() == json::Value::Type::kObject) {
     const json::Value* content = v->find("content");
-    QKV_CHECK_RUNTIME(content && content->type == json::Value::Type::kString, "[", o.op, "] ", o.path, ": \"", key,
+    QKV_CHECK_RUNTIME(content && content->type() == json::Value::Type::kString, "[", o.op, "] ", o.path, ": \"", key,
                       "\" has no string \"content\"");
-    return content->string;
+    return content->as_string();
   }
   return o.string_or(key, fallback);
 }
@@ -98,8 +98,8 @@ SentenceEncoder::SentenceEncoder(const std::string& dir) {
     wp.mask_token = special_token(o, "mask_token", wp.mask_token);
     if (o.has("model_max_length")) {
       const json::Value& m = *o.get("model_max_length");  // HF writes 1e30 for "no limit"
-      if (m.type == json::Value::Type::kNumber && m.number >= 2 && m.number < 1e9) {
-        tokenizer_max = static_cast<int64_t>(m.number);
+      if (m.type() == json::Value::Type::kNumber && m.as_number() >= 2 && m.as_number() < 1e9) {
+        tokenizer_max = static_cast<int64_t>(m.as_number());
       }
     }
   }
@@ -125,9 +125,9 @@ SentenceEncoder::SentenceEncoder(const std::string& dir) {
   const std::string modules_path = join(dir, "modules.json");
   if (files::exists(modules_path)) {
     const json::Value doc = files::read_json(modules_path, kOp);
-    QKV_CHECK_RUNTIME(doc.type == json::Value::Type::kArray, "[", kOp, "] ", modules_path,
+    QKV_CHECK_RUNTIME(doc.type() == json::Value::Type::kArray, "[", kOp, "] ", modules_path,
                       " must hold a JSON array of modules");
-    for (const json::Value& m : doc.array) {
+    for (const json::Value& m : doc.items()) {
       const files::JsonObject o = object_in(m, modules_path, kOp);
       const std::string type = o.string_or("type", "");
       const std::string name = type.substr(type.rfind('.') + 1);

@@ -1,4 +1,4 @@
-// Tests of the experiment framework's own pieces (not of any scientific result): the JSON writer, tables, the
+// Tests of the experiment framework's own pieces (not of any scientific result): tables, the
 // registry, and the Tagger encoder's input checks and permutation equivariance without positions.
 #include <gtest/gtest.h>
 
@@ -6,35 +6,9 @@
 
 #include "../../src/experiments/tagger.h"
 #include "qkv/experiments/experiment.h"
-#include "qkv/experiments/json.h"
 
 namespace qkv::experiments {
 namespace {
-
-TEST(Json, EscapesStringsAndWritesNonFiniteAsNull) {
-  Json j = Json::object();
-  j.set("s", "a\"b\\c\n\x01");
-  j.set("n", NAN);
-  j.set("i", int64_t{12345678901234});
-  j.set("f", 0.125);
-  j.set("v", std::vector<double>{1, 2.5});
-  EXPECT_EQ(j.dump(0), "{\"s\": \"a\\\"b\\\\c\\n\\u0001\", \"n\": null, \"i\": 12345678901234, \"f\": 0.125, "
-                       "\"v\": [1, 2.5]}");
-}
-
-TEST(Json, SetReplacesInPlaceAndTypeMisuseThrows) {
-  Json j;
-  j.set("a", 1).set("b", 2).set("a", 3);
-  EXPECT_EQ(j.dump(0), "{\"a\": 3, \"b\": 2}");
-  EXPECT_TRUE(j.contains("b"));
-  EXPECT_THROW(j.push(1), std::invalid_argument);
-  try {
-    j.at("zz");
-    FAIL();
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("[json] no member 'zz'"), std::string::npos);
-  }
-}
 
 TEST(Table, TextAlignsColumnsAndMarkdownHasOneRowPerLine) {
   Table t;

@@ -1,10 +1,12 @@
-// Round trip of module weights through safetensors, and the errors a wrong file gives.
+// Round trip of module weights through safetensors, and the errors a wrong file gives; the one JSON reader/writer
+// (qkv/core/json.h) that reads every JSON file of qkv: round trips and what it rejects.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <limits>
 
+#include "qkv/core/json.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/safetensors.h"
 #include "qkv/nn/multihead_attention.h"
@@ -97,3 +99,91 @@ TEST(Serialize, MissingFileIsAnIoError) {
 
 }  // namespace
 }  // namespace qkv::nn
+
+namespace qkv::json {
+namespace {
+
+TEST(Json, EscapesStringsAndWritesNonFiniteAsNull) {
+  Value j = Value::object();
+  j.set("s", "a\"b\\c\n\x01");
+  j.set("n", NAN);
+  j.set("i", int64_t{12345678901234});
+  j.set("f", 0.125);
+  j.set("v", std::vector<double>{1, 2.5});
+  EXPECT_EQ(j.dump(0), "{\"s\": \"a\\\"b\\\\c\\n\\u0001\", \"n\": null, \"i\": 12345678901234, \"f\": 0.125, "
+                       "\"v\": [1, 2.5]}");
+}
+
+TEST(Json, SetReplacesInPlaceAndTypeMisuseThrows) {
+  Value j;
+  j.set("a", 1).set("b", 2).set("a", 3);
+  EXPECT_EQ(j.dump(0), "{\"a\": 3, \"b\": 2}");
+  EXPECT_TRUE(j.contains("b"));
+  EXPECT_THROW(j.push(1), std::invalid_argument);
+  try {
+    j.at("zz");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[json] no member 'zz'"), std::string::npos);
+  }
+}
+
+TEST(Json, ParseReadsBackWhatDumpWroteKeepingMemberOrder) {
+  Value doc = Value::object();
+  doc.set("zeta", "caf\xc3\xa9 \xe4\xb8\xad \t/\"");
+  doc.set("alpha", Value::array().push(int64_t{-9007199254740993}).push(0.5).push(true).push(Value()));
+  doc.set("nested", Value::object().set("k", std::vector<std::string>{"x", ""}).set("empty", Value::object()));
+  const std::string text = doc.dump(2);
+  const Value back = Value::parse(text, "[t] doc.json");
+  EXPECT_EQ(back.dump(2), text);
+  ASSERT_EQ(back.members().size(), 3u);
+  EXPECT_EQ(back.members()[0].first, "zeta");
+  EXPECT_EQ(back.at("zeta").as_string(), "caf\xc3\xa9 \xe4\xb8\xad \t/\"");
+  const Value& a = back.at("alpha");
+  EXPECT_TRUE(a.items()[0].is_integer());
+  EXPECT_EQ(a.items()[0].as_integer(), int64_t{-9007199254740993});  // not rounded through a double
+  EXPECT_FALSE(a.items()[1].is_integer());
+  EXPECT_EQ(a.items()[1].as_number(), 0.5);
+  EXPECT_TRUE(a.items()[2].as_bool());
+  EXPECT_TRUE(a.items()[3].is_null());
+  // Escapes and surrogate pairs decode to UTF-8; an integer past int64 becomes a double.
+  const Value e = Value::parse(" {\"s\": \"\\u00e9\\ud83d\\ude00\\/\", \"big\": 18446744073709551616} ", "[t] e.json");
+  EXPECT_EQ(e.at("s").as_string(), "\xc3\xa9\xf0\x9f\x98\x80/");
+  EXPECT_FALSE(e.at("big").is_integer());
+  EXPECT_EQ(e.at("big").as_number(), 18446744073709551616.0);
+}
+
+TEST(Json, ParseRejectsWhatRfc8259RejectsNamingTheFileAndByte) {
+  const std::string deep = std::string(65, '[') + "1" + std::string(65, ']');
+  const std::pair<const char*, std::string> cases[] = {
+      {"duplicate key \"a\"", "{\"a\": 1, \"a\": 2}"},
+      {"trailing comma", "[1, 2,]"},
+      {"trailing comma", "{\"a\": 1,}"},
+      {"unexpected character", "NaN"},
+      {"leading zero", "012"},
+      {"not valid UTF-8", "\"\xc3\x28\""},
+      {"nesting deeper than 64", deep},
+      {"after the document", "{} {}"},
+      {"lone low surrogate", "\"\\udc00\""},
+      {"control character", "\"a\nb\""},
+      {"out of range", "1e400"},
+      {"unexpected end", ""},
+      {"invalid literal", "tru"},
+  };
+  for (const auto& [what, text] : cases) {
+    try {
+      (void)Value::parse(text, "[t] bad.json");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("[t] bad.json: ", 0), 0u) << m;
+      EXPECT_NE(m.find(what), std::string::npos) << m;
+      EXPECT_NE(m.find("(at byte "), std::string::npos) << m;
+    }
+  }
+  // 64 levels are fine.
+  EXPECT_NO_THROW(Value::parse(std::string(64, '[') + std::string(64, ']'), "[t] ok.json"));
+}
+
+}  // namespace
+}  // namespace qkv::json

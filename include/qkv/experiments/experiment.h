@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/experiments/json.h"
+#include "qkv/core/json.h"
 
 namespace qkv::experiments {
 
@@ -30,7 +30,7 @@ struct Table {
 };
 
 struct Outcome {
-  Json results = Json::object();     // measured numbers (the runner adds name, mode, seed, wall time, figures)
+  json::Value results = json::Value::object();     // measured numbers (the runner adds name, mode, seed, wall time, figures)
   std::vector<Table> tables;         // printed and reported; the first is the headline
   std::vector<std::string> figures;  // PNG file names written under out_dir
   std::string claim;                 // the article's claim in our words
