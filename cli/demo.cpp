@@ -7,7 +7,7 @@
 
 #include "commands.h"
 #include "demo.h"
-#include "qkv/core/image.h"
+#include "qkv/plot/image.h"
 #include "qkv/core/rng.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/matmul.h"

@@ -9,7 +9,7 @@
 
 #include "commands.h"
 #include "qkv/core/error.h"
-#include "qkv/core/image.h"
+#include "qkv/plot/image.h"
 #include "run_common.h"
 
 namespace qkv::cli {

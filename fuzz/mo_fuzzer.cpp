@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "fuzz_check.h"
-#include "qkv/data/mo.h"
+#include "qkv/corpus/mo.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "common.h"
-#include "qkv/core/plot.h"
+#include "qkv/plot/plot.h"
 #include "qkv/data/tasks.h"
 #include "seq2seq_train.h"
 

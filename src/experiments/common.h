@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/core/image.h"
+#include "qkv/plot/image.h"
 #include "qkv/experiments/experiment.h"
 
 namespace qkv::experiments {

@@ -7,7 +7,7 @@
 #include <chrono>
 
 #include "common.h"
-#include "qkv/core/plot.h"
+#include "qkv/plot/plot.h"
 #include "qkv/core/rng.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/nn/transformer.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "common.h"
-#include "qkv/core/plot.h"
+#include "qkv/plot/plot.h"
 #include "tagger_train.h"
 
 namespace qkv::experiments {

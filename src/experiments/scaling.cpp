@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common.h"
-#include "qkv/core/plot.h"
+#include "qkv/plot/plot.h"
 #include "qkv/ops/matmul.h"
 #include "qkv/ops/softmax.h"
 #include "tagger_train.h"

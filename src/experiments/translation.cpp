@@ -9,8 +9,8 @@
 
 #include "common.h"
 #include "qkv/core/error.h"
-#include "qkv/core/plot.h"
-#include "qkv/data/mo.h"
+#include "qkv/plot/plot.h"
+#include "qkv/corpus/mo.h"
 #include "qkv/data/tokenizer.h"
 #include "qkv/eval/metrics.h"
 #include "seq2seq_train.h"
@@ -212,7 +212,7 @@ Outcome run_translation(const Options& o) {
       "encoder-decoder without attention falls with length), and attention removes this loss; shown on real "
       "human translations that nobody here wrote.";
   out.setup = "Data: the gettext catalogs of git 2.39 installed by Debian 12's `git` package, read with qkv's .mo "
-              "parser (include/qkv/data/mo.h). " + licences +
+              "parser (include/qkv/corpus/mo.h). " + licences +
               "git, its translations included, is licensed GPL-2 (/usr/share/doc/git/copyright: \"Files: *\" ... "
               "\"License: GPL-2\"; the .po files state \"This file is distributed under the same license as the git "
               "package\"); we use them only as evaluation data and redistribute none of them. Pairs: translated "

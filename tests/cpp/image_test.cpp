@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "qkv/core/image.h"
+#include "qkv/plot/image.h"
 #include "qkv/core/io.h"
 
 namespace qkv {

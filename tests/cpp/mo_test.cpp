@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "qkv/core/rng.h"
-#include "qkv/data/mo.h"
+#include "qkv/corpus/mo.h"
 
 namespace qkv::data {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "qkv/core/plot.h"
+#include "qkv/plot/plot.h"
 
 namespace qkv::plot {
 namespace {

@@ -18,11 +18,19 @@ ALLOWED = {
     "data": {"core"},
     "dist": {"core", "kernels", "ops"},
     "train": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist"},
+    "plot": {"core"},
+    "corpus": {"core", "data"},
     "eval": {"core"},
-    "experiments": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "eval"},
-    "cli": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "eval", "experiments"},
-    "python": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "eval", "experiments"},
+    "experiments": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "plot", "corpus",
+                    "eval"},
+    "cli": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "plot", "corpus", "eval",
+            "experiments"},
+    "python": {"core", "kernels", "ops", "nn", "models", "decode", "data", "dist", "train", "plot", "corpus", "eval",
+               "experiments"},
 }
+# The layers of the second library, qkv_extras (CMakeLists.txt: QKV_EXTRAS_LAYERS); every other folder of src/ is
+# libqkv, the attention library, and none of those may include an extras layer.
+EXTRAS = {"plot", "corpus", "eval", "experiments"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"qkv/([A-Za-z_]+)/', re.M)
 
 
@@ -63,6 +71,17 @@ def main(root):
                         bad.append(f"{rel}:{line}: {layer} -> {dep} is not an allowed edge")
     if seen == 0:
         bad.append("no qkv include found: wrong root?")
+    for layer, deps in ALLOWED.items():
+        if layer not in EXTRAS and layer not in ("cli", "python") and deps & EXTRAS:
+            bad.append(f"table: library layer '{layer}' may include extras {sorted(deps & EXTRAS)}")
+    cmake = open(os.path.join(root, "CMakeLists.txt"), encoding="utf-8").read()
+    m = re.search(r"set\(QKV_EXTRAS_LAYERS([^)]*)\)", cmake)
+    if not m or set(m.group(1).split()) != EXTRAS:
+        bad.append(f"CMakeLists.txt: QKV_EXTRAS_LAYERS is {m.group(1).split() if m else 'missing'}, the table says "
+                   f"{sorted(EXTRAS)}")
+    for name in sorted(os.listdir(os.path.join(root, "src"))):
+        if os.path.isdir(os.path.join(root, "src", name)) and name not in ALLOWED:
+            bad.append(f"src/{name}: folder is not in the layer table")
     for b in bad:
         print(b)
     print(f"layer map: {seen} includes checked, {len(bad)} violations")

@@ -1,6 +1,6 @@
 // Line charts, bar charts, labelled heatmaps and panel composition drawn straight into an RGB Image, with the
 // 5x7 font of font.cpp for every label. Layout is computed from the text sizes so that nothing overlaps.
-#include "qkv/core/plot.h"
+#include "qkv/plot/plot.h"
 
 #include <algorithm>
 #include <cmath>

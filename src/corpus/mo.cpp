@@ -1,6 +1,6 @@
 // The .mo reader: a 28-byte header (magic, revision, N, O, T, S, H), two tables of N (length, offset) pairs and
 // NUL-terminated strings. Every read is bounds-checked in 64-bit arithmetic before it happens.
-#include "qkv/data/mo.h"
+#include "qkv/corpus/mo.h"
 
 #include <fstream>
 #include <iterator>

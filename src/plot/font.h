@@ -1,6 +1,6 @@
 // A compact 5x7 bitmap font for printable ASCII (0x20..0x7E), used to label plots and heatmaps, and every other code
 // point (CJK, accented Latin, ...) rasterised by FreeType from a system font when one is installed.
-// Internal to src/core: the public entry points are the text helpers in qkv/core/plot.h.
+// Internal to src/plot: the public entry points are the text helpers in qkv/plot/plot.h.
 #pragma once
 
 #include <cstdint>

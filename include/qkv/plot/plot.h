@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "qkv/core/image.h"
+#include "qkv/plot/image.h"
 #include "qkv/core/tensor.h"
 
 namespace qkv::plot {

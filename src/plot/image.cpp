@@ -1,5 +1,5 @@
 // PNG encoder (zlib for IDAT, CRC per chunk) and the heatmap layout used by `qkv demo` and the experiments.
-#include "qkv/core/image.h"
+#include "qkv/plot/image.h"
 
 #include <zlib.h>
 
