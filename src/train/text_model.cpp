@@ -94,9 +94,14 @@ class TransformerSeq2Seq : public TextModel {
   models::Seq2SeqTransformer model_;
 };
 
-class DecoderOnly : public TextModel {
+// The language-model kinds (decoder-only Transformer, Llama) share the config check and the LM batches; they
+// differ in how they decode and whether they report attention.
+template <class Model>
+class LanguageModel : public TextModel {
  public:
-  DecoderOnly(const TextModelConfig& c, Rng& rng) : TextModel(c), model_(c.decoder_only, rng) {
+  template <class ModelConfig>
+  LanguageModel(const TextModelConfig& c, const ModelConfig& model_config, Rng& rng)
+      : TextModel(c), model_(model_config, rng) {
     QKV_CHECK_ARG(!c.reverse_source && !c.source_eos,
                   "[TextModel] reverse_source and source_eos are for the encoder-decoder kinds");
   }
@@ -106,31 +111,27 @@ class DecoderOnly : public TextModel {
     const data::LmBatch b = data::make_lm_batch(batch);
     return {model_.forward(c, b.input.ids), b.targets, b.num_target_tokens};
   }
+
+ protected:
+  Model model_;
+};
+
+class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
+ public:
+  DecoderOnly(const TextModelConfig& c, Rng& rng) : LanguageModel(c, c.decoder_only, rng) {}
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
     return std::make_unique<decode::DecoderOnlyCachedStep>(model_, sources);
   }
 
   bool has_attention() const override { return true; }
-
- private:
-  models::DecoderOnlyTransformer model_;
 };
 
 // The Llama decoder on the LM batches of kDecoderOnly (right-padded: causal rows never see their padding);
 // decoding recomputes each row, since sources differ in length.
-class Llama : public TextModel {
+class Llama : public LanguageModel<models::LlamaForCausalLM> {
  public:
-  Llama(const TextModelConfig& c, Rng& rng) : TextModel(c), model_(c.llama, rng) {
-    QKV_CHECK_ARG(!c.reverse_source && !c.source_eos,
-                  "[TextModel] reverse_source and source_eos are for the encoder-decoder kinds");
-  }
-  nn::Module& module() override { return model_; }
-
-  TeacherForced teacher_forced(const nn::Context& c, const std::vector<const data::Example*>& batch) override {
-    const data::LmBatch b = data::make_lm_batch(batch);
-    return {model_.forward(c, b.input.ids), b.targets, b.num_target_tokens};
-  }
+  Llama(const TextModelConfig& c, Rng& rng) : LanguageModel(c, c.llama, rng) {}
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
     model_.eval();
@@ -138,9 +139,6 @@ class Llama : public TextModel {
   }
 
   bool has_attention() const override { return false; }
-
- private:
-  models::LlamaForCausalLM model_;
 };
 
 }  // namespace
