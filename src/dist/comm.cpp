@@ -177,12 +177,18 @@ void Communicator::allreduce(float* data, int64_t n, bool max) {
 #endif
 }
 
+// The arguments of one non-blocking send or receive: the peer is another rank, the tag is valid, the buffer exists.
+static void check_point_to_point(const char* op, const char* role, int peer, int rank, int size, int tag,
+                                 int64_t n, const void* data) {
+  check_count(n, op);
+  QKV_CHECK_ARG(peer >= 0 && peer < size && peer != rank, "[dist.", op, "] ", role, " ", peer,
+                " is not another rank of a group of ", size, " (this is rank ", rank, ")");
+  QKV_CHECK_ARG(tag >= 0, "[dist.", op, "] tag ", tag, " must be >= 0");
+  QKV_CHECK_ARG(n == 0 || data != nullptr, "[dist.", op, "] null buffer of ", n, " floats");
+}
+
 Request Communicator::isend(const float* data, int64_t n, int dest, int tag) {
-  check_count(n, "isend");
-  QKV_CHECK_ARG(dest >= 0 && dest < size_ && dest != rank_, "[dist.isend] destination ", dest,
-                " is not another rank of a group of ", size_, " (this is rank ", rank_, ")");
-  QKV_CHECK_ARG(tag >= 0, "[dist.isend] tag ", tag, " must be >= 0");
-  QKV_CHECK_ARG(n == 0 || data != nullptr, "[dist.isend] null buffer of ", n, " floats");
+  check_point_to_point("isend", "destination", dest, rank_, size_, tag, n, data);
   Request r;
   r.state_ = std::make_unique<RequestState>();
   bytes_sent_ += n * static_cast<int64_t>(sizeof(float));
@@ -195,11 +201,7 @@ Request Communicator::isend(const float* data, int64_t n, int dest, int tag) {
 }
 
 Request Communicator::irecv(float* data, int64_t n, int source, int tag) {
-  check_count(n, "irecv");
-  QKV_CHECK_ARG(source >= 0 && source < size_ && source != rank_, "[dist.irecv] source ", source,
-                " is not another rank of a group of ", size_, " (this is rank ", rank_, ")");
-  QKV_CHECK_ARG(tag >= 0, "[dist.irecv] tag ", tag, " must be >= 0");
-  QKV_CHECK_ARG(n == 0 || data != nullptr, "[dist.irecv] null buffer of ", n, " floats");
+  check_point_to_point("irecv", "source", source, rank_, size_, tag, n, data);
   Request r;
   r.state_ = std::make_unique<RequestState>();
 #ifdef QKV_HAVE_MPI
