@@ -34,6 +34,7 @@ constexpr int64_t kFwdQ = 480;
 constexpr int64_t kFwdK = 96;
 constexpr int64_t kSmallQ = 8;     // query tiles this small score by dot products (decode) instead of the packed GEMM
 constexpr int64_t kSmallQK = 512;  // ... and take keys in tiles this long (the buffers hold fk x fq floats)
+constexpr int64_t kSmallPV = 32;   // ... and, with several rows, P·V in blocks of this many keys (see fwd_tile)
 constexpr int64_t kBwdQ = 48;
 constexpr int64_t kBwdK = 96;
 // Short sequences (Tk <= kShortTk) take kShortTile-key tiles in both passes and kShortTile-query tiles in the
@@ -339,15 +340,21 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       }
     }
     kr.softmax_cols(sc, ld, n, nc, w.m.data() + c0, w.l.data() + c0, w.alpha.data() + c0);
-    // O = alpha·O + P·V, P read from its transpose Sᵀ
-    Gemm g;
-    g.rows = qend - c0, g.cols = dv, g.depth = n;
-    g.a = sc, g.a_rs = 1, g.a_ks = ld;
-    g.b = vj, g.b_ks = cx.v.rs;
-    g.c = w.o.data() + c0 * dv, g.c_rs = dv;
-    g.row_scale = w.alpha.data() + c0;
-    g.accumulate = true;
-    kr.gemm(g);
+    // O = alpha·O + P·V, P read from its transpose Sᵀ. A few stacked rows (GQA decoding) take the product in blocks
+    // of kSmallPV keys: the register blocks of a few rows cover Dv in column strips, and one pass over the whole
+    // tile per strip would read each V row from memory in Dv/16 strided pieces; per block, the strips find the
+    // block's rows in L1. The same products in the same order (C is reloaded exactly), so the same bits.
+    const int64_t pv = small && qend - c0 > 1 ? kSmallPV : n;
+    for (int64_t k0 = 0; k0 < n; k0 += pv) {
+      Gemm g;
+      g.rows = qend - c0, g.cols = dv, g.depth = std::min(pv, n - k0);
+      g.a = sc + k0 * ld, g.a_rs = 1, g.a_ks = ld;
+      g.b = vj + k0 * cx.v.rs, g.b_ks = cx.v.rs;
+      g.c = w.o.data() + c0 * dv, g.c_rs = dv;
+      g.row_scale = k0 == 0 ? w.alpha.data() + c0 : nullptr;
+      g.accumulate = true;
+      kr.gemm(g);
+    }
   }
 }
 

@@ -432,19 +432,34 @@ TEST(AttentionFlashVariants, Avx512KernelsMatchFloat64Oracle) {
   VariantSweep(40, 22000, FlashIsa::kAvx512);
 }
 
+// The instruction sets this CPU runs, by name (AVX-512 is only compiled where the CPU lacks it).
+std::vector<FlashIsa> runnable_isas() {
+  std::vector<FlashIsa> isas{FlashIsa::kPortable};
+  if (kernels::cpu_supports(kernels::Isa::kAvx2)) isas.push_back(FlashIsa::kAvx2);
+  if (kernels::cpu_supports(kernels::Isa::kAvx512)) isas.push_back(FlashIsa::kAvx512);
+  return isas;
+}
+
 // GQA decoding (one query per head, no mask) stacks each group's heads as the rows of one tile: against the oracle
-// with causal, a window and a soft cap, forward and backward, on one and two threads.
+// with causal, a window and a soft cap, forward and backward, on one and two threads, on every instruction set.
+// Tk = 300 and 777 end the key tiles and the P·V key blocks of the stacked rows off their multiples; Dv = 48 and 80
+// end the column blocks off theirs.
 TEST(AttentionFlashVariants, GqaDecodingStacksTheGroupHeads) {
-  const Tensor q = randn({2, 8, 1, 64}, 1), k = randn({2, 2, 300, 64}, 2), v = randn({2, 2, 300, 48}, 3);
-  AttentionOptions o;
-  o.enable_gqa = true;
-  EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({2, 8, 1, 48}, 4)));
-  o.causal = Causal::kBottomRight;
-  o.window_left = 50;
-  o.softcap = 4.0f;
-  for (int threads : {1, 2}) EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({2, 8, 1, 48}, 5), {FlashIsa::kAuto, threads, 0}));
-  const Tensor mq = randn({1, 16, 1, 8}, 6), mk = randn({1, 1, 40, 8}, 7);  // MQA, 16 heads in one tile
-  EXPECT_TRUE(MatchesOracle(mq, mk, mk, o, randn({1, 16, 1, 8}, 8)));
+  for (FlashIsa isa : runnable_isas()) {
+    SCOPED_TRACE(kernels::flash_isa_name(isa));
+    const Tensor q = randn({2, 8, 1, 64}, 1), k = randn({2, 2, 300, 64}, 2), v = randn({2, 2, 300, 48}, 3);
+    AttentionOptions o;
+    o.enable_gqa = true;
+    EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({2, 8, 1, 48}, 4), {isa, 0, 0}));
+    const Tensor lq = randn({1, 6, 1, 128}, 9), lk = randn({1, 2, 777, 128}, 10), lv = randn({1, 2, 777, 80}, 11);
+    EXPECT_TRUE(MatchesOracle(lq, lk, lv, o, randn({1, 6, 1, 80}, 12), {isa, 0, 0}));
+    o.causal = Causal::kBottomRight;
+    o.window_left = 50;
+    o.softcap = 4.0f;
+    for (int threads : {1, 2}) EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({2, 8, 1, 48}, 5), {isa, threads, 0}));
+    const Tensor mq = randn({1, 16, 1, 8}, 6), mk = randn({1, 1, 40, 8}, 7);  // MQA, 16 heads in one tile
+    EXPECT_TRUE(MatchesOracle(mq, mk, mk, o, randn({1, 16, 1, 8}, 8), {isa, 0, 0}));
+  }
 }
 
 // The reference kernels (the weights path) on the same variants, against the same float64 oracle.
