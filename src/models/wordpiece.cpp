@@ -3,6 +3,7 @@
 #include "qkv/models/wordpiece.h"
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <cctype>
 
@@ -14,7 +15,7 @@ namespace {
 
 namespace uni = unicode;
 
-uint8_t flags_of(char32_t c) {
+uint8_t flags_from_table(char32_t c) {
   const uni::FlagRange* end = uni::kFlagRanges + uni::kFlagRangesSize;
   const uni::FlagRange* it =
       std::upper_bound(uni::kFlagRanges, end, c, [](char32_t v, const uni::FlagRange& r) { return v < r.lo; });
@@ -23,9 +24,20 @@ uint8_t flags_of(char32_t c) {
   return c <= it->hi ? it->flags : 0;
 }
 
+// ASCII, most of any text, from a 128-entry copy of the table (built from it once); the rest by binary search.
+uint8_t flags_of(char32_t c) {
+  static const std::array<uint8_t, 128> ascii = [] {
+    std::array<uint8_t, 128> a{};
+    for (char32_t i = 0; i < 128; ++i) a[i] = flags_from_table(i);
+    return a;
+  }();
+  return c < 128 ? ascii[c] : flags_from_table(c);
+}
+
 uint8_t combining_class(char32_t c) {
   const uni::ClassRange* begin = uni::kCombiningClassRanges;
   const uni::ClassRange* end = begin + uni::kCombiningClassRangesSize;
+  if (begin == end || c < begin->lo) return 0;  // every starter below the first combining mark, ASCII included
   const uni::ClassRange* it =
       std::upper_bound(begin, end, c, [](char32_t v, const uni::ClassRange& r) { return v < r.lo; });
   if (it == begin) return 0;
@@ -36,6 +48,10 @@ uint8_t combining_class(char32_t c) {
 // Appends the mapping of c from a generated table, or c itself when the table has no entry.
 void append_mapped(char32_t c, const uni::Mapping* table, size_t size, const char32_t* data, std::u32string& out) {
   const uni::Mapping* end = table + size;
+  if (size == 0 || c < table->cp) {  // below the table's first entry (ASCII for the decompositions)
+    out.push_back(c);
+    return;
+  }
   const uni::Mapping* it =
       std::lower_bound(table, end, c, [](const uni::Mapping& m, char32_t v) { return m.cp < v; });
   if (it != end && it->cp == c) {
@@ -155,11 +171,13 @@ WordPieceTokenizer::WordPieceTokenizer(std::vector<std::string> vocab, WordPiece
     QKV_CHECK_ARG(!vocab_[i].empty(), "[wordpiece] vocabulary entry ", i, " is empty");
     const bool fresh = ids_.emplace(vocab_[i], static_cast<int64_t>(i)).second;
     QKV_CHECK_ARG(fresh, "[wordpiece] vocabulary entry ", i, " '", vocab_[i], "' is a duplicate");
+    max_token_bytes_ = std::max(max_token_bytes_, vocab_[i].size());
   }
   auto special = [&](const std::string& token, const char* role) {
     const int64_t id = token_to_id(token);
     QKV_CHECK_ARG(id >= 0, "[wordpiece] the vocabulary has no ", role, " token '", token, "'");
     specials_.push_back(token);
+    special_first_byte_[static_cast<unsigned char>(token[0])] = true;
     return id;
   };
   unk_id_ = special(options_.unk_token, "unknown");
@@ -234,7 +252,23 @@ std::u32string WordPieceTokenizer::normalize_code_points(const std::u32string& t
   if (options_.lowercase) {
     std::u32string l;
     l.reserve(s.size());
-    for (char32_t c : s) append_mapped(c, uni::kLowercase, uni::kLowercaseSize, uni::kLowercaseData, l);
+    // ASCII from a 128-entry copy of the table's one-to-one ASCII mappings (built from it once).
+    static const std::array<char32_t, 128> ascii = [] {
+      std::array<char32_t, 128> a{};
+      for (char32_t i = 0; i < 128; ++i) {
+        std::u32string m;
+        append_mapped(i, uni::kLowercase, uni::kLowercaseSize, uni::kLowercaseData, m);
+        a[i] = m.size() == 1 ? m[0] : 0;  // 0: not one-to-one, take the table
+      }
+      return a;
+    }();
+    for (char32_t c : s) {
+      if (c < 128 && ascii[c] != 0) {
+        l.push_back(ascii[c]);
+      } else {
+        append_mapped(c, uni::kLowercase, uni::kLowercaseSize, uni::kLowercaseData, l);
+      }
+    }
     s = std::move(l);
   }
   return s;
@@ -262,7 +296,11 @@ void WordPieceTokenizer::word_pieces(const std::u32string& word, std::vector<int
   size_t start = 0;
   while (start < word.size()) {
     int64_t found = -1;
+    // Candidates longer than the longest vocabulary entry cannot match: start at the longest that can (the same
+    // greedy result, but O(L * longest) lookups instead of O(L^2) on a long word).
+    const size_t marker = start > 0 ? 2 : 0;
     size_t end = word.size();
+    while (end > start && marker + offset[end] - offset[start] > max_token_bytes_) --end;
     for (; end > start; --end) {
       candidate.assign(start > 0 ? "##" : "");
       candidate.append(bytes, offset[start], offset[end] - offset[start]);
@@ -293,6 +331,10 @@ void WordPieceTokenizer::append_ids(std::string_view text, std::vector<int64_t>&
     for (const std::u32string& word : split_words(normalized)) word_pieces(word, out);
   };
   while (pos < text.size()) {
+    if (!special_first_byte_[static_cast<unsigned char>(text[pos])]) {  // no special token starts here
+      ++pos;
+      continue;
+    }
     const std::string* match = nullptr;
     for (const std::string& sp : specials_) {
       if (text.compare(pos, sp.size(), sp) == 0 && (!match || sp.size() > match->size())) match = &sp;

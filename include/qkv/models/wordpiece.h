@@ -2,6 +2,7 @@
 // split, greedy longest-match-first WordPiece), giving the same ids as HF tokenizers' BertTokenizer.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -69,6 +70,8 @@ class WordPieceTokenizer {
   std::vector<std::string> vocab_;
   std::unordered_map<std::string, int64_t> ids_;
   std::vector<std::string> specials_;  // matched literally in the raw text
+  std::array<bool, 256> special_first_byte_{};  // the first bytes of specials_
+  size_t max_token_bytes_ = 0;         // the longest vocabulary entry: no longer candidate can match
   WordPieceOptions options_;
   int64_t pad_id_ = 0, cls_id_ = 0, sep_id_ = 0, unk_id_ = 0;
 };
