@@ -376,6 +376,38 @@ void fwd_finish(const FwdWork& w, int64_t bq, int64_t dv, float* out, float* lse
   }
 }
 
+// GQA without a mask stacks each group's query heads as the rows of one tile (Ctx::qdiv): (batch..., Hq, T, C) as
+// (batch..., Hkv, T·group, C), row t·group + g holding head g of the group at position t. Causal and window bounds
+// stay monotone in the row, and every K/V tile a query tile loads serves the whole group: decoding reads each K/V
+// tile once per group, and the backward packs each key tile and accumulates its dK, dV once per group.
+bool stacks_heads(int64_t group, const AttentionOptions& options, const Shape& batch) {
+  return group > 1 && options.mask_kind == MaskKind::kNone && shape_numel(batch) > 0;
+}
+
+Shape group_batch(Shape batch, int64_t group) {
+  batch.back() /= group;
+  return batch;
+}
+
+// x broadcasts to (batch..., T, C); returns the stacked (group_batch..., T·group, C), contiguous.
+Tensor stack_heads(const Tensor& x, const Shape& batch, int64_t group) {
+  const int64_t t = x.size(-2), c = x.size(-1), hkv = batch.back() / group;
+  Shape full = batch, split(batch.begin(), batch.end() - 1), stacked = split;
+  full.insert(full.end(), {t, c});
+  split.insert(split.end(), {hkv, group, t, c});
+  stacked.insert(stacked.end(), {hkv, t * group, c});
+  return x.expand(full).contiguous().view(split).transpose(-3, -2).contiguous().view(stacked);
+}
+
+// The inverse of stack_heads: (group_batch..., t·group, C) back to (batch..., t, C), contiguous.
+Tensor unstack_heads(const Tensor& x, const Shape& batch, int64_t group, int64_t t) {
+  const int64_t c = x.size(-1), hkv = batch.back() / group;
+  Shape split(batch.begin(), batch.end() - 1), full = batch;
+  split.insert(split.end(), {hkv, t, group, c});
+  full.insert(full.end(), {t, c});
+  return x.contiguous().view(split).transpose(-3, -2).contiguous().view(full);
+}
+
 // Key splits per query tile: 1 while there are enough tiles to keep every thread busy and balanced; otherwise
 // (decoding one query against a long cache, B·H below the thread count) the keys of each tile are split and the
 // partial (max, sum, output) merged afterwards in a fixed order.
@@ -394,28 +426,17 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
                                         const AttentionOptions& options, const Shape& batch, float scale,
                                         const FlashConfig& config) {
   const int64_t group = gqa_group(options, k, batch);
-  if (group > 1 && q.size(-2) == 1 && options.mask_kind == MaskKind::kNone && !batch.empty()) {
-    // GQA decoding: (..., Hq, 1, D) queries as (..., Hkv, group, D), one tile of `group` rows per kv head, so each
-    // K/V tile is read once per group instead of once per query head. q is tiny here: the copy costs nothing.
-    Shape full = batch, stacked = batch, kv_batch = batch;
-    full.insert(full.end(), {1, q.size(-1)});
-    kv_batch.back() /= group;
-    stacked.back() /= group;
-    stacked.insert(stacked.end(), {group, q.size(-1)});
-    const Tensor qs = q.expand(full).contiguous().view(stacked);
-    AttentionOptions o = options;
-    o.enable_gqa = false;  // k's heads now match kv_batch
-    Ctx cx = make_ctx(qs, k, v, o, kv_batch, scale, config);
-    cx.qdiv = group;
-    AttentionResult r = forward(cx, kv_batch, config);
-    Shape out_shape = batch, lse_shape = batch;
-    out_shape.insert(out_shape.end(), {1, v.size(-1)});
-    lse_shape.push_back(1);
-    r.out = r.out.view(out_shape);  // (..., Hkv, group, Dv) is (..., Hq, 1, Dv) in memory
-    r.lse = r.lse.view(lse_shape);
-    return r;
-  }
-  return forward(make_ctx(q, k, v, options, batch, scale, config), batch, config);
+  if (!stacks_heads(group, options, batch)) return forward(make_ctx(q, k, v, options, batch, scale, config), batch, config);
+  const int64_t tq = q.size(-2);
+  const Shape kv_batch = group_batch(batch, group);
+  AttentionOptions o = options;
+  o.enable_gqa = false;  // k's heads now match kv_batch
+  Ctx cx = make_ctx(stack_heads(q, batch, group), k, v, o, kv_batch, scale, config);
+  cx.qdiv = group;
+  AttentionResult r = forward(cx, kv_batch, config);
+  r.out = unstack_heads(r.out, batch, group, tq);
+  r.lse = unstack_heads(r.lse.unsqueeze(-1), batch, group, tq).squeeze(-1);
+  return r;
 }
 
 AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv, const AttentionOptions& options,
@@ -433,12 +454,11 @@ AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv
                 " must be a multiple of the kv heads of the cache ", str(kv.k_cache.shape()));
   AttentionOptions o = options;
   o.enable_gqa = true;
-  // One query per head (decoding) with GQA: the group's heads stacked as the rows of one tile, as in
-  // attention_flash_forward, so each block is read once per group.
-  const bool stack = group > 1 && q.size(1) == 1;
-  const Tensor qs = stack ? q.contiguous().view({hkv, group, q.size(2)}) : q;
+  // GQA: the group's heads stacked as the rows of one tile, as in attention_flash_forward, so each block is read
+  // once per group.
+  const bool stack = stacks_heads(group, o, Shape{hq});
   const Shape batch{stack ? hkv : hq};
-  Ctx cx = make_ctx(qs, k0, v0, o, batch, scale, config, kv.tk);
+  Ctx cx = make_ctx(stack ? stack_heads(q, Shape{hq}, group) : q, k0, v0, o, batch, scale, config, kv.tk);
   if (stack) cx.qdiv = group;
   for (Operand* x : {&cx.k, &cx.v}) {
     x->pages = kv.block_table;
@@ -447,8 +467,8 @@ AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv
   }
   AttentionResult r = forward(cx, batch, config);
   if (stack) {
-    r.out = r.out.view({hq, 1, cx.dv});
-    r.lse = r.lse.view({hq, 1});
+    r.out = unstack_heads(r.out, Shape{hq}, group, q.size(1));
+    r.lse = unstack_heads(r.lse.unsqueeze(-1), Shape{hq}, group, q.size(1)).squeeze(-1);
   }
   return r;
 }
@@ -688,12 +708,14 @@ Tensor sum_to_kv(const Tensor& full, const Shape& shape, int64_t group) {
 
 }  // namespace
 
+static AttentionGrads backward(const Ctx& cx, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                               const Shape& batch, const FlashConfig& config);
+
 AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                         const Tensor& lse, const Tensor& d_out, const AttentionOptions& options,
                                         const Shape& batch, float scale, const FlashConfig& config) {
   const char* op = "[attention_backward]";
-  const Ctx cx = make_ctx(q, k, v, options, batch, scale, config);
-  const int64_t nb = shape_numel(batch), tq = cx.tq, tk = cx.tk, dk = cx.dk, dv = cx.dv;
+  const int64_t tq = q.size(-2), dv = v.size(-1);
   Shape out_shape = batch, lse_shape = batch;
   out_shape.push_back(tq);
   out_shape.push_back(dv);
@@ -705,7 +727,27 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
                 str(out_shape));
   QKV_CHECK_ARG(lse.defined() && lse.shape() == lse_shape, op, " lse ", lse.defined() ? str(lse.shape()) : "()",
                 " must have shape (batch..., Tq) = ", str(lse_shape));
+  const int64_t group = gqa_group(options, k, batch);
+  if (!stacks_heads(group, options, batch)) {
+    const AttentionGrads g = backward(make_ctx(q, k, v, options, batch, scale, config), out, lse, d_out, batch, config);
+    return {sum_to(g.dq, q.shape()), sum_to_kv(g.dk, k.shape(), group), sum_to_kv(g.dv, v.shape(), group)};
+  }
+  // The group's heads as the rows of one tile (stacks_heads): dK and dV come out per kv head, summed over the group.
+  const Shape kv_batch = group_batch(batch, group);
+  AttentionOptions o = options;
+  o.enable_gqa = false;
+  Ctx cx = make_ctx(stack_heads(q, batch, group), k, v, o, kv_batch, scale, config);
+  cx.qdiv = group;
+  const AttentionGrads g = backward(cx, stack_heads(out, batch, group),
+                                    stack_heads(lse.unsqueeze(-1), batch, group).squeeze(-1),
+                                    stack_heads(d_out, batch, group), kv_batch, config);
+  return {sum_to(unstack_heads(g.dq, batch, group, tq), q.shape()), sum_to(g.dk, k.shape()), sum_to(g.dv, v.shape())};
+}
 
+// The gradients of cx's inputs at full size, (batch..., T, D); out, lse and d_out have cx's shapes.
+static AttentionGrads backward(const Ctx& cx, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                               const Shape& batch, const FlashConfig& config) {
+  const int64_t nb = shape_numel(batch), tq = cx.tq, tk = cx.tk, dk = cx.dk, dv = cx.dv;
   Shape qf = batch, kf = batch, vf = batch;
   qf.insert(qf.end(), {tq, dk});
   kf.insert(kf.end(), {tk, dk});
@@ -714,9 +756,7 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
   Tensor dq_full = Tensor::zeros(qf);
   Tensor dk_full = nb == 0 ? Tensor::zeros(kf) : Tensor::empty(kf);
   Tensor dv_full = nb == 0 ? Tensor::zeros(vf) : Tensor::empty(vf);
-  const int64_t group = gqa_group(options, k, batch);
-  if (nb == 0)
-    return {sum_to(dq_full, q.shape()), sum_to_kv(dk_full, k.shape(), group), sum_to_kv(dv_full, v.shape(), group)};
+  if (nb == 0) return {dq_full, dk_full, dv_full};
 
   const int threads = thread_count(config);
   const double work = 2.5 * static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(tk) *
@@ -778,7 +818,7 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
       }
     }
   }
-  return {sum_to(dq_full, q.shape()), sum_to_kv(dk_full, k.shape(), group), sum_to_kv(dv_full, v.shape(), group)};
+  return {dq_full, dk_full, dv_full};
 }
 
 }  // namespace qkv::kernels

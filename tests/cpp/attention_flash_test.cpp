@@ -462,6 +462,32 @@ TEST(AttentionFlashVariants, GqaDecodingStacksTheGroupHeads) {
   }
 }
 
+// GQA prefill (Tq > 1, no mask) stacks the group's heads too (row t·group + g): causal top-left and bottom-right,
+// Tq < Tk and Tq > Tk, windows, a soft cap, odd head sizes, and a q broadcast over the batch (its dQ summed back),
+// forward and backward against the oracle on every instruction set.
+TEST(AttentionFlashVariants, GqaPrefillStacksTheGroupHeads) {
+  for (FlashIsa isa : runnable_isas()) {
+    SCOPED_TRACE(kernels::flash_isa_name(isa));
+    const Tensor q = randn({2, 6, 37, 24}, 21), k = randn({2, 2, 53, 24}, 22), v = randn({2, 2, 53, 17}, 23);
+    AttentionOptions o;
+    o.enable_gqa = true;
+    EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({2, 6, 37, 17}, 24), {isa, 0, 0}));
+    o.causal = Causal::kBottomRight;
+    EXPECT_TRUE(MatchesOracle(q, k, v, o, randn({2, 6, 37, 17}, 25), {isa, 2, 0}));
+    o.causal = Causal::kTopLeft;
+    o.window_left = 9;
+    o.window_right = 3;
+    o.softcap = 3.0f;
+    const Tensor lq = randn({1, 4, 61, 24}, 26);  // Tq > Tk, q broadcast over the batch of 2
+    EXPECT_TRUE(MatchesOracle(lq, k, v, o, randn({2, 4, 61, 17}, 27), {isa, 1, 0}));
+    const Tensor mq = randn({1, 8, 300, 16}, 28), mk = randn({1, 1, 300, 16}, 29);  // MQA, the default long tiles
+    AttentionOptions c;
+    c.enable_gqa = true;
+    c.causal = Causal::kTopLeft;
+    EXPECT_TRUE(MatchesOracle(mq, mk, mk, c, randn({1, 8, 300, 16}, 30), {isa, 2, 0}));
+  }
+}
+
 // The reference kernels (the weights path) on the same variants, against the same float64 oracle.
 TEST(AttentionReferenceVariants, MatchFloat64Oracle) {
   for (uint64_t seed = 23000; seed < 23025; ++seed) {
