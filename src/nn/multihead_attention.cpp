@@ -11,6 +11,7 @@
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/functional.h"
 #include "qkv/ops/matmul.h"
+#include "qkv/ops/positional/relative.h"
 
 namespace qkv::nn {
 namespace {
@@ -178,6 +179,28 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                   " disagree on batch, or key and value on length");
   }
 
+  // --- positions, scale and head gates: validate -----------------------------------------------------------
+  QKV_CHECK_ARG(!(fixed && (o.rotary || o.rel_k.defined())),
+                "[MultiheadAttention] rotary and relative positions need the keys' positions: not with kv_cache_fixed");
+  int64_t clip = 0;
+  if (o.rel_k.defined()) {
+    const Tensor& rk = o.rel_k.value;
+    clip = rk.dim() == 2 ? (rk.size(0) - 1) / 2 : 0;
+    QKV_CHECK_ARG(rk.dim() == 2 && rk.size(0) % 2 == 1 && rk.size(1) == D, "[MultiheadAttention] rel_k ",
+                  str(rk.shape()), " must be (2*clip+1, head_dim = ", D, ")");
+    QKV_CHECK_ARG(!o.rel_v.defined() || o.rel_v.value.shape() == rk.shape(), "[MultiheadAttention] rel_v ",
+                  o.rel_v.defined() ? str(o.rel_v.value.shape()) : "()", " must match rel_k ", str(rk.shape()));
+    QKV_CHECK_ARG(!attn_bias.defined(), "[MultiheadAttention] relative attention takes no trained attn_bias (",
+                  str(attn_bias.value.shape()), "); pass a constant options.attn_bias");
+    QKV_CHECK_ARG(!(training() && dropout_ > 0.0f), "[MultiheadAttention] relative attention has no weight dropout (",
+                  dropout_, " in training mode)");
+  } else {
+    QKV_CHECK_ARG(!o.rel_v.defined(), "[MultiheadAttention] rel_v ", str(o.rel_v.value.shape()),
+                  " is given without rel_k");
+  }
+  QKV_CHECK_ARG(!o.head_mask.defined() || o.head_mask.shape() == Shape{H}, "[MultiheadAttention] head_mask ",
+                o.head_mask.defined() ? str(o.head_mask.shape()) : "()", " must be (num_heads,) = ", str(Shape{H}));
+
   // --- masks: validate, then reduce to at most one mask broadcastable to (B, H, Tq, Tk) ---------------------
   std::vector<MaskPart> parts;
   if (o.key_padding_mask.defined()) {
@@ -223,6 +246,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   }
   // With a cache the new queries are the last Tq positions: causal aligns bottom-right.
   ao.causal = !o.is_causal ? Causal::kNone : cache ? Causal::kBottomRight : Causal::kTopLeft;
+  ao.scale = o.scale;
 
   // --- projections; heads as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) --------------------------------
   ad::Var qh, kh, vh;
@@ -245,7 +269,13 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
       vh = split_heads(project(c, v_in, 2, 1), 1)[0];
     }
   }
-  const bool on_tape = qh.requires_grad() || kh.requires_grad() || vh.requires_grad() || attn_bias.requires_grad();
+  if (o.rotary) {  // the new rows sit after the cache's positions
+    const int64_t offset = cache && cache->ready() ? cache->length() : 0;
+    qh = ad::rope(qh, offset, o.rotary_base);
+    kh = ad::rope(kh, offset, o.rotary_base);
+  }
+  const bool on_tape = qh.requires_grad() || kh.requires_grad() || vh.requires_grad() || attn_bias.requires_grad() ||
+                       o.rel_k.requires_grad() || o.rel_v.requires_grad();
   if (cache) {
     QKV_CHECK_ARG(!on_tape, "[MultiheadAttention] kv_cache is for inference; the Context records a tape");
     if (!fixed) {
@@ -265,6 +295,16 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
     // Nothing to attend to: every row is fully masked, so the output is 0 (and so are the weights).
     attn = ad::Var(Tensor::zeros({B, H, Tq, D}));
     if (o.need_weights) weights = Tensor::zeros({B, H, Tq, Tk});
+  } else if (o.rel_k.defined()) {
+    // Shaw relative attention, composed on the tape; with a cache the new queries sit at Tk - Tq + i.
+    const int64_t offset = cache ? Tk - Tq : 0;
+    attn = ad::relative_attention(qh, kh, vh, o.rel_k, o.rel_v, clip, ao, offset);
+    if (o.need_weights) {
+      AttentionOptions wo = ao;
+      wo.return_weights = true;
+      weights = relative_attention(qh.value, kh.value, vh.value, o.rel_k.value, o.rel_v.value, clip, wo, offset)
+                    .weights;
+    }
   } else if (!on_tape && (o.need_weights || drop)) {
     // Weights asked for, or dropped (dropout acts on the weights, as PyTorch): the composed path materialises
     // them, and the returned weights are the dropped ones.
@@ -297,6 +337,8 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
       weights = attention(qh.value, kh.value, vh.value, wo).weights;
     }
   }
+
+  if (o.head_mask.defined()) attn = ad::mul(attn, ad::Var(o.head_mask.reshape({1, H, 1, 1})));
 
   // --- merge heads (B, H, Tq, D) -> (B, Tq, H, D) -> (B, Tq, E), out_proj ----------------------------------
   result.out = out_proj.forward(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}));

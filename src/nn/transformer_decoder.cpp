@@ -21,6 +21,9 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerConfig& c
       dropout2(c.dropout, detail::draw_seed(rng)),
       dropout3(c.dropout, detail::draw_seed(rng)),
       config_(c) {
+  QKV_CHECK_ARG(c.layer_norm && c.residual && !c.rotary && !c.relative && !c.attn_scale,
+                "[TransformerDecoderLayer] layer_norm, residual, rotary, relative and attn_scale are encoder-layer "
+                "options; keep their defaults");
   register_module("self_attn", &self_attn);
   register_module("multihead_attn", &multihead_attn);
   register_module("linear1", &ff.linear1);
@@ -55,12 +58,12 @@ ad::Var TransformerDecoderLayer::forward(const Context& c, const ad::Var& tgt, c
     opts->average_attn_weights = false;
   }
   auto sa_block = [&](const ad::Var& x) {
-    MhaResult r = self_attn.forward(c, x, x, x, self_opts);
+    MhaResult r = self_attn.forward(c, x, x, x, self_opts, tgt_masks.trained_bias);
     if (self_weights) *self_weights = r.weights;
     return dropout1.forward(c, r.out);
   };
   auto mha_block = [&](const ad::Var& x) {
-    MhaResult r = multihead_attn.forward(c, x, memory, memory, cross_opts);
+    MhaResult r = multihead_attn.forward(c, x, memory, memory, cross_opts, memory_masks.trained_bias);
     if (memory_weights) *memory_weights = r.weights;
     return dropout2.forward(c, r.out);
   };

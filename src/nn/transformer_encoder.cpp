@@ -1,5 +1,6 @@
 // nn::TransformerEncoderLayer and nn::TransformerEncoder, step for step as torch.nn's (post-LN and pre-LN).
 // Each layer of the stack gets its own random init; the optional final LayerNorm is "norm".
+#include <cmath>
 #include <string>
 
 #include "qkv/core/error.h"
@@ -21,34 +22,54 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
   register_module("linear1", &ff.linear1);
   register_module("dropout", &ff.dropout);
   register_module("linear2", &ff.linear2);
-  register_module("norm1", &norm1);
-  register_module("norm2", &norm2);
+  if (c.layer_norm) {
+    register_module("norm1", &norm1);
+    register_module("norm2", &norm2);
+  }
   register_module("dropout1", &dropout1);
   register_module("dropout2", &dropout2);
+  if (c.relative) {
+    const int64_t rows = 2 * c.relative_clip + 1, D = c.d_model / c.nhead;
+    const float std = 1.0f / std::sqrt(static_cast<float>(D));
+    rel_k = rng.normal({rows, D}, 0.0f, std);
+    rel_v = rng.normal({rows, D}, 0.0f, std);
+    register_parameter("rel_k", &rel_k);
+    register_parameter("rel_v", &rel_v);
+  }
 }
 
 ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
                                          LayerCache* cache, Tensor* weights) const {
   detail::check_sequence(src.value, config_.d_model, "TransformerEncoderLayer", "src");
   MhaForwardOptions mo = to_mha_options(masks);
+  mo.rotary = config_.rotary;
+  mo.scale = config_.attn_scale;
+  if (config_.relative) {
+    mo.rel_k = c.param(rel_k);
+    mo.rel_v = c.param(rel_v);
+  }
   if (cache) mo.kv_cache = &cache->self;
   if (weights) {
     mo.need_weights = true;
     mo.average_attn_weights = false;
   }
   auto sa_block = [&](const ad::Var& x) {
-    MhaResult r = self_attn.forward(c, x, x, x, mo);
+    MhaResult r = self_attn.forward(c, x, x, x, mo, masks.trained_bias);
     if (weights) *weights = r.weights;
     return dropout1.forward(c, r.out);
   };
   auto ff_block = [&](const ad::Var& x) { return dropout2.forward(c, ff.forward(c, x)); };
+  // Without layer_norm the norms are the identity; without residual the sum is the block's output alone.
+  auto n1 = [&](const ad::Var& x) { return config_.layer_norm ? norm1.forward(c, x) : x; };
+  auto n2 = [&](const ad::Var& x) { return config_.layer_norm ? norm2.forward(c, x) : x; };
+  auto res = [&](const ad::Var& x, const ad::Var& f) { return config_.residual ? ad::add(x, f) : f; };
   ad::Var x = src;
   if (config_.norm_first) {
-    x = ad::add(x, sa_block(norm1.forward(c, x)));
-    x = ad::add(x, ff_block(norm2.forward(c, x)));
+    x = res(x, sa_block(n1(x)));
+    x = res(x, ff_block(n2(x)));
   } else {
-    x = norm1.forward(c, ad::add(x, sa_block(x)));
-    x = norm2.forward(c, ad::add(x, ff_block(x)));
+    x = n1(res(x, sa_block(x)));
+    x = n2(res(x, ff_block(x)));
   }
   return x;
 }
@@ -71,9 +92,16 @@ ad::Var TransformerEncoder::forward(const Context& c, const ad::Var& src, const 
                                     std::vector<Tensor>* weights) const {
   detail::check_sequence(src.value, d_model_, "TransformerEncoder", "src");
   ad::Var x = src;
+  const Tensor& hm = masks.head_mask;
+  const bool per_layer = hm.defined() && hm.dim() == 2;
+  QKV_CHECK_ARG(!per_layer || hm.size(0) == num_layers(), "[TransformerEncoder] head_mask ", str(hm.shape()),
+                " must be (num_heads) or (num_layers = ", num_layers(), ", num_heads)");
+  AttentionMasks layer_masks = masks;
   if (weights) weights->assign(layers.size(), Tensor());
-  for (size_t i = 0; i < layers.size(); ++i)
-    x = layers[i]->forward(c, x, masks, nullptr, weights ? &(*weights)[i] : nullptr);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (per_layer) layer_masks.head_mask = hm.select(0, static_cast<int64_t>(i));
+    x = layers[i]->forward(c, x, layer_masks, nullptr, weights ? &(*weights)[i] : nullptr);
+  }
   if (norm) x = norm->forward(c, x);
   return x;
 }

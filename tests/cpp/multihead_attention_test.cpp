@@ -21,18 +21,13 @@ using qkv::testing::kFloatReorder;
 using qkv::testing::kModuleVsDouble;
 using qkv::testing::mean_heads;
 using qkv::testing::mha_reference;
+using qkv::testing::names_and_shapes;
 using qkv::testing::params_of;
 using qkv::testing::randn;
 using qkv::testing::randomize_parameters;
 using qkv::testing::ThrowsArg;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-std::map<std::string, Shape> names_and_shapes(Module& m) {
-  std::map<std::string, Shape> out;
-  for (auto& [name, p] : m.named_parameters()) out[name] = p->shape();
-  return out;
-}
 
 struct MhaCase {
   int64_t B = 2, Tq = 5, Tk = 7, E = 12, H = 3;

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -101,17 +103,44 @@ inline std::vector<double> project_rows(const std::vector<double>& w, const std:
   return y;
 }
 
+// The oracle's options beyond PyTorch's MHA (see MhaForwardOptions): rotary positions (half-split pairs, query i
+// and key j at q_offset + i and j), Shaw relative tables (rows 2·clip+1, query i at q_offset + i), a score scale
+// (0: 1/sqrt(D)) and per-head output gates.
+struct MhaRefExtras {
+  bool rotary = false;
+  double rotary_base = 10000.0;
+  std::vector<double> rel_k, rel_v;  // (2·clip+1, D) each, or empty
+  int64_t clip = 0;
+  int64_t q_offset = 0;
+  double scale = 0.0;
+  std::vector<double> head_gate;  // (H) or empty
+};
+
+// x (D) rotated in place as row `pos` of RoPE's half-split pairing (i, i + D/2), θ_i = base^(-2i/D).
+inline void rope_rotate(std::vector<double>& x, int64_t pos, double base) {
+  const int64_t half = static_cast<int64_t>(x.size()) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double phi = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / (2.0 * half));
+    const double a = x[i], b = x[i + half];
+    x[i] = a * std::cos(phi) - b * std::sin(phi);
+    x[i + half] = a * std::sin(phi) + b * std::cos(phi);
+  }
+}
+
 // Per-head loop: for each batch b and head h, slice the head's rows of Wq/Wk/Wv, project, scaled scores + mask,
 // softmax (a fully masked row gives weights 0), weights·v; concatenate heads; out_proj.
 inline MhaRef mha_reference(const Tensor& query, const Tensor& key, const Tensor& value, const MhaParams& p,
-                            const RefMask& mask = {}, bool causal = false) {
+                            const RefMask& mask = {}, bool causal = false, const MhaRefExtras& x = {}) {
   const int64_t B = query.size(0), Tq = query.size(1), Tk = key.size(1);
   const int64_t E = p.E, H = p.H, D = E / H;
   const std::vector<double> q = to_double(query), k = to_double(key), v = to_double(value);
   MhaRef r;
   r.out.assign(static_cast<size_t>(B * Tq * E), 0.0);
   r.weights.assign(static_cast<size_t>(B * H * Tq * Tk), 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = x.scale != 0.0 ? x.scale : 1.0 / std::sqrt(static_cast<double>(D));
+  auto rel_row = [&](int64_t i, int64_t j) {  // Shaw: the table row of key j for query i
+    return std::clamp(j - (i + x.q_offset), -x.clip, x.clip) + x.clip;
+  };
   for (int64_t b = 0; b < B; ++b) {
     std::vector<double> concat(static_cast<size_t>(Tq * E), 0.0);
     for (int64_t h = 0; h < H; ++h) {
@@ -121,14 +150,21 @@ inline MhaRef mha_reference(const Tensor& query, const Tensor& key, const Tensor
         kh.push_back(project_rows(p.wk, p.bk, p.kdim, h * D, D, &k[(b * Tk + j) * p.kdim]));
         vh.push_back(project_rows(p.wv, p.bv, p.vdim, h * D, D, &v[(b * Tk + j) * p.vdim]));
       }
+      if (x.rotary) {
+        for (int64_t i = 0; i < Tq; ++i) rope_rotate(qh[i], x.q_offset + i, x.rotary_base);
+        for (int64_t j = 0; j < Tk; ++j) rope_rotate(kh[j], j, x.rotary_base);
+      }
+      const double gate = x.head_gate.empty() ? 1.0 : x.head_gate[static_cast<size_t>(h)];
       for (int64_t i = 0; i < Tq; ++i) {
         std::vector<double> s(static_cast<size_t>(Tk));
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < Tk; ++j) {
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += qh[i][d] * kh[j][d];
+          if (!x.rel_k.empty())
+            for (int64_t d = 0; d < D; ++d) dot += qh[i][d] * x.rel_k[static_cast<size_t>(rel_row(i, j) * D + d)];
           double m = mask ? mask(b, h, i, j) : 0.0;
-          if (causal && j > i) m = -std::numeric_limits<double>::infinity();
+          if (causal && j > i + x.q_offset) m = -std::numeric_limits<double>::infinity();
           s[j] = dot * scale + m;
           mx = std::max(mx, s[j]);
         }
@@ -138,7 +174,10 @@ inline MhaRef mha_reference(const Tensor& query, const Tensor& key, const Tensor
         for (int64_t j = 0; j < Tk; ++j) {
           const double w = s[j] / z;
           r.weights[static_cast<size_t>(((b * H + h) * Tq + i) * Tk + j)] = w;
-          for (int64_t d = 0; d < D; ++d) concat[static_cast<size_t>(i * E + h * D + d)] += w * vh[j][d];
+          for (int64_t d = 0; d < D; ++d) {
+            const double rv = x.rel_v.empty() ? 0.0 : x.rel_v[static_cast<size_t>(rel_row(i, j) * D + d)];
+            concat[static_cast<size_t>(i * E + h * D + d)] += gate * w * (vh[j][d] + rv);
+          }
         }
       }
     }
@@ -148,6 +187,13 @@ inline MhaRef mha_reference(const Tensor& query, const Tensor& key, const Tensor
     }
   }
   return r;
+}
+
+// Every parameter's dotted name and shape.
+inline std::map<std::string, Shape> names_and_shapes(nn::Module& m) {
+  std::map<std::string, Shape> out;
+  for (auto& [name, p] : m.named_parameters()) out[name] = p->shape();
+  return out;
 }
 
 // Mean over heads of (B, H, Tq, Tk) weights -> (B, Tq, Tk).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,20 @@ struct MhaForwardOptions {
   // (a fixed memory for cross-attention, see project_kv): key and value are not used and may be undefined.
   KvCache* kv_cache = nullptr;
   bool kv_cache_fixed = false;
+  // --- beyond PyTorch's MHA: positions inside attention, the score scale, per-head output gates ---------------
+  // Rotary positions (RoPE, ad::rope, half-split pairs) on the projected queries and keys; the new rows sit at
+  // positions kv_cache length + i when decoding. Not with kv_cache_fixed.
+  bool rotary = false;
+  float rotary_base = 10000.0f;
+  // Shaw et al. relative attention (qkv::relative_attention) when rel_k is defined: rel_k (2·clip+1, D) and rel_v
+  // (2·clip+1, D) or undefined, clip = (rows - 1) / 2. They take gradients when they are parameters on the tape
+  // (TransformerEncoderLayer owns them per layer). Not with kv_cache_fixed, weight dropout or a trained attn_bias.
+  ad::Var rel_k, rel_v;
+  // Score multiplier: unset = 1/sqrt(D); 1 = unscaled.
+  std::optional<float> scale;
+  // (H): each head's output (B, H, Tq, D) is multiplied by head_mask[h] before the heads are merged (head
+  // ablation, Hugging Face's head_mask); returned weights are not masked.
+  Tensor head_mask;
 };
 
 // The forward on a Context: out on the tape when the Context trains; weights are never differentiated.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "qkv/core/rng.h"
@@ -28,6 +29,15 @@ struct TransformerLayerConfig {
   float layer_norm_eps = 1e-5f;
   bool norm_first = false;  // false: post-LN x = norm(x + f(x)); true: pre-LN x = x + f(norm(x))
   bool bias = true;         // biases of every Linear, MultiheadAttention and LayerNorm
+  // --- beyond torch.nn's layers (encoder layer's self-attention; see MhaForwardOptions) -----------------------
+  bool layer_norm = true;   // false: no LayerNorm at all (norm1/norm2 are not registered; norm_first is moot)
+  bool residual = true;     // false: x = f(x) in place of x + f(x) around both blocks
+  bool rotary = false;      // RoPE on the self-attention's queries and keys
+  // Shaw relative self-attention: each layer owns "rel_k" and "rel_v" (2·relative_clip+1, head_dim),
+  // drawn N(0, 1/head_dim) after every other parameter of the layer. relative_clip >= 0.
+  bool relative = false;
+  int64_t relative_clip = 16;
+  std::optional<float> attn_scale;  // unset: 1/sqrt(head_dim); 1 = unscaled
 };
 
 // The masks of one attention block (self-attention or cross-attention); fields as in MhaForwardOptions.
@@ -39,6 +49,12 @@ struct AttentionMasks {
   MaskKind key_padding_mask_kind = MaskKind::kBlock;  // nonzero = padding, ignored
   Tensor attn_bias;
   bool is_causal = false;  // applies a top-left causal mask (combined with `mask`)
+  // An additive bias broadcastable to (B, H, Tq, Tk) on the tape (T5's learned table through ad::t5_bias): its
+  // gradient flows back. Added to attn_bias.
+  ad::Var trained_bias;
+  // Multipliers of each head's output (see MhaForwardOptions::head_mask): (H) for a layer; TransformerEncoder
+  // also takes (num_layers, H), row i for layer i.
+  Tensor head_mask;
 };
 
 // Incremental decoding state of one layer (inference only; see MhaForwardOptions::kv_cache).
@@ -79,6 +95,7 @@ class TransformerEncoderLayer : public Module {
   FeedForward ff;  // its linear1 / dropout / linear2 are registered directly on this layer, as in PyTorch
   LayerNorm norm1, norm2;
   Dropout dropout1, dropout2;
+  Tensor rel_k, rel_v;  // config.relative: "rel_k", "rel_v" (2·relative_clip+1, head_dim); else undefined
 
  private:
   TransformerLayerConfig config_;
