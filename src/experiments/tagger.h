@@ -1,6 +1,7 @@
-// The experiments' configurable Transformer encoder ("tagger": one output token per input position), built on the
-// training tape so one forward serves training and inference. Every knob the article's claims turn on is exposed:
-// positional encoding, 1/sqrt(d_k) scaling, residuals, LayerNorm placement, per-head masks, attention capture.
+// The experiments' configurable Transformer encoder ("tagger": one output token per input position): embeddings,
+// the library's nn::TransformerEncoder (final LayerNorm for pre-LN) and an output projection, on the training tape
+// so one forward serves training and inference. Every knob the article's claims turn on is exposed: positional
+// encoding, 1/sqrt(d_k) scaling, residuals, LayerNorm placement, per-head masks, attention capture.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
 #include "qkv/nn/module.h"
+#include "qkv/nn/transformer.h"
 #include "qkv/ops/embedding.h"
 #include "qkv/nn/context.h"
 
@@ -38,9 +40,13 @@ struct TaggerConfig {
 struct TaggerRun {
   Tensor key_padding;             // (B, T) 1 = padding (ignored as a key), or undefined
   std::vector<float> head_mask;   // empty, or layers·heads multipliers of each head's output (ablation)
-  std::vector<Tensor>* attention = nullptr;  // when set (inference only): per layer, weights (B, H, T, T)
+  std::vector<Tensor>* attention = nullptr;  // when set (inference only): replaced by per-layer weights (B, H, T, T)
 };
 
+// Parameters: tok_emb.weight, pos_emb.weight (learned), relative_attention_bias.weight (T5 table), the encoder's
+// layers.N.{self_attn.*, linear1.*, linear2.*, norm1.*, norm2.* (with LayerNorm), rel_k, rel_v (Shaw)},
+// norm.* (pre-LN), out.{weight,bias}. Init: token / position embeddings N(0, embed_std), in_proj xavier-uniform, out_proj and the
+// feed-forward weights U(±1/sqrt(fan_in)), relative tables N(0, 0.5), zero biases, drawn from `rng` in that order.
 class Tagger : public nn::Module {
  public:
   Tagger(const TaggerConfig& config, Rng& rng);
@@ -52,12 +58,11 @@ class Tagger : public nn::Module {
   ad::Var forward_embedded(const nn::Context& g, const ad::Var& x, const TaggerRun& run = {}) const;
 
  private:
-  struct Layer {
-    Tensor w_qkv, b_qkv, w_o, b_o, ln1_w, ln1_b, w1, b1, w2, b2, ln2_w, ln2_b, rel_k, rel_v;
-  };
+  // `scratch` serves the encoder's own construction; every parameter is then drawn again from `rng`.
+  Tagger(const TaggerConfig& config, Rng& rng, Rng&& scratch);
   TaggerConfig config_;
-  Tensor tok_emb_, pos_emb_, t5_table_, lnf_w_, lnf_b_, w_out_, b_out_;
-  std::vector<Layer> layers_;
+  Tensor tok_emb_, pos_emb_, t5_table_, w_out_, b_out_;
+  nn::TransformerEncoder encoder_;
 };
 
 // Inference helper: logits with no tape (eval), for evaluation loops.
