@@ -14,6 +14,7 @@
 #include "qkv/ops/attention.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/layer_norm.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/ops/matmul.h"
 #include "qkv/ops/shape_ops.h"
 
@@ -209,7 +210,9 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
   if (n == 0) return x;
   for (auto& layer : encoder.layers) {
     nn::MultiheadAttention& sa = layer->self_attn;
-    const Tensor qkv = linear(x, sa.in_proj_weight, sa.in_proj_bias);  // (N, 3E): one GEMM for all tokens
+    Tensor qkv = sa.linear_at(x, sa.in_proj_weight, sa.in_proj_bias);  // (N, 3E): one GEMM for all tokens
+    // bf16 attention: q, k and v rounded once here, for every sequence (scores and softmax stay float32).
+    if (sa.attention_precision() == Precision::kBFloat16) qkv = round_to_bf16(qkv);
     Tensor ctx = Tensor::empty({n, e});
     const float scale = attention_scale({}, d);
     // Each sequence is its own attention problem (H, T, D) over views of qkv: no mask, no padding.
@@ -231,7 +234,7 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
     if (error) std::rethrow_exception(error);
     // Post-LN residual blocks. The linear layers run without their bias, which joins the pass that follows (the
     // fused residual + bias + LayerNorm, or bias + GELU), in place: no extra pass over memory, no extra buffer.
-    Tensor attn = linear(ctx, sa.out_proj.weight);
+    Tensor attn = sa.out_proj.linear_at(ctx, sa.out_proj.weight);
     add_layer_norm_(attn, x, sa.out_proj.bias, layer->norm1.weight, layer->norm1.bias, layer->norm1.eps());
     x = attn;
     nn::FeedForward& ff = layer->ff;
@@ -239,11 +242,11 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
     if (ff.activation() == nn::Activation::kRelu) {
       hidden = relu(ff.linear1.forward(x));
     } else {
-      hidden = linear(x, ff.linear1.weight);
+      hidden = ff.linear1.linear_at(x, ff.linear1.weight);
       add_bias_gelu_(hidden, ff.linear1.bias,
                      ff.activation() == nn::Activation::kGeluTanh ? GeluApprox::kTanh : GeluApprox::kNone);
     }
-    Tensor out = linear(hidden, ff.linear2.weight);
+    Tensor out = ff.linear2.linear_at(hidden, ff.linear2.weight);
     add_layer_norm_(out, x, ff.linear2.bias, layer->norm2.weight, layer->norm2.bias, layer->norm2.eps());
     x = out;
   }

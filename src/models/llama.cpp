@@ -75,8 +75,10 @@ float read_rope_theta(const files::JsonObject& o) {
 // Causal (bottom-right) attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D) through ad::attention's options:
 // grouped-query heads (query head h reads kv head h / (Hq / Hkv); K/V never copied), HF's sliding window W
 // (window_size (W - 1, 0)) and logit soft-capping, so the fused kernels skip key tiles outside the window.
-ad::Var attend(const ad::Var& q, const ad::Var& k, const ad::Var& v, float scale, int64_t window, float softcap) {
+ad::Var attend(const ad::Var& q, const ad::Var& k, const ad::Var& v, float scale, int64_t window, float softcap,
+               Precision precision) {
   AttentionOptions o;
+  o.precision = precision;
   o.scale = scale;
   o.causal = Causal::kBottomRight;
   o.enable_gqa = q.size(1) != k.size(1);
@@ -219,7 +221,8 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
     v = ad::Var(cache->values());
   }
   const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
-  const ad::Var out = attend(q, kk, v, scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping);
+  const ad::Var out = attend(q, kk, v, scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping,
+                             attention_precision());
   // (B, Hq, T, D) -> (B, T, Hq·D)
   return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 2, 1, 3}), {b, t, k.num_attention_heads * d}));
 }

@@ -74,7 +74,7 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
   return c;
 }
 
-SentenceEncoder::SentenceEncoder(const std::string& dir) {
+SentenceEncoder::SentenceEncoder(const std::string& dir, Precision precision) {
   QKV_CHECK_RUNTIME(files::exists(dir), "[", kOp, "] model folder ", dir, " does not exist");
   for (const char* required : {"config.json", "vocab.txt", "model.safetensors"}) {
     QKV_CHECK_RUNTIME(files::exists(join(dir, required)), "[", kOp, "] model folder ", dir, " has no ", required);
@@ -167,6 +167,7 @@ SentenceEncoder::SentenceEncoder(const std::string& dir) {
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("[") + kOp + "] " + weights + ": " + e.what());
   }
+  model_->set_precision(precision);  // the linear weights converted once, here
 }
 
 SentenceEncoder::~SentenceEncoder() = default;

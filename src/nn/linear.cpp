@@ -18,6 +18,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
   weight = bound > 0 ? rng.uniform({out_features, in_features}, -bound, bound)
                      : Tensor::zeros({out_features, in_features});
   register_parameter("weight", &weight);
+  register_linear_weight(&weight);
   if (bias) {
     this->bias = bound > 0 ? rng.uniform({out_features}, -bound, bound) : Tensor::zeros({out_features});
     register_parameter("bias", &this->bias);
@@ -28,7 +29,10 @@ ad::Var Linear::forward(const Context& c, const ad::Var& x) const {
   QKV_CHECK_ARG(x.defined(), "[Linear] input is undefined");
   QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) == in_features_, "[Linear] input ", str(x.shape()),
                 " must have last dim in_features = ", in_features_);
-  return ad::linear(x, c.param(weight), c.param(bias));
+  if (precision() == Precision::kFloat32) return ad::linear(x, c.param(weight), c.param(bias));
+  QKV_CHECK_ARG(c.tape() == nullptr, "[Linear] precision ", precision_name(precision()),
+                " is for inference; set_precision(fp32) to train (input ", str(x.shape()), ")");
+  return ad::Var(linear_at(x.value, weight, bias));
 }
 
 }  // namespace qkv::nn

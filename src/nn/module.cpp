@@ -6,6 +6,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/nn/serialize.h"
+#include "qkv/ops/matmul.h"
 
 namespace qkv::nn {
 
@@ -86,6 +87,46 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     auto it = state.find(name);
     if (it != state.end()) p->copy_from(it->second);
   }
+  prepare_linear_weights();
+}
+
+void Module::register_linear_weight(Tensor* weight) {
+  QKV_ASSERT(weight != nullptr);
+  linear_weights_.emplace_back(weight, LinearWeight());
+}
+
+void Module::prepare_linear_weights() {
+  for (auto& [w, prepared] : linear_weights_)
+    prepared = precision_ == Precision::kFloat32 || !w->defined() ? LinearWeight() : LinearWeight(*w, precision_);
+  for (auto& [name, m] : children_) m->prepare_linear_weights();
+}
+
+void Module::set_precision(Precision p) {
+  std::vector<Module*> stack{this};
+  while (!stack.empty()) {
+    Module* m = stack.back();
+    stack.pop_back();
+    m->precision_ = p;
+    for (auto& [name, child] : m->children_) stack.push_back(child);
+  }
+  prepare_linear_weights();
+}
+
+const LinearWeight& Module::linear_weight(const Tensor& weight) const {
+  for (const auto& [w, prepared] : linear_weights_)
+    if (w == &weight) {
+      QKV_CHECK_ARG(prepared.defined() || precision_ == Precision::kFloat32, "[Module] linear weight ",
+                    str(weight.shape()), " was not prepared for ", precision_name(precision_));
+      return prepared;
+    }
+  QKV_CHECK_ARG(false, "[Module] the tensor ", str(weight.shape()), " is not a registered linear weight of this module");
+  static const LinearWeight none;
+  return none;
+}
+
+Tensor Module::linear_at(const Tensor& x, const Tensor& weight, const Tensor& bias) const {
+  if (precision_ == Precision::kFloat32) return qkv::linear(x, weight, bias);
+  return qkv::linear(x, linear_weight(weight), bias);
 }
 
 void Module::train(bool on) {

@@ -85,6 +85,7 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng
   if (packed_) {
     in_proj_weight = xavier_uniform(rng, 3 * E, E);
     register_parameter("in_proj_weight", &in_proj_weight);
+    register_linear_weight(&in_proj_weight);
   } else {
     q_proj_weight = xavier_uniform(rng, E, E);
     k_proj_weight = xavier_uniform(rng, E, kdim_);
@@ -92,6 +93,7 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng
     register_parameter("q_proj_weight", &q_proj_weight);
     register_parameter("k_proj_weight", &k_proj_weight);
     register_parameter("v_proj_weight", &v_proj_weight);
+    for (Tensor* w : {&q_proj_weight, &k_proj_weight, &v_proj_weight}) register_linear_weight(w);
   }
   if (bias) {
     in_proj_bias = Tensor::zeros({3 * E});
@@ -105,6 +107,14 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng
 // ones serve n = 1 (which 0, 1, 2 = q, k, v).
 ad::Var MultiheadAttention::project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const {
   const int64_t E = embed_dim_;
+  if (precision() != Precision::kFloat32) {
+    QKV_CHECK_ARG(c.tape() == nullptr, "[MultiheadAttention] precision ", precision_name(precision()),
+                  " is for inference; set_precision(fp32) to train (input ", str(x.shape()), ")");
+    const Tensor& w = packed_ ? in_proj_weight : which == 0 ? q_proj_weight : which == 1 ? k_proj_weight : v_proj_weight;
+    const LinearWeight lw = packed_ ? linear_weight(w).rows(which * E, (which + n) * E) : linear_weight(w);
+    const Tensor b = in_proj_bias.defined() ? in_proj_bias.slice(0, which * E, (which + n) * E) : Tensor();
+    return ad::Var(linear(x.value, lw, b));
+  }
   if (packed_ && which == 0 && n == 3) return ad::linear(x, c.param(in_proj_weight), c.param(in_proj_bias));
   const ad::Var bias = in_proj_bias.defined() ? ad::slice(c.param(in_proj_bias), 0, which * E, (which + n) * E)
                                               : ad::Var();
@@ -235,6 +245,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   }
   if (o.attn_bias.defined()) parts.push_back({o.attn_bias, MaskKind::kAdditive});
   AttentionOptions ao;
+  ao.precision = attention_precision();
   if (parts.size() == 1) {
     ao.mask = parts[0].t;
     ao.mask_kind = parts[0].kind;

@@ -9,6 +9,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/kernels/attention_reference.h"
 
 namespace qkv {
@@ -77,6 +78,8 @@ Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const A
   QKV_CHECK_ARG(options.window_left >= -1 && options.window_right >= -1, "[", op, "] window_size (",
                 options.window_left, ", ", options.window_right, ") must be >= -1 on each side (-1 = unbounded); q ",
                 str(q.shape()), ", k ", str(k.shape()));
+  QKV_CHECK_ARG(options.precision != Precision::kInt8, "[", op, "] precision int8 is for linear layers only; "
+                "attention runs in fp32 or bf16 (q ", str(q.shape()), ", k ", str(k.shape()), ")");
   QKV_CHECK_ARG(std::isfinite(options.softcap) && options.softcap >= 0.0f, "[", op, "] softcap ",
                 options.softcap, " must be finite and >= 0 (0 = off); q ", str(q.shape()), ", k ", str(k.shape()));
 
@@ -117,6 +120,11 @@ AttentionOptions with_additive_bias(AttentionOptions o, const Tensor& bias) {
   return o;
 }
 
+AttentionOptions at_fp32(AttentionOptions o) {
+  o.precision = Precision::kFloat32;
+  return o;
+}
+
 float attention_scale(const AttentionOptions& options, int64_t dk) {
   if (options.scale) {
     QKV_CHECK_ARG(std::isfinite(*options.scale), "[attention] scale ", *options.scale, " must be finite");
@@ -128,6 +136,10 @@ float attention_scale(const AttentionOptions& options, int64_t dk) {
 
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
   // The single dispatch point: the fused kernel takes over here when !options.return_weights.
+  if (options.precision == Precision::kBFloat16) {
+    attention_check(q, k, v, options, "attention");
+    return attention(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(options));
+  }
   if (!options.return_weights) return attention_fused(q, k, v, options);
   return attention_reference(q, k, v, options);
 }
@@ -135,6 +147,8 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, con
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
   const Shape batch = attention_check(q, k, v, options, "attention");
+  if (options.precision == Precision::kBFloat16)
+    return attention_reference(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(options));
   return kernels::attention_reference_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
 }
 

@@ -4,6 +4,7 @@
 #include "qkv/core/error.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv {
 
@@ -11,6 +12,8 @@ AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& 
   const Shape batch = attention_check(q, k, v, options, "attention");
   QKV_CHECK_ARG(!options.return_weights, "[attention] the fused path never forms the weights; q ", str(q.shape()),
                 " k ", str(k.shape()), ": call attention() or attention_reference() for return_weights");
+  if (options.precision == Precision::kBFloat16)
+    return attention_fused(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(options));
   AttentionResult r =
       kernels::attention_flash_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
   if (!options.return_lse) r.lse = Tensor();

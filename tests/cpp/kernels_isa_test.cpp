@@ -21,6 +21,7 @@
 #include "qkv/kernels/cpu.h"
 #include "qkv/kernels/grad.h"
 #include "qkv/kernels/layer_norm.h"
+#include "qkv/kernels/lowp.h"
 #include "qkv/kernels/rnn_cells.h"
 #include "qkv/kernels/sgemm.h"
 
@@ -141,6 +142,8 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
     EXPECT_THROW(kernels::add_layer_norm_rows(y.data(), nullptr, 16, nullptr, nullptr, nullptr, 1, 16, 1e-5f),
                  std::runtime_error);
     EXPECT_THROW(kernels::flash_isa_name(kernels::FlashIsa::kAuto), std::runtime_error);
+    EXPECT_THROW(kernels::bf16_round(x.data(), y.data(), 16), std::runtime_error);
+    EXPECT_THROW(kernels::lowp_paths(), std::runtime_error);
     std::cout << "[ QKV_ISA  ] '" << env << "' rejected by every dispatcher\n";
     return;
   }
@@ -149,6 +152,10 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   if (want != Isa::kAvx512) {
     EXPECT_EQ(std::string(kernels::sgemm_backend()), "openblas");
   }
+  const std::string bf16 = kernels::lowp_paths().bf16, int8 = kernels::lowp_paths().int8;
+  const bool avx2 = want >= Isa::kAvx2;
+  EXPECT_NE(bf16.find(avx2 ? "float32 avx2 kernels" : "float32 portable kernels"), std::string::npos) << bf16;
+  EXPECT_EQ(int8.rfind(avx2 ? "avx2 vpmaddwd" : "portable", 0), 0u) << int8;
   std::cout << "[ QKV_ISA  ] " << (env ? env : "(unset)") << " -> " << kernels::isa_name(want) << "\n";
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "qkv/core/precision.h"
 #include "qkv/core/tensor.h"
 
 namespace qkv {
@@ -41,6 +42,10 @@ struct AttentionOptions {
   // Logit soft-capping (Gemma 2), 0 = off: with c > 0 the score is c·tanh(scale·q·k / c), before the mask and
   // any additive bias.
   float softcap = 0.0f;
+  // How the two products run (qkv/core/precision.h). kBFloat16 rounds q, k and v to bfloat16 once (round to
+  // nearest even) and keeps scores, softmax, LSE and accumulation in float32; kFloat32 is the float32 path bit for
+  // bit. kInt8 is refused (int8 is for linear layers only). The backward always runs in float32.
+  Precision precision = Precision::kFloat32;
 };
 
 struct AttentionResult {

@@ -112,7 +112,9 @@ class SentenceEncoder {
   // Required: config.json, vocab.txt, model.safetensors. Read when present: tokenizer_config.json (lower-casing,
   // special tokens), sentence_bert_config.json (max_seq_length), modules.json (+ the pooling module's
   // config.json). A missing folder or file, or a broken one, throws std::runtime_error with one line naming it.
-  explicit SentenceEncoder(const std::string& model_dir);
+  // precision (qkv/core/precision.h): how the linear layers and attention compute; the weights are converted once
+  // here (bf16-rounded, or int8 per output channel), never per call. docs/PRECISION.md gives the accuracy of each.
+  explicit SentenceEncoder(const std::string& model_dir, Precision precision = Precision::kFloat32);
   ~SentenceEncoder();
 
   // texts: N strings (valid UTF-8)  ->  (N, E) float32 embeddings. Texts are truncated to max_seq_length tokens,
@@ -136,6 +138,7 @@ class SentenceEncoder {
   int64_t max_seq_length() const { return max_seq_length_; }
   int64_t embedding_dim() const { return model_->config().hidden_size; }
   bool normalizes() const { return normalize_; }
+  Precision precision() const { return model_->precision(); }
 
  private:
   std::unique_ptr<WordPieceTokenizer> tokenizer_;

@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/core/precision.h"
 #include "qkv/core/tensor.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv::nn {
 
@@ -37,8 +39,26 @@ class Module {
   void eval() { train(false); }
   bool training() const { return training_; }
 
+  // The precision of this module's linear products and attention (qkv/core/precision.h), set recursively. The
+  // registered linear weights (nn::Linear's, MultiheadAttention's projections) are converted here, once, and again
+  // by load_state_dict; never per call. kFloat32 (the default) is the float32 path bit for bit. kInt8 applies to the
+  // linear products; attention then stays float32. Other precisions than kFloat32 are for inference: a forward
+  // that records a tape throws. Weights changed in place after this call need set_precision again.
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+  // The attention precision for this module's precision: kBFloat16 for kBFloat16, else kFloat32.
+  Precision attention_precision() const {
+    return precision_ == Precision::kBFloat16 ? Precision::kBFloat16 : Precision::kFloat32;
+  }
+  // A registered linear weight of this module as prepared for precision() (std::invalid_argument if `weight` is
+  // not one), and x·weightᵀ + bias through it: at kFloat32 exactly linear(x, weight, bias).
+  const LinearWeight& linear_weight(const Tensor& weight) const;
+  Tensor linear_at(const Tensor& x, const Tensor& weight, const Tensor& bias = {}) const;
+
  protected:
   void register_parameter(const std::string& name, Tensor* param);
+  // A registered parameter used as a linear weight (out, in): set_precision prepares it.
+  void register_linear_weight(Tensor* weight);
   void register_module(const std::string& name, Module* child);
 
  private:
@@ -46,6 +66,9 @@ class Module {
   std::vector<std::pair<std::string, Tensor*>> params_;
   std::vector<std::pair<std::string, Module*>> children_;
   bool training_ = true;
+  Precision precision_ = Precision::kFloat32;
+  std::vector<std::pair<const Tensor*, LinearWeight>> linear_weights_;
+  void prepare_linear_weights();  // every module below this one, at its own precision
 };
 
 }  // namespace qkv::nn

@@ -57,4 +57,7 @@ AttentionOptions with_additive_bias(AttentionOptions options, const Tensor& bias
 // Effective scale: options.scale or 1/sqrt(Dk).
 float attention_scale(const AttentionOptions& options, int64_t dk);
 
+// options with precision kFloat32 (what a bf16 entry point passes on once it has rounded q, k and v).
+AttentionOptions at_fp32(AttentionOptions options);
+
 }  // namespace qkv

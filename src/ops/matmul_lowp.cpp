@@ -1,0 +1,84 @@
+// Linear and matmul at bf16 / int8 precision (qkv/ops/lowp.h) over kernels/lowp and the float32 sgemm path.
+#include "qkv/ops/lowp.h"
+
+#include <algorithm>
+
+#include "qkv/core/error.h"
+#include "qkv/ops/matmul.h"
+
+namespace qkv {
+
+Tensor round_to_bf16(const Tensor& x) {
+  QKV_CHECK_ARG(x.defined(), "[round_to_bf16] undefined tensor");
+  const Tensor c = x.contiguous();
+  Tensor out = Tensor::empty(x.shape());
+  kernels::bf16_round(c.data(), out.data(), c.numel());
+  return out;
+}
+
+LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precision_(precision) {
+  QKV_CHECK_ARG(weight.defined() && weight.dim() == 2, "[linear] weight must be (out, in), got ",
+                weight.defined() ? str(weight.shape()) : std::string("(undefined)"));
+  begin_ = 0;
+  end_ = weight.size(0);
+  in_ = weight.size(1);
+  switch (precision) {
+    case Precision::kFloat32: weight_ = weight; break;
+    case Precision::kBFloat16: weight_ = round_to_bf16(weight); break;
+    case Precision::kInt8: {
+      const Tensor c = weight.contiguous();
+      auto q = std::make_shared<kernels::Int8Rows>();
+      kernels::quantize_rows_int8(c.data(), end_, in_, in_, *q);
+      int8_ = std::move(q);
+      break;
+    }
+  }
+}
+
+LinearWeight LinearWeight::rows(int64_t begin, int64_t end) const {
+  QKV_CHECK_ARG(defined() && 0 <= begin && begin <= end && end <= out_features(), "[linear] rows [", begin, ", ",
+                end, ") outside the weight's ", out_features(), " output features");
+  LinearWeight w = *this;
+  if (weight_.defined()) w.weight_ = weight_.slice(0, begin, end);
+  w.begin_ = begin_ + begin;
+  w.end_ = begin_ + end;
+  return w;
+}
+
+Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
+  QKV_CHECK_ARG(w.defined(), "[linear] the LinearWeight is empty (default-constructed)");
+  if (w.precision_ == Precision::kFloat32) return linear(x, w.weight_, bias);
+  if (w.precision_ == Precision::kBFloat16) {
+    QKV_CHECK_ARG(x.defined(), "[linear] undefined input");
+    return linear(round_to_bf16(x), w.weight_, bias);
+  }
+  QKV_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) == w.in_, "[linear] x ",
+                x.defined() ? str(x.shape()) : std::string("(undefined)"), " must have last dim in_features = ", w.in_,
+                " (int8 weight (", w.out_features(), ", ", w.in_, "))");
+  const int64_t outf = w.out_features();
+  QKV_CHECK_ARG(!bias.defined() || (bias.dim() == 1 && bias.size(0) == outf), "[linear] bias ", str(bias.shape()),
+                " must be (", outf, ",) for the int8 weight (", outf, ", ", w.in_, ")");
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = shape_numel(out_shape);
+  out_shape.push_back(outf);
+  Tensor out = Tensor::empty(out_shape);
+  if (rows == 0 || outf == 0) return out;
+  const Tensor xc = x.contiguous();
+  kernels::Int8Rows xq;
+  kernels::quantize_rows_int8(xc.data(), rows, w.in_, w.in_, xq);
+  const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+  kernels::gemm_int8_nt(xq.view(), w.int8_->view(w.begin_, w.end_), bc.defined() ? bc.data() : nullptr, out.data(),
+                        outf);
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
+  QKV_CHECK_ARG(precision != Precision::kInt8, "[matmul] precision int8 is for linear layers only (a ",
+                a.defined() ? str(a.shape()) : std::string("(undefined)"), ", b ",
+                b.defined() ? str(b.shape()) : std::string("(undefined)"), ")");
+  if (precision == Precision::kFloat32) return matmul(a, b);
+  QKV_CHECK_ARG(a.defined() && b.defined(), "[matmul] undefined input");
+  return matmul(round_to_bf16(a), round_to_bf16(b), Precision::kFloat32);
+}
+
+}  // namespace qkv

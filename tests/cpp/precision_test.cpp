@@ -1,0 +1,394 @@
+// Low precision (qkv/core/precision.h): the bf16 rounding and int8 kernels on every path this CPU runs, by name,
+// against float64 / integer oracles that share no code with them; the bf16 GEMM accuracy gate; and the fronts that
+// carry a precision (linear, matmul, attention, nn::Module::set_precision), fp32 staying bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention_oracle.h"
+#include "ops_testing.h"
+#include "qkv/core/precision.h"
+#include "qkv/kernels/cpu.h"
+#include "qkv/kernels/lowp.h"
+#include "qkv/nn/linear.h"
+#include "qkv/nn/multihead_attention.h"
+#include "qkv/ops/attention.h"
+#include "qkv/ops/lowp.h"
+#include "qkv/ops/matmul.h"
+
+namespace qkv {
+namespace {
+
+using kernels::Isa;
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// bf16 of x by arithmetic in double: the two neighbouring bf16 values, the nearer one, ties to the even mantissa;
+// past the largest bf16 (by half an ulp or more) ±inf.
+float bf16_oracle(float x) {
+  if (std::isnan(x) || std::isinf(x)) return x;
+  const uint32_t u = bits(x);
+  const uint32_t lo_bits = u & 0xffff0000u;
+  const double lo = from_bits(lo_bits);  // toward zero
+  const int e = static_cast<int>((u >> 23) & 0xff);
+  const double ulp = std::ldexp(1.0, (e == 0 ? 1 : e) - 127 - 7);
+  const double hi = lo + (std::signbit(x) ? -ulp : ulp);
+  const double dlo = std::fabs(double{x} - lo), dhi = std::fabs(hi - double{x});
+  const bool take_hi = dhi < dlo || (dhi == dlo && ((lo_bits >> 16) & 1u) == 1u);
+  if (!take_hi) return static_cast<float>(lo);
+  if (std::fabs(hi) >= std::ldexp(1.0, 128)) return std::signbit(x) ? -INFINITY : INFINITY;
+  return static_cast<float>(hi);  // exact: a bf16 value
+}
+
+std::vector<Isa> runnable_paths() {
+  std::vector<Isa> out;
+  for (Isa p : {Isa::kPortable, Isa::kAvx2})
+    if (kernels::cpu_supports(p)) out.push_back(p);
+  std::cout << "[ paths    ] lowp: ran portable" << (out.size() > 1 ? ",avx2" : "; not on this CPU: avx2") << "\n";
+  return out;
+}
+
+void round_on(Isa isa, const float* x, float* y, int64_t n) {
+  (isa == Isa::kAvx2 ? kernels::avx2::bf16_round_range : kernels::portable::bf16_round_range)(x, y, n);
+}
+
+// Specials, exact ties (even and odd), the overflow edge, subnormals, and random values over many magnitudes.
+std::vector<float> bf16_inputs() {
+  std::vector<float> v{0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, std::numeric_limits<float>::max(),
+                       -std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                       std::numeric_limits<float>::min(), from_bits(0x7f800001u), from_bits(0xffc00001u),
+                       from_bits(0x7fc00000u), from_bits(0x7f7f7fffu), from_bits(0x7f7f8000u), from_bits(0x7f7f8001u),
+                       from_bits(0x3f808000u), from_bits(0x3f818000u), from_bits(0xbf808000u), from_bits(0x3f807fffu),
+                       from_bits(0x00008000u), from_bits(0x00018000u), from_bits(0x807fffffu)};
+  Rng rng(7);
+  for (int i = 0; i < 4000; ++i) {
+    const uint32_t r = rng.next_u32();
+    v.push_back(from_bits(r));  // every bit pattern class, NaNs included
+    v.push_back(std::ldexp(static_cast<float>(r) / 4294967296.0f - 0.5f, static_cast<int>(r % 60) - 30));
+  }
+  return v;
+}
+
+bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || bits(a) == bits(b); }
+
+TEST(PrecisionNames, ParseAndNameRoundTripAndBadNameThrows) {
+  for (Precision p : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8})
+    EXPECT_EQ(parse_precision(precision_name(p)), p);
+  try {
+    parse_precision("fp16");
+    FAIL() << "fp16 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[precision] 'fp16'", 0), 0u) << e.what();
+  }
+}
+
+TEST(Bf16Kernels, RoundToNearestEvenOnEveryPathMatchesOracle) {
+  const std::vector<float> x = bf16_inputs();
+  for (Isa isa : runnable_paths()) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{17}, static_cast<int64_t>(x.size())}) {
+      std::vector<float> y(static_cast<size_t>(n));
+      round_on(isa, x.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = bf16_oracle(x[i]);
+        ASSERT_TRUE(same_value(y[i], want)) << std::hex << "x bits 0x" << bits(x[i]) << " -> 0x" << bits(y[i])
+                                            << ", oracle 0x" << bits(want);
+        ASSERT_EQ(bits(y[i]) & 0xffffu, 0u);
+        if (std::isnan(x[i])) ASSERT_EQ(bits(y[i]) >> 31, bits(x[i]) >> 31) << "NaN sign kept";
+      }
+    }
+    // Packed bits and back give the rounded values; the one-float helper agrees.
+    std::vector<uint16_t> packed(x.size());
+    std::vector<float> back(x.size());
+    const auto to = isa == Isa::kAvx2 ? kernels::avx2::float_to_bf16_range : kernels::portable::float_to_bf16_range;
+    const auto from = isa == Isa::kAvx2 ? kernels::avx2::bf16_to_float_range : kernels::portable::bf16_to_float_range;
+    to(x.data(), packed.data(), static_cast<int64_t>(x.size()));
+    from(packed.data(), back.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_TRUE(same_value(back[i], bf16_oracle(x[i]))) << std::hex << "0x" << bits(x[i]);
+      ASSERT_TRUE(same_value(kernels::bf16_round(x[i]), bf16_oracle(x[i])));
+    }
+  }
+  // The threaded dispatcher, in place, on a large array.
+  std::vector<float> big(300000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = x[i % x.size()];
+  std::vector<float> want(big.size());
+  for (size_t i = 0; i < big.size(); ++i) want[i] = bf16_oracle(big[i]);
+  kernels::bf16_round(big.data(), big.data(), static_cast<int64_t>(big.size()));
+  for (size_t i = 0; i < big.size(); ++i) ASSERT_TRUE(same_value(big[i], want[i])) << i;
+  EXPECT_EQ(std::string(kernels::lowp_paths().bf16).rfind("converting", 0), 0u) << kernels::lowp_paths().bf16;
+}
+
+// Random (rows, cols) with a NaN row when asked.
+kernels::Int8Rows quantized(int64_t rows, int64_t cols, uint64_t seed, std::vector<float>* values = nullptr) {
+  const Tensor t = testing::randn({rows, cols}, seed);
+  kernels::Int8Rows q;
+  kernels::quantize_rows_int8(t.data(), rows, cols, cols, q);
+  if (values) *values = t.to_vector();
+  return q;
+}
+
+TEST(Int8Kernels, QuantizationIsSymmetricPerRowAndWithinHalfAStep) {
+  std::vector<float> x;
+  const kernels::Int8Rows q = quantized(5, 37, 3, &x);
+  ASSERT_EQ(q.ld, 48);
+  for (int64_t r = 0; r < 5; ++r) {
+    double amax = 0;
+    for (int64_t j = 0; j < 37; ++j) amax = std::max(amax, std::fabs(double{x[r * 37 + j]}));
+    EXPECT_NEAR(q.scale[r], amax / 127.0, amax * 1e-6);
+    int top = 0;
+    for (int64_t j = 0; j < 48; ++j) {
+      const int v = q.q[r * 48 + j];
+      ASSERT_LE(std::abs(v), 127);
+      top = std::max(top, std::abs(v));
+      if (j >= 37) ASSERT_EQ(v, 0) << "padding";
+      else ASSERT_LE(std::fabs(v * double{q.scale[r]} - x[r * 37 + j]), 0.5 * q.scale[r] * (1 + 1e-5));
+    }
+    EXPECT_EQ(top, 127);
+  }
+  const float bad[4] = {1.0f, NAN, 2.0f, 0.0f}, zero[4] = {0, 0, 0, 0};
+  kernels::Int8Rows qb, qz;
+  kernels::quantize_rows_int8(bad, 1, 4, 4, qb);
+  kernels::quantize_rows_int8(zero, 1, 4, 4, qz);
+  EXPECT_TRUE(std::isnan(qb.scale[0]));
+  EXPECT_EQ(qz.scale[0], 0.0f);
+}
+
+TEST(Int8Kernels, EveryPathIsTheExactIntegerProductAndPathsAgreeBitForBit) {
+  struct Shp {
+    int64_t m, n, k;
+  };
+  for (const Shp s : {Shp{1, 1, 1}, Shp{3, 5, 17}, Shp{65, 67, 100}, Shp{2, 4, 16}, Shp{7, 9, 385}}) {
+    const kernels::Int8Rows a = quantized(s.m, s.k, 11 + s.m), b = quantized(s.n, s.k, 29 + s.n);
+    const Tensor bias = testing::randn({s.n}, 5);
+    std::vector<float> first;
+    for (Isa isa : runnable_paths()) {
+      SCOPED_TRACE(std::string(kernels::isa_name(isa)) + " m " + std::to_string(s.m) + " n " + std::to_string(s.n) +
+                   " k " + std::to_string(s.k));
+      std::vector<float> c(static_cast<size_t>(s.m * s.n));
+      (isa == Isa::kAvx2 ? kernels::avx2::gemm_int8_block : kernels::portable::gemm_int8_block)(
+          a.view(), b.view(), bias.data(), c.data(), s.n, 0, s.m, 0, s.n);
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j) {
+          int64_t acc = 0;  // the exact sum, in 64 bits
+          for (int64_t t = 0; t < s.k; ++t) acc += int64_t{a.q[i * a.ld + t]} * b.q[j * b.ld + t];
+          const double want = static_cast<double>(acc) * a.scale[i] * b.scale[j] + bias.data()[j];
+          const double mag = std::fabs(static_cast<double>(acc) * a.scale[i] * b.scale[j]) + std::fabs(bias.data()[j]);
+          ASSERT_LE(std::fabs(c[i * s.n + j] - want), 4e-7 * mag + 1e-30) << i << "," << j;
+        }
+      if (first.empty()) first = c;
+      else EXPECT_EQ(c, first) << "differs in bits from the portable path";
+    }
+    // The threaded dispatcher gives the same bits.
+    std::vector<float> c(static_cast<size_t>(s.m * s.n));
+    kernels::gemm_int8_nt(a.view(), b.view(), bias.data(), c.data(), s.n);
+    EXPECT_EQ(c, first);
+  }
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
+  return e;
+}
+
+// x (m, k) · w (n, k)ᵀ in float64, and sum |x||w| per row max (the fp32 accumulation slack's scale).
+std::vector<double> product64(const std::vector<float>& x, const std::vector<float>& w, int64_t m, int64_t n,
+                              int64_t k, double* abs_max = nullptr) {
+  std::vector<double> c(static_cast<size_t>(m * n));
+  double am = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, sa = 0;
+      for (int64_t t = 0; t < k; ++t) {
+        s += double{x[i * k + t]} * w[j * k + t];
+        sa += std::fabs(double{x[i * k + t]} * w[j * k + t]);
+      }
+      c[i * n + j] = s;
+      am = std::max(am, sa);
+    }
+  if (abs_max) *abs_max = am;
+  return c;
+}
+
+std::vector<float> rounded(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_oracle(v[i]);
+  return r;
+}
+
+// The gate: bf16 GEMM error (vs the exact product of the float32 inputs) <= 2x the error of a float64
+// product of the same bf16-rounded inputs, plus float32 accumulation slack k·2^-24·max Σ|x||w|.
+TEST(Bf16Gemm, ErrorWithinTwiceTheBf16InputErrorPlusFp32Slack) {
+  struct Shp {
+    int64_t m, n, k;
+  };
+  for (const Shp s : {Shp{1, 1, 1}, Shp{3, 5, 17}, Shp{33, 65, 257}, Shp{64, 96, 384}}) {
+    SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k));
+    const Tensor x = testing::randn({s.m, s.k}, 100 + s.k), w = testing::randn({s.n, s.k}, 200 + s.k);
+    const std::vector<float> xv = x.to_vector(), wv = w.to_vector();
+    double abs_max = 0;
+    const std::vector<double> exact = product64(xv, wv, s.m, s.n, s.k, &abs_max);
+    const double input_err = max_abs_diff(product64(rounded(xv), rounded(wv), s.m, s.n, s.k), exact);
+    const double slack = static_cast<double>(s.k) * std::ldexp(1.0, -24) * abs_max;
+    const double lin_err = max_abs_diff(testing::to_double(linear(x, LinearWeight(w, Precision::kBFloat16))), exact);
+    const double mm_err =
+        max_abs_diff(testing::to_double(matmul(x, w.transpose(0, 1), Precision::kBFloat16)), exact);
+    std::cout << "[ bf16 gemm] m " << s.m << " n " << s.n << " k " << s.k << ": error " << lin_err
+              << " (matmul " << mm_err << "), float64 of bf16 inputs " << input_err << ", fp32 slack " << slack
+              << "\n";
+    EXPECT_LE(lin_err, 2 * input_err + slack);
+    EXPECT_LE(mm_err, 2 * input_err + slack);
+    EXPECT_GT(lin_err, 0.0) << "bf16 rounding must show (or the product ran in fp32)";
+  }
+  EXPECT_THROW(matmul(Tensor::ones({2, 2}), Tensor::ones({2, 2}), Precision::kInt8), std::invalid_argument);
+}
+
+// Int8 linear against the analytic bound of symmetric quantization: each operand is within half a step of its
+// value, so |error| <= Σ_k (|x_k|·sw/2 + |w_k|·sx/2 + sx·sw/4) plus fp32 slack.
+TEST(Int8Linear, ErrorWithinTheQuantizationBound) {
+  const int64_t m = 9, n = 21, k = 130;
+  const Tensor x = testing::randn({m, k}, 1), w = testing::randn({n, k}, 2), b = testing::randn({n}, 3);
+  const Tensor y = linear(x, LinearWeight(w, Precision::kInt8), b);
+  const std::vector<float> xv = x.to_vector(), wv = w.to_vector();
+  const std::vector<double> exact = product64(xv, wv, m, n, k);
+  const std::vector<float> yv = y.to_vector();
+  for (int64_t i = 0; i < m; ++i) {
+    double xmax = 0;
+    for (int64_t t = 0; t < k; ++t) xmax = std::max(xmax, std::fabs(double{xv[i * k + t]}));
+    for (int64_t j = 0; j < n; ++j) {
+      double wmax = 0, bound = 0;
+      for (int64_t t = 0; t < k; ++t) wmax = std::max(wmax, std::fabs(double{wv[j * k + t]}));
+      const double sx = xmax / 127, sw = wmax / 127;
+      for (int64_t t = 0; t < k; ++t)
+        bound += std::fabs(double{xv[i * k + t]}) * sw / 2 + std::fabs(double{wv[j * k + t]}) * sx / 2 + sx * sw / 4;
+      ASSERT_LE(std::fabs(yv[i * n + j] - (exact[i * n + j] + b.data()[j])), bound * (1 + 1e-5)) << i << "," << j;
+    }
+  }
+  // Output channels [4, 11) of the weight, without copying it, equal the same channels of the whole product.
+  const Tensor part = linear(x, LinearWeight(w, Precision::kInt8).rows(4, 11), b.slice(0, 4, 11));
+  const Tensor full = linear(x, LinearWeight(w, Precision::kInt8), b);
+  EXPECT_TRUE(testing::AllClose(part, full.slice(1, 4, 11).contiguous(), testing::kExact));
+}
+
+TEST(PrecisionFronts, Fp32StaysBitForBitAndBf16IsRoundThenFp32) {
+  Rng rng(5);
+  nn::Linear lin(33, 17, rng);
+  const Tensor x = testing::randn({4, 3, 33}, 9);
+  const Tensor before = lin.forward(x);
+  lin.set_precision(Precision::kBFloat16);
+  EXPECT_EQ(lin.precision(), Precision::kBFloat16);
+  const Tensor y16 = lin.forward(x);
+  EXPECT_TRUE(testing::AllClose(y16, linear(round_to_bf16(x), round_to_bf16(lin.weight), lin.bias), testing::kExact));
+  EXPECT_FALSE(testing::AllClose(y16, before, testing::kExact));
+  lin.set_precision(Precision::kFloat32);
+  EXPECT_TRUE(testing::AllClose(lin.forward(x), before, testing::kExact));
+  EXPECT_TRUE(testing::AllClose(linear(x, LinearWeight(lin.weight, Precision::kFloat32), lin.bias), before,
+                                testing::kExact));
+
+  // load_state_dict converts the new weights (the conversion is not per call, and not stale).
+  lin.set_precision(Precision::kBFloat16);
+  nn::StateDict sd = lin.state_dict();
+  sd["weight"] = testing::randn({17, 33}, 77);
+  lin.load_state_dict(sd);
+  EXPECT_TRUE(testing::AllClose(lin.forward(x), linear(round_to_bf16(x), round_to_bf16(sd["weight"]), lin.bias),
+                                testing::kExact));
+
+  // A forward that records a tape refuses a non-fp32 precision.
+  ad::Tape tape;
+  ad::ParameterSet params(lin);
+  nn::Context train(tape, params);
+  try {
+    lin.forward(train, ad::Var(x));
+    FAIL() << "trained at bf16";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[Linear] precision bf16", 0), 0u) << e.what();
+  }
+}
+
+TEST(PrecisionFronts, MultiheadAttentionSetPrecisionIsRecursive) {
+  Rng rng(3);
+  nn::MultiheadAttention mha(16, 4, rng);
+  const Tensor x = testing::randn({2, 5, 16}, 4);
+  const Tensor ref = mha.forward(x, x, x).out;
+  mha.set_precision(Precision::kBFloat16);
+  EXPECT_EQ(mha.out_proj.precision(), Precision::kBFloat16);
+  const Tensor y = mha.forward(x, x, x).out;
+  EXPECT_FALSE(testing::AllClose(y, ref, testing::kExact));
+  EXPECT_TRUE(testing::AllClose(y, ref, {2e-2, 2e-2}));
+  mha.set_precision(Precision::kInt8);
+  EXPECT_TRUE(testing::AllClose(mha.forward(x, x, x).out, ref, {5e-2, 5e-2}));
+  mha.set_precision(Precision::kFloat32);
+  EXPECT_TRUE(testing::AllClose(mha.forward(x, x, x).out, ref, testing::kExact));
+}
+
+// bf16 attention is attention on the rounded q, k, v; its error against the float64 oracle of the float32 inputs is
+// within 2x that of the float64 oracle run on the rounded inputs (plus fp32 tolerance), on odd shapes, T = 1,
+// Tq != Tk, masks and causal, on every ISA path of the fused kernel that QKV_ISA allows (CpuProbe runs each).
+TEST(PrecisionFronts, Bf16AttentionIsRoundedInputsAndWithinTwiceTheInputError) {
+  struct Case {
+    Shape q, k;
+    int64_t dv;
+    Causal causal;
+    bool mask;
+  };
+  for (const Case& c : {Case{{1, 2, 1, 8}, {1, 2, 1, 8}, 8, Causal::kNone, false},
+                        Case{{2, 3, 7, 33}, {2, 3, 13, 33}, 17, Causal::kBottomRight, false},
+                        Case{{1, 2, 9, 64}, {1, 2, 9, 64}, 64, Causal::kTopLeft, true},
+                        Case{{1, 1, 5, 16}, {1, 1, 40, 16}, 16, Causal::kNone, true}}) {
+    SCOPED_TRACE(str(c.q) + " " + str(c.k));
+    const Tensor q = testing::randn(c.q, 1, 2.0f), k = testing::randn(c.k, 2, 2.0f);
+    Shape vs = c.k;
+    vs.back() = c.dv;
+    const Tensor v = testing::randn(vs, 3);
+    AttentionOptions o;
+    o.causal = c.causal;
+    if (c.mask) {
+      Tensor m = Tensor::ones({c.q[2], c.k[2]});
+      for (int64_t i = 0; i < c.q[2]; ++i) m.data()[i * c.k[2] + (i * 7) % c.k[2]] = 0.0f;
+      o.mask = m;
+      o.mask_kind = MaskKind::kKeep;
+    }
+    AttentionOptions o16 = o;
+    o16.precision = Precision::kBFloat16;
+    const AttentionResult r = attention(q, k, v, o16);
+    EXPECT_TRUE(testing::AllClose(r.out, attention(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), o).out,
+                                  testing::kExact));
+    AttentionOptions w16 = o16;
+    w16.return_weights = true;
+    EXPECT_TRUE(testing::AllClose(attention(q, k, v, w16).out, r.out, {1e-6, 1e-5}));
+    const std::vector<double> exact = testing::attention_oracle(q, k, v, o).out;
+    const std::vector<double> rounded_in =
+        testing::attention_oracle(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), o).out;
+    const double err = max_abs_diff(testing::to_double(r.out), exact);
+    const double input_err = max_abs_diff(rounded_in, exact);
+    std::cout << "[ bf16 attn] " << str(c.q) << ": error " << err << ", float64 of bf16 inputs " << input_err << "\n";
+    EXPECT_LE(err, 2 * input_err + 1e-5);
+  }
+  AttentionOptions bad;
+  bad.precision = Precision::kInt8;
+  const Tensor t = Tensor::ones({1, 2, 4});
+  try {
+    attention(t, t, t, bad);
+    FAIL() << "int8 attention accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[attention] precision int8", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace qkv
