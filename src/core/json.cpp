@@ -9,29 +9,15 @@
 #include <unordered_set>
 
 #include "qkv/core/error.h"
+#include "qkv/core/utf8.h"
 
 namespace qkv::json {
 
 size_t first_invalid_utf8(std::string_view text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) { ++i; continue; }
-    size_t len = 0;
-    uint32_t cp = 0, min = 0;
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
-    else return i;  // continuation byte or 0xF8..0xFF as a lead byte
-    if (n - i < len) return i;
-    for (size_t k = 1; k < len; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += len;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_decode(text, i);
+    if (n == 0) return i;
+    i += n;
   }
   return std::string_view::npos;
 }
@@ -184,23 +170,6 @@ uint32_t Reader::read_hex4() {
   return v;
 }
 
-void Reader::append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 std::string Reader::read_string() {
   skip_ws();
@@ -243,7 +212,7 @@ std::string Reader::read_string() {
           if (lo < 0xDC00 || lo > 0xDFFF) fail_at(at, "invalid JSON: high surrogate not followed by a low one");
           cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
-        append_utf8(out, cp);
+        utf8_append(static_cast<char32_t>(cp), out);
         break;
       }
       default: fail_at(pos_ - 2, "invalid JSON: invalid escape sequence");

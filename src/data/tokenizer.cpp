@@ -3,6 +3,7 @@
 #include "qkv/data/tokenizer.h"
 
 #include "qkv/core/error.h"
+#include "qkv/core/utf8.h"
 
 namespace qkv::data {
 namespace {
@@ -30,24 +31,7 @@ TokenizerKind tokenizer_from_string(const std::string& name) {
 size_t utf8_sequence_length(std::string_view s, size_t pos) {
   QKV_CHECK_ARG(pos < s.size(), "[tokenizer] utf8_sequence_length: position ", pos, " is past the text (size ",
                 s.size(), ")");
-  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char c = b(pos);
-  if (c < 0x80) return 1;
-  size_t n;
-  uint32_t cp;
-  if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1Fu; }
-  else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0Fu; }
-  else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07u; }
-  else return 0;  // continuation byte, overlong lead (C0, C1) or F5..FF
-  if (pos + n > s.size()) return 0;
-  for (size_t i = 1; i < n; ++i) {
-    if ((b(pos + i) & 0xC0u) != 0x80u) return 0;
-    cp = (cp << 6) | (b(pos + i) & 0x3Fu);
-  }
-  if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000)) return 0;  // overlong
-  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;                       // surrogate
-  if (cp > 0x10FFFF) return 0;
-  return n;
+  return utf8_decode(s, pos);
 }
 
 std::vector<std::string> tokenize(std::string_view text, TokenizerKind kind) {

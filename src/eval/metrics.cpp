@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "qkv/core/error.h"
+#include "qkv/core/utf8.h"
 
 namespace qkv::eval {
 namespace {
@@ -18,23 +19,10 @@ U32 decode(std::string_view s) {
   U32 out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
-    const auto b0 = static_cast<unsigned char>(s[i]);
-    int len = 0;
-    char32_t cp = 0, min = 0;
-    if (b0 < 0x80) { len = 1; cp = b0; }
-    else if ((b0 & 0xE0) == 0xC0) { len = 2; cp = b0 & 0x1F; min = 0x80; }
-    else if ((b0 & 0xF0) == 0xE0) { len = 3; cp = b0 & 0x0F; min = 0x800; }
-    else if ((b0 & 0xF8) == 0xF0) { len = 4; cp = b0 & 0x07; min = 0x10000; }
-    bool ok = len > 0 && i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80) ok = false;
-      else cp = (cp << 6) | (b & 0x3F);
-    }
-    if (ok && (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000))) ok = false;
-    if (!ok) { out.push_back(0xDC00 + b0); ++i; continue; }
-    out.push_back(cp);
-    i += len;
+    char32_t cp = 0;
+    const size_t n = utf8_decode(s, i, &cp);
+    out.push_back(n ? cp : 0xDC00 + static_cast<unsigned char>(s[i]));
+    i += n ? n : 1;
   }
   return out;
 }
@@ -43,18 +31,10 @@ std::string encode(const U32& s) {
   std::string out;
   out.reserve(s.size());
   for (char32_t c : s) {
-    if (c >= 0xDC80 && c <= 0xDCFF) { out.push_back(static_cast<char>(c - 0xDC00)); continue; }
-    if (c < 0x80) out.push_back(static_cast<char>(c));
-    else if (c < 0x800) { out.push_back(static_cast<char>(0xC0 | (c >> 6))); out.push_back(static_cast<char>(0x80 | (c & 0x3F))); }
-    else if (c < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    if (c >= 0xDC80 && c <= 0xDCFF) {  // an escaped byte
+      out.push_back(static_cast<char>(c - 0xDC00));
     } else {
-      out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+      utf8_append(c, out);
     }
   }
   return out;

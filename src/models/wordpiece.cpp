@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "qkv/core/error.h"
+#include "qkv/core/utf8.h"
 #include "unicode_tables.h"
 
 namespace qkv::models {
@@ -87,57 +88,20 @@ void decompose(char32_t c, std::u32string& out) {
 std::u32string decode_utf8(std::string_view s) {
   std::u32string out;
   out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b0 = static_cast<unsigned char>(s[i]);
-    int len = 0;
+  for (size_t i = 0; i < s.size();) {
     char32_t c = 0;
-    char32_t min = 0;
-    if (b0 < 0x80) {
-      len = 1, c = b0;
-    } else if ((b0 & 0xE0) == 0xC0) {
-      len = 2, c = b0 & 0x1F, min = 0x80;
-    } else if ((b0 & 0xF0) == 0xE0) {
-      len = 3, c = b0 & 0x0F, min = 0x800;
-    } else if ((b0 & 0xF8) == 0xF0) {
-      len = 4, c = b0 & 0x07, min = 0x10000;
-    }
-    bool ok = len > 0 && i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      ok = (b & 0xC0) == 0x80;
-      c = (c << 6) | (b & 0x3F);
-    }
-    ok = ok && c >= min && c <= 0x10FFFF && !(c >= 0xD800 && c <= 0xDFFF);
-    QKV_CHECK_ARG(ok, "[wordpiece] text is not valid UTF-8 at byte ", i);
+    const size_t n = utf8_decode(s, i, &c);
+    QKV_CHECK_ARG(n > 0, "[wordpiece] text is not valid UTF-8 at byte ", i);
     out.push_back(c);
-    i += len;
+    i += n;
   }
   return out;
-}
-
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 std::string encode_utf8(const std::u32string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : s) append_utf8(c, out);
+  for (char32_t c : s) utf8_append(c, out);
   return out;
 }
 
@@ -288,7 +252,7 @@ void WordPieceTokenizer::word_pieces(const std::u32string& word, std::vector<int
   std::vector<size_t> offset;  // byte offset of each code point, plus the end
   for (char32_t c : word) {
     offset.push_back(bytes.size());
-    append_utf8(c, bytes);
+    utf8_append(c, bytes);
   }
   offset.push_back(bytes.size());
   const size_t first = out.size();

@@ -67,7 +67,6 @@ class Reader {
   [[noreturn]] void fail_at(size_t offset, const std::string& what) const;
 
  private:
-  void append_utf8(std::string& out, uint32_t cp);
   uint32_t read_hex4();
   size_t scan_number(size_t start, size_t& int_end, bool& fractional) const;
 
