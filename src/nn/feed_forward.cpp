@@ -50,11 +50,16 @@ FeedForward::FeedForward(int64_t d_model, int64_t dim_feedforward, Rng& rng, Act
   register_module("linear2", &linear2);
 }
 
-ad::Var FeedForward::forward(const Context& c, const ad::Var& x) const {
+ad::Var FeedForward::forward(const Context& c, const ad::Var& x, bool out_bias) const {
   QKV_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) == linear1.in_features(), "[FeedForward] input ",
                 x.defined() ? str(x.shape()) : std::string("(undefined)"), " must have last dim d_model = ",
                 linear1.in_features());
-  return linear2.forward(c, dropout.forward(c, ad::activation(linear1.forward(c, x), activation_)));
+  ad::Var h = activation_ == Activation::kRelu
+                  ? ad::relu(linear1.forward(c, x))
+                  : ad::add_bias_gelu(ad::linear(x, c.param(linear1.weight)), c.param(linear1.bias),
+                                      activation_ == Activation::kGeluTanh ? GeluApprox::kTanh : GeluApprox::kNone);
+  h = dropout.forward(c, h);
+  return ad::linear(h, c.param(linear2.weight), out_bias ? c.param(linear2.bias) : ad::Var());
 }
 
 }  // namespace qkv::nn

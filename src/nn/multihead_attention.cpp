@@ -2,6 +2,7 @@
 // heads merged and out_proj. Masks of any kind are combined into one mask broadcast over (B, H, Tq, Tk).
 #include "qkv/nn/multihead_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -171,6 +172,10 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                 str(query.shape()));
   const bool self = !fixed && same_var(query, key) && same_var(key, value);
   const bool kv_same = !fixed && same_var(key, value);
+  if (!o.cu_seqlens.empty()) {
+    QKV_CHECK_ARG(!attn_bias.defined(), "[MultiheadAttention] packed input (cu_seqlens) takes no trained attn_bias");
+    return forward_packed(c, query, key, value, o, self);
+  }
   const bool unbatched = query.dim() == 2;
   const ad::Var q_in = unbatched ? ad::unsqueeze(query, 0) : query;
   const ad::Var k_in = fixed ? ad::Var() : unbatched ? ad::unsqueeze(key, 0) : key;
@@ -352,12 +357,56 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   if (o.head_mask.defined()) attn = ad::mul(attn, ad::Var(o.head_mask.reshape({1, H, 1, 1})));
 
   // --- merge heads (B, H, Tq, D) -> (B, Tq, H, D) -> (B, Tq, E), out_proj ----------------------------------
-  result.out = out_proj.forward(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}));
+  result.out = out_projection(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}), o);
   if (o.need_weights) result.weights = o.average_attn_weights ? mean_over_heads(weights) : weights;
   if (unbatched) {
     result.out = ad::squeeze(result.out, 0);
     if (result.weights.defined()) result.weights = result.weights.squeeze(0);
   }
+  return result;
+}
+
+ad::Var MultiheadAttention::out_projection(const Context& c, const ad::Var& merged, const MhaForwardOptions& o) const {
+  return ad::linear(merged, c.param(out_proj.weight), o.out_proj_bias ? c.param(out_proj.bias) : ad::Var());
+}
+
+// Packed sequences (N, dim): the projections as (N, H, D) views, attention_varlen per sequence, out_proj.
+MhaResult MultiheadAttention::forward_packed(const Context& c, const ad::Var& query, const ad::Var& key,
+                                             const ad::Var& value, const MhaForwardOptions& o, bool self) const {
+  QKV_CHECK_ARG(query.dim() == 2 && key.dim() == 2 && value.dim() == 2 && query.size(1) == embed_dim_ &&
+                    key.size(1) == kdim_ && value.size(1) == vdim_ && key.size(0) == query.size(0) &&
+                    value.size(0) == query.size(0),
+                "[MultiheadAttention] packed input (cu_seqlens): query ", str(query.shape()), ", key ",
+                str(key.shape()), " and value ", str(value.shape()), " must be (N, embed_dim = ", embed_dim_,
+                "), (N, kdim = ", kdim_, ") and (N, vdim = ", vdim_, ")");
+  QKV_CHECK_ARG(!o.key_padding_mask.defined() && !o.attn_mask.defined() && !o.attn_bias.defined() &&
+                    o.kv_cache == nullptr && !o.need_weights && !o.rotary && !o.rel_k.defined() &&
+                    !o.head_mask.defined(),
+                "[MultiheadAttention] packed input (cu_seqlens) takes no key_padding_mask, attn_mask, attn_bias, "
+                "kv_cache, need_weights, rotary, rel_k or head_mask (query ", str(query.shape()), ")");
+  QKV_CHECK_ARG(!(training() && dropout_ > 0.0f), "[MultiheadAttention] packed input (cu_seqlens) takes no "
+                "attention-weight dropout in training mode (dropout ", dropout_, ")");
+  const int64_t N = query.size(0), E = embed_dim_, H = num_heads_, D = head_dim_;
+  int64_t max_len = 0;
+  for (size_t b = 0; b + 1 < o.cu_seqlens.size(); ++b)
+    max_len = std::max<int64_t>(max_len, o.cu_seqlens[b + 1] - o.cu_seqlens[b]);
+  ad::Var qh, kh, vh;  // (N, H, D) views of the projections
+  if (packed_ && self) {
+    std::vector<ad::Var> qkv = ad::split(ad::reshape(project(c, query, 0, 3), {N, 3, H, D}), {1, 1, 1}, 1);
+    qh = ad::squeeze(qkv[0], 1);
+    kh = ad::squeeze(qkv[1], 1);
+    vh = ad::squeeze(qkv[2], 1);
+  } else {
+    qh = ad::reshape(project(c, query, 0, 1), {N, H, D});
+    kh = ad::reshape(project(c, key, 1, 1), {N, H, D});
+    vh = ad::reshape(project(c, value, 2, 1), {N, H, D});
+  }
+  AttentionOptions ao;
+  ao.causal = o.is_causal ? Causal::kTopLeft : Causal::kNone;
+  ao.scale = o.scale;
+  const ad::Var attn = ad::attention_varlen(qh, kh, vh, o.cu_seqlens, o.cu_seqlens, max_len, max_len, ao);
+  MhaResult result;
+  result.out = out_projection(c, ad::reshape(attn, {N, E}), o);  // (N, H, D) contiguous: a view
   return result;
 }
 

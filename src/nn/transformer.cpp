@@ -27,8 +27,13 @@ int64_t checked_layer_config(const TransformerLayerConfig& c, const char* op) {
 
 uint64_t draw_seed(Rng& rng) { return (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32(); }
 
-void check_sequence(const Tensor& x, int64_t d_model, const char* op, const char* name) {
+void check_sequence(const Tensor& x, int64_t d_model, const char* op, const char* name, bool packed) {
   QKV_CHECK_ARG(x.defined(), "[", op, "] ", name, " is undefined");
+  if (packed) {
+    QKV_CHECK_ARG(x.dim() == 2 && x.size(1) == d_model, "[", op, "] packed ", name, " ", str(x.shape()),
+                  " must be (N, d_model) with d_model = ", d_model);
+    return;
+  }
   QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == d_model, "[", op, "] ", name, " ", str(x.shape()),
                 " must be (B, T, d_model) with d_model = ", d_model);
 }
@@ -44,6 +49,7 @@ MhaForwardOptions to_mha_options(const AttentionMasks& m) {
   o.attn_bias = m.attn_bias;
   o.is_causal = m.is_causal;
   o.head_mask = m.head_mask;
+  o.cu_seqlens = m.cu_seqlens;
   o.need_weights = false;
   return o;
 }

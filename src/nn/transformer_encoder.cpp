@@ -40,7 +40,7 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
 
 ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
                                          LayerCache* cache, Tensor* weights) const {
-  detail::check_sequence(src.value, config_.d_model, "TransformerEncoderLayer", "src");
+  detail::check_sequence(src.value, config_.d_model, "TransformerEncoderLayer", "src", !masks.cu_seqlens.empty());
   MhaForwardOptions mo = to_mha_options(masks);
   mo.rotary = config_.rotary;
   mo.scale = config_.attn_scale;
@@ -53,12 +53,19 @@ ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, c
     mo.need_weights = true;
     mo.average_attn_weights = false;
   }
+  // Post-LN: a block's last bias (out_proj's, linear2's) joins the fused residual + bias + LayerNorm after it,
+  // unless the block's dropout is active (the bias is inside the dropout then).
+  const bool post = !config_.norm_first && config_.layer_norm;
+  const bool fold1 = post && !(dropout1.training() && dropout1.p() > 0.0f);
+  const bool fold2 = post && !(dropout2.training() && dropout2.p() > 0.0f);
+  mo.out_proj_bias = !fold1;
+  // Each block's result is a fresh value that nothing else reads: add_layer_norm may write into it.
   auto sa_block = [&](const ad::Var& x) {
     MhaResult r = self_attn.forward(c, x, x, x, mo, masks.trained_bias);
     if (weights) *weights = r.weights;
     return dropout1.forward(c, r.out);
   };
-  auto ff_block = [&](const ad::Var& x) { return dropout2.forward(c, ff.forward(c, x)); };
+  auto ff_block = [&](const ad::Var& x) { return dropout2.forward(c, ff.forward(c, x, !fold2)); };
   // Without layer_norm the norms are the identity; without residual the sum is the block's output alone.
   auto n1 = [&](const ad::Var& x) { return config_.layer_norm ? norm1.forward(c, x) : x; };
   auto n2 = [&](const ad::Var& x) { return config_.layer_norm ? norm2.forward(c, x) : x; };
@@ -67,9 +74,17 @@ ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, c
   if (config_.norm_first) {
     x = res(x, sa_block(n1(x)));
     x = res(x, ff_block(n2(x)));
+  } else if (config_.layer_norm) {
+    // norm(x + f(x)) as one fused residual + bias + LayerNorm step (without residual: norm(f(x)))
+    const ad::Var b1 = fold1 ? c.param(self_attn.out_proj.bias) : ad::Var();
+    const ad::Var b2 = fold2 ? c.param(ff.linear2.bias) : ad::Var();
+    x = ad::add_layer_norm(sa_block(x), config_.residual ? x : ad::Var(), b1, c.param(norm1.weight),
+                           c.param(norm1.bias), norm1.eps());
+    x = ad::add_layer_norm(ff_block(x), config_.residual ? x : ad::Var(), b2, c.param(norm2.weight),
+                           c.param(norm2.bias), norm2.eps());
   } else {
-    x = n1(res(x, sa_block(x)));
-    x = n2(res(x, ff_block(x)));
+    x = res(x, sa_block(x));
+    x = res(x, ff_block(x));
   }
   return x;
 }
@@ -90,7 +105,7 @@ TransformerEncoder::TransformerEncoder(const TransformerLayerConfig& c, int64_t 
 
 ad::Var TransformerEncoder::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
                                     std::vector<Tensor>* weights) const {
-  detail::check_sequence(src.value, d_model_, "TransformerEncoder", "src");
+  detail::check_sequence(src.value, d_model_, "TransformerEncoder", "src", !masks.cu_seqlens.empty());
   ad::Var x = src;
   const Tensor& hm = masks.head_mask;
   const bool per_layer = hm.defined() && hm.dim() == 2;

@@ -111,7 +111,7 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
   const AttentionOptions o = kernel_options(options, p);
   const float scale = attention_scale(options, p.dk);
   AttentionResult r;
-  r.out = Tensor::zeros({p.total_q, p.hq, p.dv});
+  r.out = Tensor::empty({p.total_q, p.hq, p.dv});  // every row is written below: no zero-fill pass
   Tensor lse = Tensor::empty({p.hq, p.total_q});
   float* out = r.out.data();
   float* lp = lse.data();
@@ -119,7 +119,8 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
   for_each_sequence(p.nseq, [&](int64_t b, const kernels::FlashConfig& cfg) {
     const int64_t qa = cu_q[b], qb = cu_q[b + 1], ka = cu_k[b], kb = cu_k[b + 1], tq = qb - qa;
     if (tq == 0) return;
-    if (kb == ka) {  // no key: out stays 0, lse -inf
+    if (kb == ka) {  // no key: out 0, lse -inf
+      std::fill(out + qa * p.hq * p.dv, out + qb * p.hq * p.dv, 0.0f);
       for (int64_t h = 0; h < p.hq; ++h) std::fill(lp + h * p.total_q + qa, lp + h * p.total_q + qb, kNegInf);
       return;
     }

@@ -39,6 +39,16 @@ Tensor block_mask_row(int64_t B, int64_t T, int64_t pad_from) {
   return m;
 }
 
+// A layer of width 8, 2 heads, feed-forward 16.
+nn::TransformerLayerConfig small_layer(float dropout) {
+  nn::TransformerLayerConfig c;
+  c.d_model = 8;
+  c.nhead = 2;
+  c.dim_feedforward = 16;
+  c.dropout = dropout;
+  return c;
+}
+
 TEST(TrainingContext, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
   Rng rng(1);
   nn::MultiheadAttention packed(8, 2, rng), separate(8, 2, rng, 0.0f, true, 6, 5);
@@ -130,14 +140,11 @@ TEST(TrainingContext, MultiheadAttentionTrainsAT5BiasTable) {
 }
 
 TEST(TrainingContext, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
-  for (bool pre : {false, true}) {
-    nn::TransformerLayerConfig c;
-    c.d_model = 8;
-    c.nhead = 2;
-    c.dim_feedforward = 16;
-    c.dropout = 0.0f;
+  for (int mode : {0, 1, 2}) {  // post-LN ReLU, post-LN GELU (both fused epilogues), pre-LN GELU
+    const bool pre = mode == 2;
+    nn::TransformerLayerConfig c = small_layer(0.0f);
     c.norm_first = pre;
-    c.activation = pre ? nn::Activation::kGelu : nn::Activation::kRelu;
+    c.activation = mode == 0 ? nn::Activation::kRelu : nn::Activation::kGelu;
     Rng rng(10);
     nn::TransformerEncoderLayer enc(c, rng);
     nn::TransformerDecoderLayer dec(c, rng);
@@ -155,6 +162,66 @@ TEST(TrainingContext, EncoderAndDecoderLayersMatchModulesPreAndPostLN) {
     EXPECT_TRUE(AllClose(dec.forward(gd, tgt, src, tm, sm).value, dec.forward(tgt, src, tm, sm), kSameOps))
         << pre;
   }
+}
+
+// Packed (N, E) input with cu_seqlens against each sequence alone through the padded (1, T, E) path: the same
+// rows in inference, and on a tape the same outputs and gradients (input and every parameter), post-LN with GELU
+// (the fused epilogues) and pre-LN with ReLU and a final norm, for a two-layer stack.
+TEST(TrainingContext, PackedEncoderMatchesEachSequenceAlone) {
+  const std::vector<int64_t> lengths{3, 1, 5};
+  nn::AttentionMasks pm;
+  pm.cu_seqlens = {0, 3, 4, 9};
+  for (bool pre : {false, true}) {
+    nn::TransformerLayerConfig c = small_layer(0.0f);
+    c.norm_first = pre;
+    c.activation = pre ? nn::Activation::kRelu : nn::Activation::kGelu;
+    Rng rng(80);
+    nn::TransformerEncoder enc(c, 2, pre, rng);
+    testing::randomize_parameters(enc, 81);
+    const Tensor src = randn({9, 8}, 82);
+    const Tensor packed = enc.forward(src, pm);
+    ASSERT_EQ(packed.shape(), src.shape());
+    for (int64_t b = 0, a = 0; b < 3; a += lengths[b], ++b) {
+      const Tensor alone = enc.forward(src.slice(0, a, a + lengths[b]).unsqueeze(0)).squeeze(0);
+      EXPECT_TRUE(AllClose(packed.slice(0, a, a + lengths[b]), alone, testing::kFloatReorder)) << pre << b;
+    }
+    ParameterSet p1(enc), p2(enc);
+    Tape t1, t2;
+    Context g1(t1, p1), g2(t2, p2);
+    const Var x1 = t1.leaf(src), x2 = t2.leaf(src);
+    const Var o1 = enc.forward(g1, x1, pm);
+    std::vector<Var> outs;
+    for (int64_t b = 0, a = 0; b < 3; a += lengths[b], ++b)
+      outs.push_back(ad::squeeze(enc.forward(g2, ad::unsqueeze(ad::slice(x2, 0, a, a + lengths[b]), 0)), 0));
+    const Var o2 = ad::concat(outs, 0);
+    EXPECT_TRUE(AllClose(o1.value, o2.value, testing::kFloatReorder)) << pre;
+    const Tensor r = randn(o1.shape(), 83);
+    t1.backward(o1, r);
+    t2.backward(o2, r);
+    EXPECT_TRUE(AllClose(x1.grad(), x2.grad(), testing::kFloatReorder)) << pre;
+    for (size_t i = 0; i < p1.size(); ++i) {
+      ASSERT_TRUE(p1[i].has_grad && p2[i].has_grad) << p1[i].name;
+      EXPECT_TRUE(AllClose(p1[i].grad, p2[i].grad, testing::kFloatReorder)) << pre << " " << p1[i].name;
+    }
+  }
+}
+
+TEST(TrainingContext, PackedInputErrorsNameTheModule) {
+  nn::TransformerLayerConfig c = small_layer(0.1f);
+  Rng rng(90);
+  nn::TransformerEncoderLayer enc(c, rng);
+  enc.eval();
+  nn::AttentionMasks pm;
+  pm.cu_seqlens = {0, 2, 5};
+  EXPECT_TRUE(ThrowsArg([&] { enc.forward(randn({1, 5, 8}, 1), pm); }, "[TransformerEncoderLayer] packed src"));
+  nn::AttentionMasks with_padding = pm;
+  with_padding.key_padding_mask = Tensor::zeros({2, 5});
+  EXPECT_TRUE(ThrowsArg([&] { enc.forward(randn({5, 8}, 1), with_padding); }, "[MultiheadAttention] packed input"));
+  pm.cu_seqlens = {0, 2, 4};
+  EXPECT_TRUE(ThrowsArg([&] { enc.forward(randn({5, 8}, 1), pm); }, "[attention_varlen]"));
+  enc.train();  // attention-weight dropout cannot run on packed rows
+  pm.cu_seqlens = {0, 2, 5};
+  EXPECT_TRUE(ThrowsArg([&] { enc.forward(randn({5, 8}, 1), pm); }, "[MultiheadAttention] packed input"));
 }
 
 TEST(TrainingContext, TransformerModelsMatchTheirForwards) {
@@ -228,11 +295,7 @@ TEST(TrainingContext, DropoutFollowsModuleModeAndTheContextRng) {
 }
 
 TEST(TrainingContext, LayerErrorsNameTheModule) {
-  nn::TransformerLayerConfig c;
-  c.d_model = 8;
-  c.nhead = 2;
-  c.dim_feedforward = 16;
-  c.dropout = 0.0f;
+  nn::TransformerLayerConfig c = small_layer(0.0f);
   Rng rng(70);
   nn::TransformerEncoderLayer enc(c, rng);
   nn::TransformerDecoderLayer dec(c, rng);

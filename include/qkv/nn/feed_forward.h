@@ -34,8 +34,10 @@ class FeedForward : public Module {
               float dropout = 0.0f, bool bias = true);
 
   // x: (..., E) -> (..., E). Dropout (after the activation) follows the `dropout` child's training flag and draws
-  // from the Context's Rng; the Tensor form draws from the child's own.
-  ad::Var forward(const Context& c, const ad::Var& x) const;
+  // from the Context's Rng; the Tensor form draws from the child's own. GELU runs as one fused bias + GELU step
+  // after linear1 without its bias (ad::add_bias_gelu). out_bias false: linear2 runs without its bias, which the
+  // caller adds in what follows (a fused residual + LayerNorm).
+  ad::Var forward(const Context& c, const ad::Var& x, bool out_bias = true) const;
   Tensor forward(const Tensor& x) { return forward(Context(&dropout.rng()), x).value; }
 
   Activation activation() const { return activation_; }

@@ -58,6 +58,13 @@ struct MhaForwardOptions {
   // (H): each head's output (B, H, Tq, D) is multiplied by head_mask[h] before the heads are merged (head
   // ablation, Hugging Face's head_mask); returned weights are not masked.
   Tensor head_mask;
+  // Packed variable-length input: query, key and value are (N, dim), B sequences end to end, sequence b taking rows
+  // [cu_seqlens[b], cu_seqlens[b + 1]) (B + 1 offsets from 0 to N). Each sequence attends to its own rows only,
+  // through attention_varlen: no padding exists and none is computed. No masks, attn_bias, kv_cache, weights or
+  // weight dropout then; is_causal applies within each sequence.
+  std::vector<int32_t> cu_seqlens;
+  // false: out_proj runs without its bias, which the caller adds in what follows (a fused residual + LayerNorm).
+  bool out_proj_bias = true;
 };
 
 // The forward on a Context: out on the tape when the Context trains; weights are never differentiated.
@@ -120,6 +127,9 @@ class MultiheadAttention : public Module {
  private:
   ad::Var project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const;
   std::vector<ad::Var> split_heads(const ad::Var& p, int64_t n) const;
+  ad::Var out_projection(const Context& c, const ad::Var& merged, const MhaForwardOptions& o) const;
+  MhaResult forward_packed(const Context& c, const ad::Var& query, const ad::Var& key, const ad::Var& value,
+                           const MhaForwardOptions& o, bool self) const;
   int64_t embed_dim_, num_heads_, head_dim_, kdim_, vdim_;
   float dropout_;
   bool packed_;

@@ -55,6 +55,9 @@ struct AttentionMasks {
   // Multipliers of each head's output (see MhaForwardOptions::head_mask): (H) for a layer; TransformerEncoder
   // also takes (num_layers, H), row i for layer i.
   Tensor head_mask;
+  // Packed variable-length input (encoder layers): src is (N, E), B sequences end to end with these B + 1 offsets;
+  // each attends to itself only (MhaForwardOptions::cu_seqlens), the other masks must be empty.
+  std::vector<int32_t> cu_seqlens;
 };
 
 // Incremental decoding state of one layer (inference only; see MhaForwardOptions::kv_cache).
@@ -77,8 +80,10 @@ class TransformerEncoderLayer : public Module {
  public:
   TransformerEncoderLayer(const TransformerLayerConfig& config, Rng& rng);
 
-  // src: (B, T, E) -> (B, T, E).  post-LN: x = norm1(x + sa(x)); x = norm2(x + ff(x))
-  //                              pre-LN:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
+  // src: (B, T, E) -> (B, T, E), or packed (N, E) -> (N, E) with src_masks.cu_seqlens.
+  //   post-LN: x = norm1(x + sa(x)); x = norm2(x + ff(x)), each residual + bias + LayerNorm one fused step
+  //            (ad::add_layer_norm; the block's last bias joins it unless the block's dropout is active)
+  //   pre-LN:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
   // cache: incremental decoding (src holds the new positions only; masks are sized for the cache's new length).
   // weights non-null: also the self-attention weights per head, (B, H, Tq, Tk), from the reference attention path
   // (the fused kernel runs otherwise); never differentiated.
@@ -141,7 +146,8 @@ class TransformerEncoder : public Module {
   // num_layers >= 0.
   TransformerEncoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
 
-  // src: (B, T, E) -> (B, T, E). weights non-null: replaced by one (B, H, T, T) tensor per layer (see the layer).
+  // src: (B, T, E) -> (B, T, E), or packed (N, E) with src_masks.cu_seqlens (see the layer). weights non-null:
+  // replaced by one (B, H, T, T) tensor per layer (see the layer).
   ad::Var forward(const Context& c, const ad::Var& src, const AttentionMasks& src_masks = {},
                   std::vector<Tensor>* weights = nullptr) const;
   // Inference; in training() mode dropout draws from the first layer's Rng.

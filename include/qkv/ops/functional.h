@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "qkv/core/rng.h"
@@ -46,6 +47,16 @@ Var softmax(const Var& x, int64_t axis = -1);
 Var log_softmax(const Var& x, int64_t axis = -1);
 // x: (..., E)  weight, bias: (E) or undefined  ->  (..., E). One node (saves mean and rstd).
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
+// The post-LN epilogue, one node: layer_norm(x + (y + y_bias), weight, bias, eps), as qkv::add_layer_norm_.
+// y: (..., E)  x: y's shape or undefined  y_bias, weight, bias: (E) or undefined. y is consumed: when nothing is
+// recorded and y is contiguous, the result is written into y's buffer (qkv::add_layer_norm_, no new tensor), so
+// pass a value nothing else reads (a fresh linear output). On a tape it saves the sum, mean and rstd; the
+// backward is layer_norm's, the sum's gradient going to x, y and (summed over rows) y_bias.
+Var add_layer_norm(Var&& y, const Var& x, const Var& y_bias, const Var& weight, const Var& bias, float eps = 1e-5f);
+// The bias + GELU after a bias-less linear, one node: gelu(x + bias), the bias (F) broadcast over the rows of
+// x (..., F); bias may be undefined. x is consumed as y above (qkv::add_bias_gelu_ in place when nothing is
+// recorded). On a tape it saves x + bias; the backward is gelu's, summed over rows for the bias.
+Var add_bias_gelu(Var&& x, const Var& bias, GeluApprox approx = GeluApprox::kNone);
 // x: (..., E)  weight: (E) or undefined  ->  (..., E): qkv::rms_norm (gain 1 + weight when unit_offset, Gemma's).
 // One node (saves rstd).
 Var rms_norm(const Var& x, const Var& weight, float eps = 1e-6f, bool unit_offset = false);
@@ -73,6 +84,13 @@ struct AttentionExtras {
 // A fully masked row gives 0 and zero gradient. options.return_weights / return_lse are ignored.
 Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options = {},
               const AttentionExtras& extras = {});
+
+// Packed variable-length attention, as qkv::attention_varlen (qkv/ops/attention_varlen.h): q (total_q, Hq, Dk),
+// k (total_k, Hkv, Dk), v (total_k, Hkv, Dv) with B sequences along dim 0 (cu_seqlens_*: B + 1 offsets)
+// -> (total_q, Hq, Dv). One node; the backward is attention_varlen_backward (no padded position computed).
+Var attention_varlen(const Var& q, const Var& k, const Var& v, std::span<const int32_t> cu_seqlens_q,
+                     std::span<const int32_t> cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                     const AttentionOptions& options = {});
 
 // Shaw et al. relative attention, as qkv::relative_attention (include/qkv/nn/positional/relative.h), with
 // gradients for q, k, v and both tables. q: (..., Tq, D)  k: (..., Tk, D)  v: (..., Tk, Dv)
