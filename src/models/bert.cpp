@@ -4,18 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <exception>
+#include <limits>
 #include <numeric>
 #include <string>
 
 #include "qkv/core/error.h"
-#include "qkv/kernels/attention_flash.h"
-#include "qkv/ops/attention.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/layer_norm.h"
-#include "qkv/ops/lowp.h"
-#include "qkv/ops/matmul.h"
 #include "qkv/ops/shape_ops.h"
 
 namespace qkv::models {
@@ -70,15 +65,6 @@ constexpr NamePair kEmbeddingNames[] = {
     {"embeddings.LayerNorm.bias", "embeddings.norm.bias"},
 };
 constexpr const char* kQkv[] = {"query", "key", "value"};
-
-// Scatters attention output (H, T, D), contiguous, into rows of a (N, E) buffer laid out (T, H, D).
-void merge_heads(const Tensor& out, float* rows, int64_t e) {
-  const int64_t h = out.size(0), t = out.size(1), d = out.size(2);
-  const float* src = out.data();
-  for (int64_t hi = 0; hi < h; ++hi)
-    for (int64_t ti = 0; ti < t; ++ti)
-      std::memcpy(rows + ti * e + hi * d, src + (hi * t + ti) * d, sizeof(float) * static_cast<size_t>(d));
-}
 
 }  // namespace
 
@@ -196,61 +182,19 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
   }
   QKV_CHECK_ARG(total == static_cast<int64_t>(ids.size()), "[bert] lengths add up to ", total, " but ",
                 ids.size(), " ids were given");
+  QKV_CHECK_ARG(total <= std::numeric_limits<int32_t>::max(), "[bert] ", total,
+                " packed tokens exceed the int32 offsets of attention_varlen");
   std::vector<int64_t> positions;
   positions.reserve(ids.size());
-  std::vector<int64_t> offsets;
+  nn::AttentionMasks masks;  // each sequence attends to itself only: the encoder's packed path
+  masks.cu_seqlens.push_back(0);
   for (int64_t len : lengths) {
-    offsets.push_back(static_cast<int64_t>(positions.size()));
     for (int64_t t = 0; t < len; ++t) positions.push_back(t);
+    masks.cu_seqlens.push_back(static_cast<int32_t>(positions.size()));
   }
-
-  const int64_t n = total, e = config_.hidden_size, h = config_.num_attention_heads, d = e / h;
-  const auto b = static_cast<int64_t>(lengths.size());
-  Tensor x = embeddings.forward(ids, positions);  // (N, E)
-  if (n == 0) return x;
-  for (auto& layer : encoder.layers) {
-    nn::MultiheadAttention& sa = layer->self_attn;
-    Tensor qkv = sa.linear_at(x, sa.in_proj_weight, sa.in_proj_bias);  // (N, 3E): one GEMM for all tokens
-    // bf16 attention: q, k and v rounded once here, for every sequence (scores and softmax stay float32).
-    if (sa.attention_precision() == Precision::kBFloat16) qkv = round_to_bf16(qkv);
-    Tensor ctx = Tensor::empty({n, e});
-    const float scale = attention_scale({}, d);
-    // Each sequence is its own attention problem (H, T, D) over views of qkv: no mask, no padding.
-    std::exception_ptr error;  // an exception must not escape the parallel region
-#pragma omp parallel for schedule(dynamic, 1) if (b > 1)
-    for (int64_t s = 0; s < b; ++s) {
-      try {
-        const Tensor rows = qkv.slice(0, offsets[s], offsets[s] + lengths[s]).view({lengths[s], 3, h, d});
-        const Tensor q = rows.select(1, 0).transpose(0, 1), k = rows.select(1, 1).transpose(0, 1),
-                     v = rows.select(1, 2).transpose(0, 1);  // (H, T, D) views, last dim contiguous
-        // The fused kernel straight away (what attention() runs without weights; it propagates NaN).
-        const Tensor out = kernels::attention_flash_forward(q, k, v, {}, Shape{h}, scale).out.contiguous();
-        merge_heads(out, ctx.data() + offsets[s] * e, e);
-      } catch (...) {
-#pragma omp critical(qkv_bert_error)
-        if (!error) error = std::current_exception();
-      }
-    }
-    if (error) std::rethrow_exception(error);
-    // Post-LN residual blocks. The linear layers run without their bias, which joins the pass that follows (the
-    // fused residual + bias + LayerNorm, or bias + GELU), in place: no extra pass over memory, no extra buffer.
-    Tensor attn = sa.out_proj.linear_at(ctx, sa.out_proj.weight);
-    add_layer_norm_(attn, x, sa.out_proj.bias, layer->norm1.weight, layer->norm1.bias, layer->norm1.eps());
-    x = attn;
-    nn::FeedForward& ff = layer->ff;
-    Tensor hidden;
-    if (ff.activation() == nn::Activation::kRelu) {
-      hidden = relu(ff.linear1.forward(x));
-    } else {
-      hidden = ff.linear1.linear_at(x, ff.linear1.weight);
-      add_bias_gelu_(hidden, ff.linear1.bias,
-                     ff.activation() == nn::Activation::kGeluTanh ? GeluApprox::kTanh : GeluApprox::kNone);
-    }
-    Tensor out = ff.linear2.linear_at(hidden, ff.linear2.weight);
-    add_layer_norm_(out, x, ff.linear2.bias, layer->norm2.weight, layer->norm2.bias, layer->norm2.eps());
-    x = out;
-  }
-  return x;
+  const Tensor x = embeddings.forward(ids, positions);  // (N, E)
+  if (total == 0) return x;
+  return encoder.forward(x, masks);
 }
 
 Tensor BertModel::forward(const Ids& ids, const Ids& attention_mask) {

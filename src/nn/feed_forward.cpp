@@ -56,10 +56,10 @@ ad::Var FeedForward::forward(const Context& c, const ad::Var& x, bool out_bias) 
                 linear1.in_features());
   ad::Var h = activation_ == Activation::kRelu
                   ? ad::relu(linear1.forward(c, x))
-                  : ad::add_bias_gelu(ad::linear(x, c.param(linear1.weight)), c.param(linear1.bias),
+                  : ad::add_bias_gelu(linear1.forward(c, x, false), c.param(linear1.bias),
                                       activation_ == Activation::kGeluTanh ? GeluApprox::kTanh : GeluApprox::kNone);
   h = dropout.forward(c, h);
-  return ad::linear(h, c.param(linear2.weight), out_bias ? c.param(linear2.bias) : ad::Var());
+  return linear2.forward(c, h, out_bias);
 }
 
 }  // namespace qkv::nn

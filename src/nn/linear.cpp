@@ -25,14 +25,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
   }
 }
 
-ad::Var Linear::forward(const Context& c, const ad::Var& x) const {
+ad::Var Linear::forward(const Context& c, const ad::Var& x, bool with_bias) const {
   QKV_CHECK_ARG(x.defined(), "[Linear] input is undefined");
   QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) == in_features_, "[Linear] input ", str(x.shape()),
                 " must have last dim in_features = ", in_features_);
-  if (precision() == Precision::kFloat32) return ad::linear(x, c.param(weight), c.param(bias));
+  if (precision() == Precision::kFloat32)
+    return ad::linear(x, c.param(weight), with_bias ? c.param(bias) : ad::Var());  // c.param: the member itself
   QKV_CHECK_ARG(c.tape() == nullptr, "[Linear] precision ", precision_name(precision()),
                 " is for inference; set_precision(fp32) to train (input ", str(x.shape()), ")");
-  return ad::Var(linear_at(x.value, weight, bias));
+  return ad::Var(linear_at(x.value, weight, with_bias ? bias : Tensor()));
 }
 
 }  // namespace qkv::nn

@@ -357,17 +357,13 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   if (o.head_mask.defined()) attn = ad::mul(attn, ad::Var(o.head_mask.reshape({1, H, 1, 1})));
 
   // --- merge heads (B, H, Tq, D) -> (B, Tq, H, D) -> (B, Tq, E), out_proj ----------------------------------
-  result.out = out_projection(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}), o);
+  result.out = out_proj.forward(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}), o.out_proj_bias);
   if (o.need_weights) result.weights = o.average_attn_weights ? mean_over_heads(weights) : weights;
   if (unbatched) {
     result.out = ad::squeeze(result.out, 0);
     if (result.weights.defined()) result.weights = result.weights.squeeze(0);
   }
   return result;
-}
-
-ad::Var MultiheadAttention::out_projection(const Context& c, const ad::Var& merged, const MhaForwardOptions& o) const {
-  return ad::linear(merged, c.param(out_proj.weight), o.out_proj_bias ? c.param(out_proj.bias) : ad::Var());
 }
 
 // Packed sequences (N, dim): the projections as (N, H, D) views, attention_varlen per sequence, out_proj.
@@ -390,23 +386,28 @@ MhaResult MultiheadAttention::forward_packed(const Context& c, const ad::Var& qu
   int64_t max_len = 0;
   for (size_t b = 0; b + 1 < o.cu_seqlens.size(); ++b)
     max_len = std::max<int64_t>(max_len, o.cu_seqlens[b + 1] - o.cu_seqlens[b]);
+  // bf16 attention: q, k and v rounded once here, for every sequence (scores and softmax stay float32).
+  auto proj = [&](const ad::Var& x, int64_t which, int64_t n) {
+    ad::Var p = project(c, x, which, n);
+    return attention_precision() == Precision::kBFloat16 ? ad::Var(round_to_bf16(p.value)) : p;
+  };
   ad::Var qh, kh, vh;  // (N, H, D) views of the projections
   if (packed_ && self) {
-    std::vector<ad::Var> qkv = ad::split(ad::reshape(project(c, query, 0, 3), {N, 3, H, D}), {1, 1, 1}, 1);
+    std::vector<ad::Var> qkv = ad::split(ad::reshape(proj(query, 0, 3), {N, 3, H, D}), {1, 1, 1}, 1);
     qh = ad::squeeze(qkv[0], 1);
     kh = ad::squeeze(qkv[1], 1);
     vh = ad::squeeze(qkv[2], 1);
   } else {
-    qh = ad::reshape(project(c, query, 0, 1), {N, H, D});
-    kh = ad::reshape(project(c, key, 1, 1), {N, H, D});
-    vh = ad::reshape(project(c, value, 2, 1), {N, H, D});
+    qh = ad::reshape(proj(query, 0, 1), {N, H, D});
+    kh = ad::reshape(proj(key, 1, 1), {N, H, D});
+    vh = ad::reshape(proj(value, 2, 1), {N, H, D});
   }
   AttentionOptions ao;
   ao.causal = o.is_causal ? Causal::kTopLeft : Causal::kNone;
   ao.scale = o.scale;
   const ad::Var attn = ad::attention_varlen(qh, kh, vh, o.cu_seqlens, o.cu_seqlens, max_len, max_len, ao);
   MhaResult result;
-  result.out = out_projection(c, ad::reshape(attn, {N, E}), o);  // (N, H, D) contiguous: a view
+  result.out = out_proj.forward(c, ad::reshape(attn, {N, E}), o.out_proj_bias);  // (N, H, D) contiguous: a view
   return result;
 }
 

@@ -17,8 +17,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng);
   Linear(int64_t in_features, int64_t out_features, Rng& rng) : Linear(in_features, out_features, true, rng) {}
 
-  // x: (..., in)  ->  (..., out). Records its backward when `c` trains.
-  ad::Var forward(const Context& c, const ad::Var& x) const;
+  // x: (..., in)  ->  (..., out). Records its backward when `c` trains. with_bias false: x·weightᵀ alone (the bias
+  // then joins a fused step that follows, as ad::add_bias_gelu or ad::add_layer_norm).
+  ad::Var forward(const Context& c, const ad::Var& x, bool with_bias = true) const;
   Tensor forward(const Tensor& x) const { return forward(Context(), x).value; }
 
   int64_t in_features() const { return in_features_; }

@@ -127,7 +127,6 @@ class MultiheadAttention : public Module {
  private:
   ad::Var project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const;
   std::vector<ad::Var> split_heads(const ad::Var& p, int64_t n) const;
-  ad::Var out_projection(const Context& c, const ad::Var& merged, const MhaForwardOptions& o) const;
   MhaResult forward_packed(const Context& c, const ad::Var& query, const ad::Var& key, const ad::Var& value,
                            const MhaForwardOptions& o, bool self) const;
   int64_t embed_dim_, num_heads_, head_dim_, kdim_, vdim_;
