@@ -79,6 +79,8 @@ void visit(RunConfig& c, const FieldVisitor& v) {
   v.i64("log_every", c.log_every);
   v.i64("keep_checkpoints", c.keep_checkpoints);
   v.f64("early_stop", c.early_stop);
+  v.i64("ranks", c.ranks);
+  v.i64("context_parallel", c.context_parallel);
 }
 
 }  // namespace
@@ -129,6 +131,13 @@ void RunConfig::resolve_and_check() {
                 "[train] --eval-every, --checkpoint-every and --log-every must be >= 1, --eval-size >= 0");
   QKV_CHECK_ARG(keep_checkpoints >= 1, "[train] --keep-checkpoints must be >= 1");
   QKV_CHECK_ARG(early_stop >= 0.0 && early_stop <= 1.0, "[train] --early-stop must be in [0, 1] (0 = off)");
+  QKV_CHECK_ARG(ranks >= 1 && context_parallel >= 1, "[train] --context-parallel must be >= 1, got ",
+                context_parallel);
+  QKV_CHECK_ARG(context_parallel == 1 || model == "decoder", "[train] --context-parallel ", context_parallel,
+                " runs --model decoder only (its attention goes around the ring), not '", model, "'");
+  QKV_CHECK_ARG(context_parallel == 1 || dropout == 0.0, "[train] --context-parallel ", context_parallel,
+                " with --dropout ", dropout,
+                ": ring attention has no dropout on the attention weights; use --dropout 0");
 }
 
 std::string RunConfig::to_json() const {
@@ -181,6 +190,8 @@ RunConfig RunConfig::from_json(const std::string& text, const std::string& name)
   kv.erase(fmt);
   RunConfig c;
   kv.emplace("max_tokens", std::to_string(c.max_tokens));  // configs written before --max-tokens existed
+  kv.emplace("ranks", "1");                                // ... and before the parallel layout was recorded
+  kv.emplace("context_parallel", "1");
   auto take = [&](const char* k) {
     auto it = kv.find(k);
     QKV_CHECK_ARG(it != kv.end(), "[config] ", name, ": missing key '", k, "'");

@@ -62,6 +62,9 @@ struct RunConfig {
   int64_t log_every = 50;
   int64_t keep_checkpoints = 2;
   double early_stop = 0.0;  // stop (with a checkpoint) once a periodic evaluation reaches this exact match; 0 = off
+  // --- parallel layout (mpirun) --------------------------------------------------------------------------------
+  int64_t ranks = 1;             // the processes the run was started on; a resume must use as many
+  int64_t context_parallel = 1;  // > 1: the ranks split every sequence (ring attention), not the batch
 
   // Fills the 0 defaults of the model kind and checks every field; throws invalid_argument "[train] ...".
   void resolve_and_check();

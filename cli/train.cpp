@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
 #include "qkv/dist/comm.h"
+#include "qkv/ops/functional.h"
 #include "qkv/train/data_parallel.h"
 #include "qkv/train/trainer.h"
 #include "qkv/train/loss.h"
@@ -172,11 +174,26 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
-// Every rank must train the same run: refuses, on every rank, a configuration that differs, and a global batch
-// that does not split evenly.
-void check_same_run(dist::Communicator& comm, const RunConfig& c) {
-  QKV_CHECK_ARG(c.batch_size % comm.size() == 0, "[train] --batch-size ", c.batch_size, " (the global batch) does not ",
-                "divide by the ", comm.size(), " ranks of mpirun");
+// Every rank must train the same run: refuses, on every rank, a configuration that differs, a layout that the
+// ranks do not match (data parallel: a global batch that does not split evenly; context parallel: other than
+// --context-parallel ranks, or sequences that the padding to 2N chunks takes past the learned positions).
+void check_same_run(dist::Communicator& comm, const RunConfig& c, const RunData& d) {
+  const int64_t n = comm.size();
+  if (c.context_parallel > 1) {
+    QKV_CHECK_ARG(c.context_parallel == n, "[train] --context-parallel ", c.context_parallel, " needs exactly ",
+                  c.context_parallel, " ranks (mpirun -np ", c.context_parallel, "), got ", n,
+                  ": context and data parallelism together are not supported");
+    int64_t longest = 0;
+    for (const data::Example& e : d.train)
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(e.src.size() + e.tgt.size()) + 1);
+    const int64_t padded = (longest + 2 * n - 1) / (2 * n) * (2 * n);
+    QKV_CHECK_ARG(padded <= c.max_positions, "[train] --context-parallel ", n, " pads the longest training sequence (",
+                  longest, " tokens) to ", padded, " positions (2 x ", n, " equal chunks), more than --max-positions ",
+                  c.max_positions, ": raise --max-positions to at least ", padded);
+  } else {
+    QKV_CHECK_ARG(c.batch_size % n == 0, "[train] --batch-size ", c.batch_size, " (the global batch) does not ",
+                  "divide by the ", n, " ranks of mpirun");
+  }
   const std::string json = c.to_json();
   comm.check_same(dist::hash_bytes(json.data(), json.size()), "the run configuration (config.json)");
 }
@@ -230,7 +247,11 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     const data::Vocabulary vocab = data::Vocabulary::load((fs::path(dir) / "vocab.txt").string());
     const std::string old_hash = c.data_hash;
     d = load_run_data(c);
-    check_same_run(comm, c);
+    QKV_CHECK_ARG(c.ranks == nranks, "[train] '", dir, "' was trained on ", c.ranks, " rank", c.ranks == 1 ? "" : "s",
+                  c.context_parallel > 1 ? " (context parallel)" : c.ranks > 1 ? " (data parallel)" : "",
+                  "; resuming it on ", nranks, " is refused (the split of every batch and the order of the gradient "
+                  "sums would change): resume with mpirun -np ", c.ranks);
+    check_same_run(comm, c, d);
     if (d.vocab != vocab)
       throw std::invalid_argument("[train] vocabulary mismatch on resume: '" + dir + "/vocab.txt' and the data differ (" +
                                   vocab_difference(vocab, d.vocab) + ")");
@@ -242,9 +263,10 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     QKV_CHECK_ARG(!fs::exists(fs::path(dir) / "config.json"), "[train] '", dir,
                   "' already holds a run; continue it with --resume ", dir, " or choose another --out");
     c = a.c;
+    c.ranks = nranks;
     c.resolve_and_check();
     d = load_run_data(c);
-    check_same_run(comm, c);  // also: every rank has looked at `dir` before rank 0 writes to it
+    check_same_run(comm, c, d);  // also: every rank has looked at `dir` before rank 0 writes to it
   }
   if (!resume && rank0) {
     std::error_code ec;
@@ -289,6 +311,11 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   }
   train::DataParallel dp(comm, params);
   if (nranks > 1) dp.broadcast_from_root(*opt);
+  // Context parallel: every rank runs the whole batch on its positions of each sequence (ring attention), and its
+  // loss is its share of the global token mean.
+  const bool context_parallel = c.context_parallel > 1;
+  const train::ContextParallel cp(comm);
+  dp.set_loss_shares(context_parallel);
   data::Sampler sampler(static_cast<int64_t>(d.train.size()), c.batch_size, c.seed ^ 0x5A3D1E5ULL);
   sampler.seek(st.epoch, st.position);
 
@@ -328,18 +355,27 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     const std::vector<int64_t> idx = sampler.next();
     // This rank's contiguous share of the global batch. A share left empty (an epoch's short last batch) runs one
     // example with weight 0, so that every rank takes part in the step and adds nothing.
-    const size_t lo = idx.size() * static_cast<size_t>(rank) / static_cast<size_t>(nranks);
-    const size_t hi = idx.size() * static_cast<size_t>(rank + 1) / static_cast<size_t>(nranks);
+    const size_t lo = context_parallel ? 0 : idx.size() * static_cast<size_t>(rank) / static_cast<size_t>(nranks);
+    const size_t hi =
+        context_parallel ? idx.size() : idx.size() * static_cast<size_t>(rank + 1) / static_cast<size_t>(nranks);
     std::vector<const data::Example*> batch;
     for (size_t i = lo; i < hi; ++i) batch.push_back(&d.train[static_cast<size_t>(idx[i])]);
     const bool empty_share = batch.empty();
     if (empty_share) batch.push_back(&d.train[static_cast<size_t>(idx[0])]);
     int64_t ntok = 0;
     const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
+      if (context_parallel) g.set_sequence_shard(&cp);
       const train::TeacherForced tf = model->teacher_forced(g, batch);
       ntok = empty_share ? 0 : tf.num_target_tokens;
-      dp.set_local_weight(empty_share ? 0.0 : static_cast<double>(train::count_targets(tf.targets, ce.ignore_index)));
-      return train::cross_entropy(tf.logits, tf.targets, ce);
+      const double terms = empty_share ? 0.0 : static_cast<double>(train::count_targets(tf.targets, ce.ignore_index));
+      dp.set_local_weight(terms);
+      if (!context_parallel) return train::cross_entropy(tf.logits, tf.targets, ce);
+      // This rank's share of the mean over the global batch's loss terms (summed over the ranks' positions).
+      train::CrossEntropyOptions sum = ce;
+      sum.reduction = train::Reduction::kSum;
+      const double total = cp.global_sum(terms);
+      const float inv = total > 0.0 ? static_cast<float>(1.0 / total) : 0.0f;
+      return ad::scale(train::cross_entropy(tf.logits, tf.targets, sum), inv);
     });
     const float loss_value = static_cast<float>(r.loss);
     QKV_CHECK_RUNTIME(r.finite, "[train] the loss became ", loss_value, " at step ", step,
@@ -397,9 +433,9 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   }
   progress.finish();
   if (nranks > 1 && st.step > first_step)
-    std::printf("data parallel: %d ranks, global batch %lld; parameters identical on every rank after every step "
+    std::printf("%s parallel: %d ranks, global batch %lld; parameters identical on every rank after every step "
                 "(hash checked); %.0f bytes to MPI per step on rank 0 (%lld parameters)\n",
-                nranks, static_cast<long long>(c.batch_size),
+                context_parallel ? "context" : "data", nranks, static_cast<long long>(c.batch_size),
                 static_cast<double>(comm.bytes_sent() - bytes_before) / static_cast<double>(st.step - first_step),
                 static_cast<long long>(params.numel()));
 }
@@ -488,6 +524,12 @@ void add_train(CLI::App& app) {
        f64(&RunConfig::label_smoothing));
   lock(cmd->add_option("--batch-size", c.batch_size, "Examples per step")->capture_default_str(),
        i64(&RunConfig::batch_size));
+  lock(cmd->add_option("--context-parallel", c.context_parallel,
+                       "mpirun -np N: the N ranks split every sequence (ring attention; --model decoder) instead of "
+                       "the batch")
+           ->capture_default_str()
+           ->check(at_least(1)),
+       i64(&RunConfig::context_parallel));
   lock(cmd->add_option("--seed", c.seed, "Seed of the data, the init, the shuffling and dropout")
            ->capture_default_str(),
        [](const RunConfig& r) { return std::to_string(r.seed); });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <utility>
 
 #include "qkv/core/error.h"
@@ -292,6 +293,25 @@ AttentionGrads ring_attention_backward(const Tensor& q, const Tensor& k, const T
   g.dk = grad.k.clone();
   g.dv = grad.v.clone();
   return g;
+}
+
+ad::Var ring_attention(const ad::Var& q, const ad::Var& k, const ad::Var& v, Communicator& comm,
+                       const AttentionOptions& options) {
+  const Tensor qc = q.value.contiguous(), kc = k.value.contiguous(), vc = v.value.contiguous();
+  const AttentionResult r = ring_attention(qc, kc, vc, comm, options);
+  ad::Tape* tape = nullptr;
+  for (const ad::Var* x : {&q, &k, &v})
+    if (tape == nullptr && x->slot >= 0) tape = x->tape;
+  if (tape == nullptr) return ad::Var(r.out);
+  const Tensor out = r.out, lse = r.lse;
+  Communicator* c = &comm;
+  return tape->record(out, {&q, &k, &v}, [q, k, v, qc, kc, vc, out, lse, c, options](ad::Tape& t,
+                                                                                     std::span<const Tensor> d) {
+    AttentionGrads g = ring_attention_backward(qc, kc, vc, out, lse, d[0], *c, options);
+    if (t.needs(q)) t.accumulate_owned(q, g.dq);
+    if (t.needs(k)) t.accumulate_owned(k, g.dk);
+    if (t.needs(v)) t.accumulate_owned(v, g.dv);
+  });
 }
 
 }  // namespace qkv::dist

@@ -111,13 +111,26 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const DecoderOnlyConfig& c, Rng& 
   register_module("lm_head", &lm_head);
 }
 
-ad::Var DecoderOnlyTransformer::forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask) const {
+ad::Var DecoderOnlyTransformer::forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
+                                       const std::vector<int64_t>* positions) const {
   check_ids(ids, "DecoderOnlyTransformer", "input");
   const int64_t B = ids.shape[0], T = ids.shape[1];
-  QKV_CHECK_ARG(T <= config_.max_len, "[DecoderOnlyTransformer] ids ", str(ids.shape), " are longer than max_len ",
-                config_.max_len);
-  // (B, T, E) + pos_emb rows 0 .. T-1
-  ad::Var x = emb_dropout.forward(c, ad::add_learned_positions(tok_emb.forward(c, ids), c.param(pos_emb.weight)));
+  ad::Var x;
+  if (positions == nullptr) {
+    QKV_CHECK_ARG(T <= config_.max_len, "[DecoderOnlyTransformer] ids ", str(ids.shape), " are longer than max_len ",
+                  config_.max_len);
+    // (B, T, E) + pos_emb rows 0 .. T-1
+    x = ad::add_learned_positions(tok_emb.forward(c, ids), c.param(pos_emb.weight));
+  } else {
+    QKV_CHECK_ARG(static_cast<int64_t>(positions->size()) == T, "[DecoderOnlyTransformer] ", positions->size(),
+                  " positions for ids ", str(ids.shape));
+    for (const int64_t p : *positions)
+      QKV_CHECK_ARG(p >= 0 && p < config_.max_len, "[DecoderOnlyTransformer] position ", p, " of ids ",
+                    str(ids.shape), " is outside the max_len ", config_.max_len, " learned positions");
+    // (B, T, E) + pos_emb rows `positions`, broadcast over the batch
+    x = ad::add(tok_emb.forward(c, ids), pos_emb.forward(c, Ids{*positions, Shape{1, T}}));
+  }
+  x = emb_dropout.forward(c, x);
   nn::AttentionMasks masks;
   masks.is_causal = true;
   if (key_padding_mask.defined()) {

@@ -304,6 +304,11 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
 
   // --- attention (B, H, Tq, D) -------------------------------------------------------------------------------
   const bool drop = training() && dropout_ > 0.0f;
+  const SequenceShard* shard = c.sequence_shard();
+  QKV_CHECK_ARG(shard == nullptr || (!drop && !o.need_weights && !cache && !attn_bias.defined()),
+                "[MultiheadAttention] with the sequence split across processes (context parallelism), query ",
+                str(query.shape()), ": attention runs around the ring, which has no weight dropout, weights, KV "
+                "cache or trained bias");
   MhaResult result;
   Tensor weights;  // (B, H, Tq, Tk) when asked for
   ad::Var attn;
@@ -346,7 +351,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
       ex.dropout = dropout_;
       ex.dropout_rng = c.dropout_rng();
     }
-    attn = ad::attention(qh, kh, vh, ao, ex);
+    attn = shard != nullptr ? shard->attention(qh, kh, vh, ao) : ad::attention(qh, kh, vh, ao, ex);
     if (o.need_weights) {  // on a tape: the (pre-dropout) weights, as a constant
       AttentionOptions wo = with_additive_bias(ao, attn_bias.value);
       wo.return_weights = true;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/dist/ring_attention.h"
 
 namespace qkv::train {
 
@@ -46,11 +47,13 @@ void DataParallel::broadcast_from_root(Optimizer& optimizer) {
 }
 
 double DataParallel::global_loss(double local_loss) {
-  float sums[3] = {static_cast<float>(weight_), static_cast<float>(weight_ * local_loss),
+  const double share = shares_ ? local_loss : weight_ * local_loss;
+  float sums[3] = {shares_ ? 1.0f : static_cast<float>(weight_), static_cast<float>(share),
                    std::isfinite(local_loss) ? 0.0f : 1.0f};
   comm_->allreduce_sum(sums, 3);
   total_weight_ = sums[0];
   if (sums[2] > 0.0f) return std::nan("");
+  if (shares_) return sums[1];
   return total_weight_ > 0.0 ? static_cast<double>(sums[1]) / total_weight_ : 0.0;
 }
 
@@ -61,7 +64,7 @@ void DataParallel::reduce_gradients() {
   std::vector<float> has(n);
   for (size_t i = 0; i < n; ++i) has[i] = (*params_)[i].has_grad ? 1.0f : 0.0f;
   c.allreduce_max(has.data(), static_cast<int64_t>(n));
-  const float scale = total_weight_ > 0.0 ? static_cast<float>(weight_ / total_weight_) : 0.0f;
+  const float scale = shares_ ? 1.0f : total_weight_ > 0.0 ? static_cast<float>(weight_ / total_weight_) : 0.0f;
   std::vector<float*> grads;
   std::vector<int64_t> sizes;
   for (size_t i = 0; i < n; ++i) {
@@ -110,6 +113,28 @@ uint64_t DataParallel::parameter_hash() const {
 
 void DataParallel::check_replicas(int64_t step) {
   comm_->check_same(parameter_hash(), "the parameters after step " + std::to_string(step));
+}
+
+int64_t ContextParallel::padded_length(int64_t t) const {
+  const int64_t chunks = 2 * static_cast<int64_t>(comm_->size());
+  return (t + chunks - 1) / chunks * chunks;
+}
+
+std::vector<int64_t> ContextParallel::positions(int64_t t) const {
+  return dist::ring_positions(t, comm_->rank(), comm_->size(), Causal::kTopLeft);
+}
+
+ad::Var ContextParallel::attention(const ad::Var& q, const ad::Var& k, const ad::Var& v,
+                                   const AttentionOptions& options) const {
+  QKV_CHECK_ARG(options.causal != Causal::kNone, "[ContextParallel] q ", str(q.shape()), " k ", str(k.shape()),
+                ": the sequence is split in causal attention's zigzag layout, so only causal attention runs on it");
+  return dist::ring_attention(q, k, v, *comm_, options);
+}
+
+double ContextParallel::global_sum(double local) const {
+  float x = static_cast<float>(local);
+  comm_->allreduce_sum(&x, 1);
+  return x;
 }
 
 }  // namespace qkv::train

@@ -107,12 +107,33 @@ class LanguageModel : public TextModel {
   }
   nn::Module& module() override { return model_; }
 
+  // Under context parallelism (c.sequence_shard()) the batch is right-padded to the shard's length (causal rows
+  // never see the padding, whose targets are ignored) and the model runs on this process's positions of it.
   TeacherForced teacher_forced(const nn::Context& c, const std::vector<const data::Example*>& batch) override {
     const data::LmBatch b = data::make_lm_batch(batch);
-    return {model_.forward(c, b.input.ids), b.targets, b.num_target_tokens};
+    const nn::SequenceShard* shard = c.sequence_shard();
+    if (shard == nullptr) return {forward(c, b.input.ids, nullptr), b.targets, b.num_target_tokens};
+    const int64_t B = b.input.ids.shape[0], T = b.input.ids.shape[1];
+    const std::vector<int64_t> positions = shard->positions(shard->padded_length(T));
+    const int64_t L = static_cast<int64_t>(positions.size());
+    Ids ids{std::vector<int64_t>(static_cast<size_t>(B * L), data::Vocabulary::kPad), Shape{B, L}};
+    std::vector<int64_t> targets(static_cast<size_t>(B * L), data::Vocabulary::kPad);
+    int64_t count = 0;
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t p = positions[static_cast<size_t>(j)];
+        if (p >= T) continue;
+        const size_t dst = static_cast<size_t>(r * L + j), src = static_cast<size_t>(r * T + p);
+        ids.data[dst] = b.input.ids.data[src];
+        targets[dst] = b.targets[src];
+        count += targets[dst] != data::Vocabulary::kPad ? 1 : 0;
+      }
+    return {forward(c, ids, &positions), std::move(targets), count};
   }
 
  protected:
+  // The model's forward on ids whose columns are at these global positions (nullptr: 0 .. T-1).
+  virtual ad::Var forward(const nn::Context& c, const Ids& ids, const std::vector<int64_t>* positions) = 0;
   Model model_;
 };
 
@@ -125,6 +146,11 @@ class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
   }
 
   bool has_attention() const override { return true; }
+
+ protected:
+  ad::Var forward(const nn::Context& c, const Ids& ids, const std::vector<int64_t>* positions) override {
+    return model_.forward(c, ids, {}, positions);
+  }
 };
 
 // The Llama decoder on the LM batches of kDecoderOnly (right-padded: causal rows never see their padding);
@@ -139,6 +165,13 @@ class Llama : public LanguageModel<models::LlamaForCausalLM> {
   }
 
   bool has_attention() const override { return false; }
+
+ protected:
+  ad::Var forward(const nn::Context& c, const Ids& ids, const std::vector<int64_t>* positions) override {
+    QKV_CHECK_ARG(positions == nullptr && c.sequence_shard() == nullptr, "[TextModel] llama ids ", str(ids.shape),
+                  ": context parallelism (the sequence split across processes) runs the decoder-only kind only");
+    return model_.forward(c, ids);
+  }
 };
 
 }  // namespace

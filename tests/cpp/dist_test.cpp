@@ -14,6 +14,7 @@
 #include "qkv/dist/comm.h"
 #include "qkv/dist/ring_attention.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/functional.h"
 
 namespace qkv {
 namespace {
@@ -200,6 +201,44 @@ INSTANTIATE_TEST_SUITE_P(
                       RingCase{Causal::kBottomRight, MaskKind::kNone}, RingCase{Causal::kNone, MaskKind::kKeep},
                       RingCase{Causal::kTopLeft, MaskKind::kKeep}, RingCase{Causal::kNone, MaskKind::kBlock},
                       RingCase{Causal::kTopLeft, MaskKind::kAdditive}, RingCase{Causal::kNone, MaskKind::kAdditive}));
+
+// The tape form (what context-parallel training records): one node on strided head views, whose backward gives
+// the gradients of ring_attention_backward bit for bit, and so the one-process gradients within kBackwardRtol.
+TEST(RingAttentionTape, BackwardThroughTheTapeIsTheRingBackward) {
+  Communicator& c = Communicator::world();
+  const int n = c.size(), r = c.rank();
+  const int64_t B = 2, H = 2, T = 24, D = 4;
+  // (B, T, H, D) activations viewed as heads (B, H, T, D): not contiguous, as nn::MultiheadAttention's views.
+  const Tensor q = testing::randn({B, T, H, D}, 21), k = testing::randn({B, T, H, D}, 22);
+  const Tensor v = testing::randn({B, T, H, D}, 23), d_out = testing::randn({B, H, T, D}, 24);
+  AttentionOptions o;
+  o.causal = Causal::kTopLeft;
+  const auto shard = [&](const Tensor& x, int64_t axis) { return dist::ring_shard(x, axis, r, n, o.causal); };
+  ad::Tape tape;
+  const ad::Var ql = tape.leaf(shard(q, 1)), kl = tape.leaf(shard(k, 1)), vl = tape.leaf(shard(v, 1));
+  const ad::Var out = dist::ring_attention(ad::transpose(ql, 1, 2), ad::transpose(kl, 1, 2),
+                                           ad::transpose(vl, 1, 2), c, o);
+  tape.backward(out, shard(d_out, -2));
+
+  const auto heads = [](const ad::Var& x) { return x.value.transpose(1, 2).contiguous(); };
+  AttentionOptions with_lse = o;
+  const AttentionResult f = dist::ring_attention(heads(ql), heads(kl), heads(vl), c, with_lse);
+  EXPECT_EQ(out.value.to_vector(), f.out.to_vector());
+  const AttentionGrads g =
+      dist::ring_attention_backward(heads(ql), heads(kl), heads(vl), f.out, f.lse, shard(d_out, -2), c, o);
+  EXPECT_EQ(ql.grad().transpose(1, 2).contiguous().to_vector(), g.dq.to_vector());
+  EXPECT_EQ(kl.grad().transpose(1, 2).contiguous().to_vector(), g.dk.to_vector());
+  EXPECT_EQ(vl.grad().transpose(1, 2).contiguous().to_vector(), g.dv.to_vector());
+
+  AttentionOptions global = o;
+  global.return_lse = true;
+  const Tensor qh = q.transpose(1, 2).contiguous(), kh = k.transpose(1, 2).contiguous();
+  const Tensor vh = v.transpose(1, 2).contiguous();
+  const AttentionResult ref = attention_fused(qh, kh, vh, global);
+  const AttentionGrads ref_g = attention_backward(qh, kh, vh, ref.out, ref.lse, d_out, global);
+  EXPECT_LE(normwise_error(g.dq, shard(ref_g.dq, -2)), kBackwardRtol);
+  EXPECT_LE(normwise_error(g.dk, shard(ref_g.dk, -2)), kBackwardRtol);
+}
 
 TEST(RingAttentionErrors, RefusesWhatDoesNotShard) {
   Communicator& c = Communicator::world();

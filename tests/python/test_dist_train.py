@@ -6,16 +6,24 @@
 - --resume with the same N continues the uninterrupted N = 2 curve bit for bit;
 - a global --batch-size that does not divide by N, and ranks started with different settings, are refused;
 - a SIGKILLed rank makes the others exit non-zero within 30 s with a message naming it, and the last checkpoint
-  stays loadable.
+  stays loadable;
+- a run resumed on another number of ranks is refused;
+- `--context-parallel N` (the N ranks split every sequence of a decoder-only model, ring attention) gives the
+  one-process losses and parameters within float32 rounding, writes its checkpoints from rank 0 alone, resumes bit
+  for bit on N ranks, and refuses the combinations it cannot run.
 
 The command is taken from $QKV_BIN, else <repo>/build/qkv; mpirun runs as root with --oversubscribe (2 cores)."""
 import os
 import pathlib
 import re
+import json
 import shutil
 import signal
+import struct
 import subprocess
 import time
+
+import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 QKV = os.environ.get("QKV_BIN", str(REPO / "build" / "qkv"))
@@ -142,3 +150,99 @@ def test_a_killed_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path):
     last = max(int(c.name.split("-")[1]) for c in (out / "checkpoints").glob("step-*"))
     resumed = ok(run(2, "train", "--resume", str(out), "--steps", str(last + 2)))
     assert f"from step {last}" in resumed.stdout
+
+
+def test_resume_on_another_number_of_ranks_is_refused(tmp_path):
+    ok(run(2, *TINY, "--steps", "2", "--out", str(tmp_path / "r")))
+    for np_ in (1, 4):
+        r = run(np_, "train", "--resume", str(tmp_path / "r"), "--steps", "4")
+        assert r.returncode != 0
+        assert (f"[train] '{tmp_path / 'r'}' was trained on 2 ranks (data parallel); resuming it on {np_} is refused"
+                in r.stderr), r.stderr
+    assert sorted(c.name for c in (tmp_path / "r" / "checkpoints").iterdir()) == ["step-00000002"]
+
+
+# A tiny decoder-only model on copy, lengths 3..8: sequences src + BOS + tgt of 7..17 tokens, padded under
+# --context-parallel N to a multiple of 2N (20 for N = 2, 18 for N = 3; the default 26 learned positions hold both).
+DECODER = ["train", "--model", "decoder", "--task", "copy", "--min-len", "3", "--max-len", "8", "--train-size", "64",
+           "--test-size", "4", "--d-model", "16", "--heads", "2", "--layers", "2", "--ffn", "32", "--batch-size", "8",
+           "--log-every", "1", "--eval-every", "1000", "--eval-size", "0", "--seed", "3", "--threads", "1",
+           "--optimizer", "sgd", "--lr", "0.2"]
+# Float32 rounding only: the N ranks sum each attention row's keys in N blocks merged through their log-sum-exp, and
+# add the loss and the gradients in another order than one process. One such difference is a few float32 ulps
+# (1.2e-7 each) of the quantity, and 8 SGD steps carry it on without amplifying it by more than ~10. (SGD, not Adam:
+# Adam divides every gradient by its own RMS, so a gradient that is zero in exact arithmetic, such as the key bias's,
+# which softmax ignores, turns its rounding noise into lr-sized steps that differ between any two summation orders.)
+CP_RTOL = 1e-5
+
+
+def read_safetensors(path):
+    raw = pathlib.Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", (name, info["dtype"])
+        a, b = info["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(info["shape"])
+    return out
+
+
+def test_context_parallel_equals_one_process(tmp_path):
+    curves, weights = {}, {}
+    for np_ in (1, 2, 3):
+        extra = ["--context-parallel", str(np_)] if np_ > 1 else []
+        out = tmp_path / f"n{np_}"
+        r = ok(run(np_, *DECODER, *extra, "--steps", "8", "--checkpoint-every", "4", "--out", str(out)))
+        curves[np_] = {s: float(v) for s, v in losses(r.stdout).items()}
+        assert sorted(curves[np_]) == list(range(1, 9)), r.stdout[-2000:]
+        assert r.stdout.count("step 1/8 ") == 1, "only rank 0 logs"
+        if np_ > 1:
+            assert f"context parallel: {np_} ranks, global batch 8; parameters identical on every rank" in r.stdout
+        # rank 0 alone writes, atomically: the finished checkpoints and nothing half-written beside them
+        assert sorted(c.name for c in (out / "checkpoints").iterdir()) == ["step-00000004", "step-00000008"]
+        weights[np_] = read_safetensors(out / "checkpoints" / "step-00000008" / "model.safetensors")
+    for np_ in (2, 3):
+        worst = max(abs(curves[np_][s] - curves[1][s]) / abs(curves[1][s]) for s in curves[1])
+        assert worst <= CP_RTOL, f"N={np_}: worst relative loss difference {worst:.3g}"
+        assert weights[np_].keys() == weights[1].keys()
+        for name, w in weights[1].items():
+            d = np.linalg.norm(weights[np_][name] - w) / max(np.linalg.norm(w), 1e-30)
+            assert d <= CP_RTOL, f"N={np_}: {name} differs by {d:.3g} (normwise relative)"
+    assert curves[1][8] < curves[1][1], "the run did not learn at all"
+
+
+def test_context_parallel_resumes_exactly_on_the_same_ranks(tmp_path):
+    args = [*DECODER, "--context-parallel", "2", "--checkpoint-every", "3"]
+    full = losses(ok(run(2, *args, "--steps", "6", "--out", str(tmp_path / "full"))).stdout)
+    ok(run(2, *args, "--steps", "3", "--out", str(tmp_path / "part")))
+    resumed = ok(run(2, "train", "--resume", str(tmp_path / "part"), "--steps", "6"))
+    assert "from step 3" in resumed.stdout
+    assert losses(resumed.stdout) == {s: full[s] for s in range(4, 7)}
+    r = run(1, "train", "--resume", str(tmp_path / "part"), "--steps", "6")
+    assert r.returncode != 0
+    assert "was trained on 2 ranks (context parallel); resuming it on 1 is refused" in r.stderr, r.stderr
+
+
+def test_context_parallel_refuses_what_it_cannot_run(tmp_path):
+    cases = [
+        (4, ["--context-parallel", "2"], "[train] --context-parallel 2 needs exactly 2 ranks (mpirun -np 2), got 4: "
+                                         "context and data parallelism together are not supported"),
+        (1, ["--context-parallel", "2"], "[train] --context-parallel 2 needs exactly 2 ranks (mpirun -np 2), got 1"),
+        (2, ["--context-parallel", "2", "--max-positions", "18"],
+         "[train] --context-parallel 2 pads the longest training sequence (17 tokens) to 20 positions (2 x 2 equal "
+         "chunks), more than --max-positions 18: raise --max-positions to at least 20"),
+        (2, ["--context-parallel", "2", "--model", "transformer"],
+         "[train] --context-parallel 2 runs --model decoder only"),
+        (2, ["--context-parallel", "2", "--dropout", "0.1"], "ring attention has no dropout on the attention weights"),
+    ]
+    for i, (np_, extra, message) in enumerate(cases):
+        out = tmp_path / f"r{i}"
+        base = DECODER if "--model" not in extra else [a for a in DECODER if a not in ("--model", "decoder")]
+        r = run(np_, *base, *extra, "--steps", "2", "--out", str(out))
+        assert r.returncode != 0, (extra, r.stdout[-1000:])
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("qkv: error:")]
+        assert lines and message in lines[0], (extra, r.stderr[-2000:])
+        assert not (out / "config.json").exists()

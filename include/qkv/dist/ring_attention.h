@@ -15,6 +15,7 @@
 #include "qkv/core/attention_types.h"
 #include "qkv/core/tensor.h"
 #include "qkv/dist/comm.h"
+#include "qkv/ops/autograd.h"
 
 namespace qkv::dist {
 
@@ -40,5 +41,11 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
 AttentionGrads ring_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                        const Tensor& lse, const Tensor& d_out, Communicator& comm,
                                        const AttentionOptions& options = {});
+
+// The differentiable form: one node on the tape of q, k, v (a constant when none needs a gradient) whose backward
+// is ring_attention_backward. Both directions are collective: every rank must record the same graph, so that the
+// tape runs the rings of its backward in the same order on every rank.
+ad::Var ring_attention(const ad::Var& q, const ad::Var& k, const ad::Var& v, Communicator& comm,
+                       const AttentionOptions& options = {});
 
 }  // namespace qkv::dist

@@ -107,8 +107,10 @@ class DecoderOnlyTransformer : public nn::Module {
   DecoderOnlyTransformer(const DecoderOnlyConfig& config, Rng& rng);
 
   // ids: (B, T) with T <= max_len  ->  logits (B, T, V). key_padding_mask: optional (B, T), nonzero = padding.
-  // Records its backward when `c` trains.
-  ad::Var forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask = {}) const;
+  // positions: optional, T global positions (each < max_len) of the ids' columns, as under context parallelism
+  // (c.sequence_shard(): ids hold this process's positions); default 0 .. T-1. Records its backward when `c` trains.
+  ad::Var forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask = {},
+                  const std::vector<int64_t>* positions = nullptr) const;
   // Inference (in training() mode dropout draws from emb_dropout's Rng).
   Tensor forward(const Ids& ids, const Tensor& key_padding_mask = {}) {
     return forward(nn::Context(&emb_dropout.rng()), ids, key_padding_mask).value;

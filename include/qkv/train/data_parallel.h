@@ -5,12 +5,17 @@
 // The global batch's loss is the mean over all its loss terms (the tokens that are not padding): a rank's shard
 // has `weight` of them, so the global loss is sum(w_r·loss_r) / sum(w_r) and the global gradient
 // sum((w_r / W)·g_r). With equal weights that is the mean of the ranks' gradients.
+//
+// Context parallelism (ContextParallel below) runs on the same machinery: the ranks split every sequence instead
+// of the batch, and since a rank's backward reaches the other ranks' positions through ring attention, each rank's
+// loss is its share of the one global mean (the sum of its loss terms / the global count): set_loss_shares(true).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "qkv/dist/comm.h"
+#include "qkv/nn/context.h"
 #include "qkv/ops/autograd.h"
 #include "qkv/train/optim.h"
 
@@ -29,6 +34,9 @@ class DataParallel {
 
   // This rank's number of loss terms in the current batch shard (1 when never set: equal weights).
   void set_local_weight(double weight) { weight_ = weight; }
+  // Each rank's loss is already its share of the global loss (context parallelism): global_loss() sums the ranks'
+  // losses and reduce_gradients() sums the gradients unscaled. Off by default (data parallelism).
+  void set_loss_shares(bool on) { shares_ = on; }
 
   // Collective: the global batch's loss from this rank's `local_loss` (non-finite when any rank's is).
   double global_loss(double local_loss);
@@ -46,7 +54,27 @@ class DataParallel {
   ad::ParameterSet* params_;
   int64_t bucket_floats_;
   double weight_ = 1.0, total_weight_ = 1.0;
+  bool shares_ = false;
   std::vector<float> bucket_;
+};
+
+// Context parallelism over every rank of `comm`: each rank holds, of every sequence, the positions of the zigzag
+// layout of dist::ring_shard (T right-padded to a multiple of 2N, rank r holding chunks r and 2N-1-r), and every
+// attention is causal ring attention (dist::ring_attention). Set on the training Context
+// (nn::Context::set_sequence_shard) of a model forward that supports it (train::TextModel's decoder-only kind).
+class ContextParallel : public nn::SequenceShard {
+ public:
+  explicit ContextParallel(dist::Communicator& comm) : comm_(&comm) {}
+  int64_t padded_length(int64_t t) const override;
+  std::vector<int64_t> positions(int64_t t) const override;
+  // Causal attention only (the layout is causal's zigzag); a per-key mask travels with its keys.
+  ad::Var attention(const ad::Var& q, const ad::Var& k, const ad::Var& v,
+                    const AttentionOptions& options) const override;
+  // Collective: the sum of `local` over the ranks (a loss-term count).
+  double global_sum(double local) const;
+
+ private:
+  dist::Communicator* comm_;
 };
 
 }  // namespace qkv::train
