@@ -14,6 +14,7 @@
 #include "qkv/models/transformer.h"
 #include "qkv/train/loss.h"
 #include "qkv/train/optim.h"
+#include "qkv/train/data_parallel.h"
 #include "qkv/train/text_model.h"
 
 namespace qkv {
@@ -210,6 +211,20 @@ TEST(TextModel, RnnSeq2SeqReadsReversedSourcesWithEos) {
   EXPECT_EQ(greedy_tokens(*tm->decoder({kExA.src, kExB.src})), greedy_tokens(ref_step));
 }
 
+// A decoder-only TextModel of width 8 over ids < 10.
+train::TextModelConfig tiny_decoder(int64_t layers) {
+  train::TextModelConfig dc;
+  dc.kind = train::TextModelKind::kDecoderOnly;
+  dc.decoder_only.vocab = 10;
+  dc.decoder_only.max_len = 16;
+  dc.decoder_only.num_layers = layers;
+  dc.decoder_only.layer.d_model = 8;
+  dc.decoder_only.layer.nhead = 2;
+  dc.decoder_only.layer.dim_feedforward = 12;
+  dc.decoder_only.layer.dropout = 0.0f;
+  return dc;
+}
+
 TEST(TextModel, TransformerKindsForwardToTheirModels) {
   nn::TransformerLayerConfig layer;
   layer.d_model = 8;
@@ -238,15 +253,7 @@ TEST(TextModel, TransformerKindsForwardToTheirModels) {
   decode::TransformerCachedStep ref_step(ref, b.src.ids, data::Vocabulary::kPad);
   EXPECT_EQ(greedy_tokens(*tm->decoder({kExA.src, kExB.src})), greedy_tokens(ref_step));
 
-  train::TextModelConfig dc;
-  dc.kind = train::TextModelKind::kDecoderOnly;
-  dc.decoder_only.vocab = 10;
-  dc.decoder_only.max_len = 16;
-  dc.decoder_only.num_layers = 1;
-  dc.decoder_only.layer.d_model = 8;
-  dc.decoder_only.layer.nhead = 2;
-  dc.decoder_only.layer.dim_feedforward = 12;
-  dc.decoder_only.layer.dropout = 0.0f;
+  train::TextModelConfig dc = tiny_decoder(1);
   Rng r3(10), r4(10);
   const std::unique_ptr<train::TextModel> lm = train::make_text_model(dc, r3);
   models::DecoderOnlyTransformer ref_lm(dc.decoder_only, r4);
@@ -257,6 +264,52 @@ TEST(TextModel, TransformerKindsForwardToTheirModels) {
   dc.reverse_source = true;
   Rng r5(11);
   EXPECT_TRUE(ThrowsArg([&] { train::make_text_model(dc, r5); }, "[TextModel]"));
+}
+
+// Context parallelism in a group of one (what every rank's forward does, with the ring reduced to one block): the
+// batch is right-padded to the shard's even length and the model runs on global positions through the ring; the
+// real positions' logits, the loss and every gradient equal the plain forward's, and the padding's targets are PAD.
+TEST(TextModel, DecoderOnlyUnderASequenceShardEqualsThePlainForward) {
+  const train::TextModelConfig dc = tiny_decoder(2);
+  Rng rng(12);
+  const std::unique_ptr<train::TextModel> lm = train::make_text_model(dc, rng);
+  const train::ContextParallel cp(dist::Communicator::world());
+  ASSERT_EQ(dist::Communicator::world().size(), 1);
+  const data::Example ea{{3, 4, 5}, {4, 3, 5}}, eb{{4, 3}, {5, 4}};  // 7 and 5 tokens: odd, so the shard pads
+  const data::LmBatch lb = data::make_lm_batch({&ea, &eb});
+  const int64_t B = lb.input.ids.shape[0], T = lb.input.ids.shape[1], P = cp.padded_length(T);
+  ASSERT_EQ(T, 7);
+  ASSERT_EQ(P, 8);
+  ParameterSet params(lm->module());
+  std::vector<Tensor> grads[2];
+  double loss[2];
+  for (int sharded = 0; sharded < 2; ++sharded) {
+    params.zero_grad();
+    Tape tape;
+    nn::Context c(tape, params);
+    if (sharded == 1) c.set_sequence_shard(&cp);
+    const train::TeacherForced tf = lm->teacher_forced(c, {&ea, &eb});
+    const int64_t L = sharded == 1 ? P : T;
+    ASSERT_EQ(tf.logits.shape(), (Shape{B, L, 10}));
+    ASSERT_EQ(static_cast<int64_t>(tf.targets.size()), B * L);
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t j = 0; j < L; ++j)
+        EXPECT_EQ(tf.targets[static_cast<size_t>(r * L + j)],
+                  j < T ? lb.targets[static_cast<size_t>(r * T + j)] : data::Vocabulary::kPad);
+    EXPECT_EQ(tf.num_target_tokens, lb.num_target_tokens);
+    train::CrossEntropyOptions ce;
+    ce.ignore_index = data::Vocabulary::kPad;
+    const Var l = train::cross_entropy(tf.logits, tf.targets, ce);
+    loss[sharded] = l.value.item();
+    tape.backward(l);
+    for (size_t i = 0; i < params.size(); ++i) grads[sharded].push_back(params[i].grad.clone());
+    if (sharded == 1) {  // the real positions' logits
+      const Tensor real = tf.logits.value.slice(1, 0, T).contiguous();
+      EXPECT_TRUE(AllClose(real, lm->teacher_forced(nn::Context(), {&ea, &eb}).logits.value, kSameOps));
+    }
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-6 * std::fabs(loss[0]));
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(AllClose(grads[1][i], grads[0][i], kSameOps)) << i;
 }
 
 }  // namespace
