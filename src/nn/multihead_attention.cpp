@@ -305,10 +305,11 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   // --- attention (B, H, Tq, D) -------------------------------------------------------------------------------
   const bool drop = training() && dropout_ > 0.0f;
   const SequenceShard* shard = c.sequence_shard();
-  QKV_CHECK_ARG(shard == nullptr || (!drop && !o.need_weights && !cache && !attn_bias.defined()),
+  QKV_CHECK_ARG(shard == nullptr || (!drop && !o.need_weights && !cache && !attn_bias.defined() && !o.rotary &&
+                                     !o.rel_k.defined()),
                 "[MultiheadAttention] with the sequence split across processes (context parallelism), query ",
                 str(query.shape()), ": attention runs around the ring, which has no weight dropout, weights, KV "
-                "cache or trained bias");
+                "cache, trained bias, rotary or relative positions");
   MhaResult result;
   Tensor weights;  // (B, H, Tq, Tk) when asked for
   ad::Var attn;
