@@ -174,6 +174,9 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   const bool kv_same = !fixed && same_var(key, value);
   if (!o.cu_seqlens.empty()) {
     QKV_CHECK_ARG(!attn_bias.defined(), "[MultiheadAttention] packed input (cu_seqlens) takes no trained attn_bias");
+    QKV_CHECK_ARG(c.sequence_shard() == nullptr, "[MultiheadAttention] packed input (cu_seqlens), query ",
+                  str(query.shape()), ": its attention is local, so it does not run with the sequence split across "
+                  "processes (context parallelism)");
     return forward_packed(c, query, key, value, o, self);
   }
   const bool unbatched = query.dim() == 2;
