@@ -1,5 +1,5 @@
 // `qkv generate --model DIR --prompt-ids 5,17,42 [--max-new-tokens 64] [--temperature T --top-k K --top-p P
-// --seed S] [--beam N] [--eos ID]`: continues a prompt with a Llama / Mistral / Gemma 2 folder written by
+// --seed S] [--beam N] [--eos ID] [--page-size N]`: continues a prompt with a Llama / Mistral / Gemma 2 folder written by
 // transformers' save_pretrained and prints the new token ids on one line, comma-separated. Greedy by default.
 #include <cstdio>
 #include <memory>
@@ -42,7 +42,7 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 
 struct GenerateArgs {
   std::string model, prompt;
-  int64_t max_new_tokens = 64, beam = 0, eos = -1;
+  int64_t max_new_tokens = 64, beam = 0, eos = -1, page_size = 0;
   decode::SamplingOptions sampling;
 };
 
@@ -54,7 +54,7 @@ void run_generate(const GenerateArgs& a) {
     QKV_CHECK_ARG(a.sampling.temperature == 0.0f, "[generate] --beam searches; it does not sample (--temperature)");
     const int64_t eos = a.eos >= 0 ? a.eos : model->config().eos_token_id;
     QKV_CHECK_ARG(eos >= 0, "[generate] --beam needs an end token: the config has no eos_token_id; pass --eos");
-    decode::CausalLmStep step(*model, {prompt});
+    decode::CausalLmStep step(*model, {prompt}, a.page_size);
     decode::SearchOptions o;
     o.max_len = a.max_new_tokens;
     o.bos = prompt.back();
@@ -63,7 +63,7 @@ void run_generate(const GenerateArgs& a) {
     b.beam_size = a.beam;
     if (a.max_new_tokens > 0) out = decode::beam_search(step, o, b).at(0).at(0).tokens;
   } else {
-    out = decode::generate(*model, prompt, a.max_new_tokens, a.sampling, a.eos);
+    out = decode::generate(*model, prompt, a.max_new_tokens, a.sampling, a.eos, a.page_size);
   }
   std::string line;
   for (size_t i = 0; i < out.size(); ++i) line += (i ? "," : "") + std::to_string(out[i]);
@@ -95,6 +95,10 @@ void add_generate(CLI::App& app) {
       ->check(at_least(0));
   cmd->add_option("--eos", a->eos, "Stop after this token (-1: never; --beam defaults to the config's)")
       ->capture_default_str();
+  cmd->add_option("--page-size", a->page_size,
+                  "KV cache in pages of this many positions, read in place by the attention (0: contiguous)")
+      ->capture_default_str()
+      ->check(at_least(0));
   cmd->callback([a]() { run_generate(*a); });
 }
 

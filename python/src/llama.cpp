@@ -69,7 +69,7 @@ void bind_llama(py::module_& m) {
       .def(
           "generate",
           [](const LlamaForCausalLM& model, const py::object& ids_obj, int64_t max_new_tokens, float temperature,
-             int64_t top_k, float top_p, uint64_t seed, std::optional<int64_t> eos_token_id) {
+             int64_t top_k, float top_p, uint64_t seed, std::optional<int64_t> eos_token_id, int64_t page_size) {
             bool one_d = false;
             const Ids ids = to_ids(ids_obj, "CausalLM.generate", one_d);
             if (!one_d && ids.shape[0] != 1)
@@ -82,7 +82,7 @@ void bind_llama(py::module_& m) {
             std::vector<int64_t> out;
             {
               py::gil_scoped_release nogil;
-              out = decode::generate(model, ids.data, max_new_tokens, o, eos_token_id.value_or(-1));
+              out = decode::generate(model, ids.data, max_new_tokens, o, eos_token_id.value_or(-1), page_size);
             }
             py::array_t<int64_t> r(static_cast<py::ssize_t>(out.size()));
             std::copy(out.begin(), out.end(), r.mutable_data());
@@ -90,9 +90,11 @@ void bind_llama(py::module_& m) {
           },
           py::arg("ids"), py::arg("max_new_tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0,
           py::arg("top_p") = 1.0f, py::arg("seed") = 0, py::arg("eos_token_id") = py::none(),
+          py::arg("page_size") = 0,
           "ids: one prompt, int (T) -> int64 (N) new tokens, N <= max_new_tokens, through the KV cache. Greedy "
           "when temperature is 0, else sampled (top_k, top_p, seeded: the same seed gives the same tokens). Stops "
-          "after eos_token_id when given.")
+          "after eos_token_id when given. page_size > 0: a paged KV cache of that many positions a page, read in "
+          "place by the attention.")
       .def_property_readonly("vocab_size", [](const LlamaForCausalLM& m) { return m.config().vocab_size; })
       .def_property_readonly("num_layers", [](const LlamaForCausalLM& m) { return m.config().num_hidden_layers; })
       .def_property_readonly("model_type", [](const LlamaForCausalLM& m) { return m.config().model_type; });

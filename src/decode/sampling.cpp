@@ -59,8 +59,10 @@ int64_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 
 // --- CausalLmStep ----------------------------------------------------------------------------------------------
 
-CausalLmStep::CausalLmStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts)
-    : model_(&model), prompts_(std::move(prompts)) {
+CausalLmStep::CausalLmStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts,
+                           int64_t page_size)
+    : model_(&model), prompts_(std::move(prompts)), page_size_(page_size) {
+  QKV_CHECK_ARG(page_size >= 0, "[CausalLmStep] page_size must be >= 0, got ", page_size);
   QKV_CHECK_ARG(!prompts_.empty(), "[CausalLmStep] no prompts");
   const size_t p = prompts_[0].size();
   QKV_CHECK_ARG(p >= 1, "[CausalLmStep] prompts must hold at least one token");
@@ -73,7 +75,7 @@ int64_t CausalLmStep::vocab_size() const { return model_->config().vocab_size; }
 void CausalLmStep::start() {
   const auto s = static_cast<int64_t>(prompts_.size());
   const auto p = static_cast<int64_t>(prompts_[0].size());
-  caches_ = model_->new_caches(s, p + 16);
+  caches_ = model_->new_caches(s, p + 16, page_size_);
   rows_ = s;
   if (p == 1) return;
   Ids ids{{}, {s, p - 1}};
@@ -128,8 +130,10 @@ Tensor CausalLmRecomputeStep::step(const std::vector<int64_t>& rows, const std::
 }
 
 std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
-                              int64_t max_new_tokens, const SamplingOptions& options, int64_t eos) {
+                              int64_t max_new_tokens, const SamplingOptions& options, int64_t eos,
+                              int64_t page_size) {
   check_sampling(options);
+  QKV_CHECK_ARG(page_size >= 0, "[generate] page_size must be >= 0, got ", page_size);
   QKV_CHECK_ARG(!prompt.empty(), "[generate] the prompt must hold at least one token");
   QKV_CHECK_ARG(max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ", max_new_tokens);
   const int64_t v = model.config().vocab_size;
@@ -139,7 +143,8 @@ std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::
   std::vector<int64_t> out;
   if (max_new_tokens == 0) return out;
   Rng rng(options.seed);
-  std::vector<nn::KvCache> caches = model.new_caches(1, static_cast<int64_t>(prompt.size()) + max_new_tokens);
+  std::vector<nn::KvCache> caches =
+      model.new_caches(1, static_cast<int64_t>(prompt.size()) + max_new_tokens, page_size);
   Tensor logits = model.forward(nn::Context(), Ids{prompt, {1, static_cast<int64_t>(prompt.size())}}, &caches).value;
   for (;;) {
     const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)

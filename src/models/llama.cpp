@@ -5,11 +5,13 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "model_files.h"
 #include "qkv/core/error.h"
 #include "qkv/core/safetensors.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/attention_varlen.h"
 #include "qkv/ops/functional.h"
 #include "qkv/nn/serialize.h"
 
@@ -72,22 +74,21 @@ float read_rope_theta(const files::JsonObject& o) {
   return static_cast<float>(o.number_or("rope_theta", 10000.0));
 }
 
-// Causal (bottom-right) attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D) through ad::attention's options:
-// grouped-query heads (query head h reads kv head h / (Hq / Hkv); K/V never copied), HF's sliding window W
-// (window_size (W - 1, 0)) and logit soft-capping, so the fused kernels skip key tiles outside the window.
-ad::Var attend(const ad::Var& q, const ad::Var& k, const ad::Var& v, float scale, int64_t window, float softcap,
-               Precision precision) {
+// The options of the attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D): causal bottom-right (the new
+// positions follow the cached ones), HF's sliding window W as window_size (W - 1, 0) and logit soft-capping, so
+// the fused kernels skip key tiles outside the window; the caller sets enable_gqa (query head h reads kv head
+// h / (Hq / Hkv); K/V never copied).
+AttentionOptions attention_options(float scale, int64_t window, float softcap, Precision precision) {
   AttentionOptions o;
   o.precision = precision;
   o.scale = scale;
   o.causal = Causal::kBottomRight;
-  o.enable_gqa = q.size(1) != k.size(1);
   if (window > 0) {
     o.window_left = window - 1;
     o.window_right = 0;
   }
   o.softcap = softcap;
-  return ad::attention(q, k, v, o);
+  return o;
 }
 
 }  // namespace
@@ -211,18 +212,28 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   q = ad::rope(q, offset, k.rope_theta, RopeVariant::kHalfSplit);
   kk = ad::rope(kk, offset, k.rope_theta, RopeVariant::kHalfSplit);
+  const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
+  AttentionOptions o =
+      attention_options(scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping, attention_precision());
   if (cache) {
     QKV_CHECK_ARG(!c.tape(), "[llama] a KV cache is for inference only");
     QKV_CHECK_ARG(cache->ready() && cache->rows() == b && cache->length() == offset, "[llama] the KV cache holds ",
                   cache->rows(), " rows of length ", cache->length(), "; the input is ", str(x.shape()),
                   " at position ", offset);
     cache->append(kk.value, v.value);
+    if (cache->paged()) {  // the pages read in place; q (B, Hq, T, D) as (B, T, Hq, D), out (B, T, Hq, D)
+      Tensor kp = cache->key_pages(), vp = cache->value_pages();
+      const std::vector<int32_t> lens(static_cast<size_t>(b), static_cast<int32_t>(cache->length()));
+      const Tensor out = attention_with_kvcache(q.value.transpose(1, 2), kp, vp, Tensor(), Tensor(), lens,
+                                                cache->block_table(), cache->max_pages(), o)
+                             .out;
+      return o_proj.forward(c, ad::Var(out.reshape({b, t, k.num_attention_heads * d})));
+    }
     kk = ad::Var(cache->keys());
     v = ad::Var(cache->values());
   }
-  const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
-  const ad::Var out = attend(q, kk, v, scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping,
-                             attention_precision());
+  o.enable_gqa = q.size(1) != kk.size(1);
+  const ad::Var out = ad::attention(q, kk, v, o);
   // (B, Hq, T, D) -> (B, T, Hq·D)
   return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 2, 1, 3}), {b, t, k.num_attention_heads * d}));
 }
@@ -324,9 +335,9 @@ ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vec
   return logits;
 }
 
-std::vector<nn::KvCache> LlamaForCausalLM::new_caches(int64_t rows, int64_t capacity) const {
+std::vector<nn::KvCache> LlamaForCausalLM::new_caches(int64_t rows, int64_t capacity, int64_t page_size) const {
   std::vector<nn::KvCache> caches(model.layers.size());
-  for (nn::KvCache& k : caches) k.reset(rows, config_.num_key_value_heads, config_.head_dim, capacity);
+  for (nn::KvCache& k : caches) k.reset(rows, config_.num_key_value_heads, config_.head_dim, capacity, page_size);
   return caches;
 }
 

@@ -228,6 +228,52 @@ TEST(KvCache, AppendGrowsAndReorderForksRows) {
   EXPECT_EQ(c.values().select(0, 2).to_vector(), (std::vector<float>{5, 6, 0, 0, 0, 0}));
 }
 
+// Paged storage holds what the contiguous one does through appends that cross pages, a reorder that forks and
+// drops rows, and the growth of the table and the pool; every table entry names a pool page, rows' pages
+// interleave in the pool, and each position sits in the page and slot the table gives it.
+TEST(KvCache, PagedHoldsWhatContiguousHolds) {
+  for (int64_t page : {1, 2, 3, 8}) {
+    SCOPED_TRACE("page " + std::to_string(page));
+    KvCache flat, paged;
+    flat.reset(2, 2, 3, 2);
+    paged.reset(2, 2, 3, 2, page);
+    ASSERT_TRUE(paged.paged());
+    ASSERT_FALSE(flat.paged());
+    uint64_t seed = 40;
+    auto append = [&](int64_t rows, int64_t tn) {
+      const Tensor k = qkv::testing::randn({rows, 2, tn, 3}, ++seed), v = qkv::testing::randn({rows, 2, tn, 3}, ++seed);
+      flat.append(k, v);
+      paged.append(k.transpose(2, 3).contiguous().transpose(2, 3), v);  // any strides
+    };
+    auto same = [&] {
+      EXPECT_EQ(paged.length(), flat.length());
+      EXPECT_EQ(paged.keys().to_vector(), flat.keys().contiguous().to_vector());
+      EXPECT_EQ(paged.values().to_vector(), flat.values().contiguous().to_vector());
+      const Tensor pool = paged.key_pages();
+      ASSERT_EQ(static_cast<int64_t>(paged.block_table().size()), paged.rows() * paged.max_pages());
+      for (int32_t e : paged.block_table()) EXPECT_TRUE(e >= 0 && e < pool.size(0)) << e;
+      const int64_t r = paged.rows() - 1, pos = paged.length() - 1;  // the last position of the last row
+      const int32_t blk = paged.block_table()[static_cast<size_t>(r * paged.max_pages() + pos / page)];
+      EXPECT_EQ(pool.select(0, blk).select(0, pos % page).to_vector(),
+                flat.keys().select(0, r).select(1, pos).contiguous().to_vector());
+    };
+    append(2, 5);
+    same();
+    append(2, 1);
+    same();
+    if (page == 1) EXPECT_NE(paged.block_table()[1], paged.block_table()[0] + 1);  // rows take turns
+    flat.reorder({1, 1, 0});
+    paged.reorder({1, 1, 0});
+    same();
+    append(3, 7);
+    same();
+    flat.reorder({2});
+    paged.reorder({2});
+    append(1, 1);
+    same();
+  }
+}
+
 TEST(KvCache, BadShapesAndRowsAreNamed) {
   KvCache c;
   EXPECT_TRUE(ThrowsArg([&] { c.append(Tensor::zeros({1, 1, 1, 1}), Tensor::zeros({1, 1, 1, 1})); },
@@ -237,6 +283,7 @@ TEST(KvCache, BadShapesAndRowsAreNamed) {
                         "[KvCache] append k (2, 2, 1, 3)"));
   EXPECT_TRUE(ThrowsArg([&] { c.reorder({0, 2}); }, "[KvCache] reorder row 2"));
   EXPECT_TRUE(ThrowsArg([&] { c.reset(1, 0, 4); }, "[KvCache] reset"));
+  EXPECT_TRUE(ThrowsArg([&] { c.reset(1, 2, 4, 16, -1); }, "[KvCache] reset(rows 1, heads 2, head_dim 4, capacity 16, page_size -1)"));
   EXPECT_TRUE(ThrowsArg([] { gather_rows(Tensor::zeros({2, 3}), {2}); }, "[gather_rows] row 2"));
 }
 
@@ -443,22 +490,28 @@ models::LlamaConfig tiny_llama(bool gemma) {
   return c;
 }
 
+// Contiguous caches (page 0) and paged ones (pages of 1 and 3 positions, read in place by attention_with_kvcache),
+// two rows: the prompt at once, then one token a step, equal the full forward.
 TEST(LlamaDecoding, CachedStepsEqualTheFullForward) {
-  for (bool gemma : {false, true}) {
-    Rng rng(5);
-    const models::LlamaConfig c = tiny_llama(gemma);
-    const models::LlamaForCausalLM model(c, rng);
-    const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9}, {1, 9}};
-    const Tensor full = model.logits(ids);  // (1, 9, V)
-    std::vector<nn::KvCache> caches = model.new_caches(1, 2);  // grows while decoding
-    const Tensor first = model.forward(nn::Context(), Ids{{3, 7, 1, 19}, {1, 4}}, &caches).value;
-    EXPECT_TRUE(AllClose(first, full.slice(1, 0, 4), qkv::testing::Tol{1e-5, 1e-5})) << "gemma " << gemma;
-    for (int64_t t = 4; t < 9; ++t) {
-      const Tensor step = model.forward(nn::Context(), Ids{{ids.data[t]}, {1, 1}}, &caches).value;
-      EXPECT_TRUE(AllClose(step, full.slice(1, t, t + 1), qkv::testing::Tol{1e-5, 1e-5})) << "gemma " << gemma << " t " << t;
+  for (bool gemma : {false, true})
+    for (int64_t page : {0, 1, 3}) {
+      Rng rng(5);
+      const models::LlamaConfig c = tiny_llama(gemma);
+      const models::LlamaForCausalLM model(c, rng);
+      const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9, 5, 2, 8, 0, 13, 6, 1, 22, 3}, {2, 9}};
+      const Tensor full = model.logits(ids);  // (2, 9, V)
+      std::vector<nn::KvCache> caches = model.new_caches(2, 2, page);  // grows while decoding
+      const Tensor first = model.forward(nn::Context(), Ids{{3, 7, 1, 19, 5, 2, 8, 0}, {2, 4}}, &caches).value;
+      EXPECT_TRUE(AllClose(first, full.slice(1, 0, 4), qkv::testing::Tol{1e-5, 1e-5})) << "gemma " << gemma << " page " << page;
+      for (int64_t t = 4; t < 9; ++t) {
+        const Ids next{{ids.data[t], ids.data[9 + t]}, {2, 1}};
+        const Tensor step = model.forward(nn::Context(), next, &caches).value;
+        EXPECT_TRUE(AllClose(step, full.slice(1, t, t + 1), qkv::testing::Tol{1e-5, 1e-5}))
+            << "gemma " << gemma << " page " << page << " t " << t;
+      }
+      EXPECT_EQ(caches[0].length(), 9);
+      EXPECT_EQ(caches[0].paged(), page > 0);
     }
-    EXPECT_EQ(caches[0].length(), 9);
-  }
 }
 
 TEST(LlamaDecoding, TapeGradientMatchesADirectionalDifference) {
@@ -537,6 +590,15 @@ TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
   so.eos = 0;
   EXPECT_EQ(greedy_search(step, so).at(0).tokens, g);
   EXPECT_THROW(generate(model, {3, 23}, 4), std::invalid_argument);
+  // Paged caches give the same tokens, sampled and under beam search (whose reorders fork the pages).
+  EXPECT_EQ(generate(model, {3, 5}, 12, o, -1, 4), generate(model, {3, 5}, 12, o));
+  CausalLmStep paged(model, {{3, 5, 8}}, 2);
+  BeamOptions b;
+  b.beam_size = 3;
+  const auto flat_beams = beam_search(step, so, b).at(0), paged_beams = beam_search(paged, so, b).at(0);
+  ASSERT_EQ(paged_beams.size(), flat_beams.size());
+  for (size_t i = 0; i < flat_beams.size(); ++i) EXPECT_EQ(paged_beams[i].tokens, flat_beams[i].tokens) << i;
+  EXPECT_TRUE(ThrowsArg([&] { generate(model, {3, 5}, 4, {}, -1, -2); }, "[generate] page_size must be >= 0"));
 }
 
 }  // namespace

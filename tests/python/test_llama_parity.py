@@ -70,6 +70,8 @@ def test_greedy_tokens_through_the_kv_cache_match_transformers(pair):
             want.append(int(out.logits[0, -1].argmax()))
             step = torch.tensor([[want[-1]]])
     assert model.generate(PROMPT, 64).tolist() == want, kind
+    for page in (1, 5, 16):  # a paged KV cache, read in place through its block table
+        assert model.generate(PROMPT, 64, page_size=page).tolist() == want, (kind, page)
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(pair):
@@ -157,6 +159,10 @@ def test_cli_generate_prints_the_modules_tokens(pair):
     assert r.returncode == 0, r.stderr
     beam = ids_of(r.stdout)
     assert 1 <= len(beam) <= 8 and all(0 <= t < 97 for t in beam)
+    for extra in (["--max-new-tokens", "64"], ["--max-new-tokens", "8", "--beam", "3", "--eos", "0"]):
+        r = cli("--model", folder, "--prompt-ids", "5,17,42", "--page-size", "4", *extra)  # paged KV cache
+        assert r.returncode == 0, r.stderr
+        assert ids_of(r.stdout) == (beam if "--beam" in extra else model.generate(PROMPT, 64).tolist())
 
 
 def test_cli_generate_errors_are_one_line(pair, tmp_path):
@@ -165,6 +171,7 @@ def test_cli_generate_errors_are_one_line(pair, tmp_path):
         (["--model", folder, "--prompt-ids", "5,x"], "'x' is not a token id"),
         (["--model", folder, "--prompt-ids", "5,97"], "outside [0, vocab_size = 97)"),
         (["--model", folder, "--prompt-ids", "5", "--temperature", "-1"], "temperature"),
+        (["--model", folder, "--prompt-ids", "5", "--page-size", "-1"], "--page-size"),
         (["--model", str(tmp_path / "absent"), "--prompt-ids", "5"], "does not exist"),
     ]:
         r = cli(*args)

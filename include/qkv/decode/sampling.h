@@ -29,10 +29,12 @@ int64_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 
 // A models::LlamaForCausalLM continuing S prompts of one length P >= 1 with one KV cache per layer: start()
 // feeds prompt[0 .. P-2] at once, and the search's first token (SearchOptions::bos) must be the prompts' last
-// token (so greedy_search and beam_search continue them). The model must outlive this object.
+// token (so greedy_search and beam_search continue them). page_size > 0: paged caches (new_caches). The model must
+// outlive this object.
 class CausalLmStep : public StepModel {
  public:
-  CausalLmStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts);
+  CausalLmStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts,
+               int64_t page_size = 0);
   int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
   int64_t vocab_size() const override;
   void start() override;
@@ -43,6 +45,7 @@ class CausalLmStep : public StepModel {
   std::vector<std::vector<int64_t>> prompts_;
   std::vector<nn::KvCache> caches_;
   int64_t rows_ = 0;
+  int64_t page_size_ = 0;
 };
 
 // The same model over prompts of any lengths (empty allowed), recomputing prompt + prefix each step, one row at a
@@ -64,8 +67,9 @@ class CausalLmRecomputeStep : public StepModel {
 
 // The prompt (P >= 1 ids in [0, V)) continued by max_new_tokens >= 0 tokens, greedy or sampled as options says,
 // through the KV caches (the prompt runs at once, then one token per step). Stops early after eos when eos >= 0.
-// -> the new tokens only.
+// page_size > 0: paged caches of that many positions a page (new_caches). -> the new tokens only.
 std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
-                              int64_t max_new_tokens, const SamplingOptions& options = {}, int64_t eos = -1);
+                              int64_t max_new_tokens, const SamplingOptions& options = {}, int64_t eos = -1,
+                              int64_t page_size = 0);
 
 }  // namespace qkv::decode

@@ -140,8 +140,9 @@ class LlamaForCausalLM : public nn::Module {
   // Records its backward when `c` trains (caches are for inference only).
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr) const;
   Tensor logits(const Ids& ids) const { return forward(nn::Context(), ids).value; }
-  // One empty cache per layer for `rows` sequences.
-  std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16) const;
+  // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
+  // attention reads in place through attention_with_kvcache's block table.
+  std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0) const;
 
   // A folder that transformers' save_pretrained wrote: config.json + model.safetensors. Throws std::runtime_error
   // with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /
