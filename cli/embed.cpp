@@ -31,8 +31,9 @@ std::vector<std::string> stdin_lines() {
   return lines;
 }
 
-int run_embed(const std::string& model, std::vector<std::string> texts, bool json, int64_t batch_size) {
-  const models::SentenceEncoder enc(model);  // first, so that a broken folder fails before stdin is read
+int run_embed(const std::string& model, std::vector<std::string> texts, bool json, int64_t batch_size,
+              const std::string& precision) {
+  const models::SentenceEncoder enc(model, parse_precision(precision));  // first, so that a broken folder fails before stdin is read
   if (texts.empty()) texts = stdin_lines();
   const Tensor e = enc.encode(texts, batch_size);
   const int64_t n = e.size(0), d = e.size(1);
@@ -61,13 +62,15 @@ void add_embed(CLI::App& app) {
   auto texts = std::make_shared<std::vector<std::string>>();
   auto json = std::make_shared<bool>(false);
   auto batch = std::make_shared<int64_t>(32);
+  auto precision = std::make_shared<std::string>();
   cmd->add_option("--model", *model, "sentence-transformers folder (config.json, vocab.txt, model.safetensors)")
       ->required();
   cmd->add_flag("--json", *json, "Print a JSON array of {\"text\", \"embedding\"} instead of one line per text");
   cmd->add_option("--batch-size", *batch, "Texts per forward pass")->capture_default_str()->check(at_least(1));
   cmd->add_option("texts", *texts, "Texts to embed; without any, each line of stdin is one text");
+  add_precision_option(cmd, *precision);
   cmd->callback([=]() {
-    run_embed(*model, *texts, *json, *batch);
+    run_embed(*model, *texts, *json, *batch, *precision);
   });
 }
 

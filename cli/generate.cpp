@@ -41,14 +41,16 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 struct GenerateArgs {
-  std::string model, prompt;
+  std::string model, prompt, precision;
   int64_t max_new_tokens = 64, beam = 0, eos = -1, page_size = 0;
   decode::SamplingOptions sampling;
 };
 
 void run_generate(const GenerateArgs& a) {
+  const Precision precision = parse_precision(a.precision);
   const std::vector<int64_t> prompt = parse_ids(a.prompt);
   const std::unique_ptr<models::LlamaForCausalLM> model = models::LlamaForCausalLM::from_pretrained(a.model);
+  model->set_precision(precision);
   std::vector<int64_t> out;
   if (a.beam > 0) {
     QKV_CHECK_ARG(a.sampling.temperature == 0.0f, "[generate] --beam searches; it does not sample (--temperature)");
@@ -99,6 +101,7 @@ void add_generate(CLI::App& app) {
                   "KV cache in pages of this many positions, read in place by the attention (0: contiguous)")
       ->capture_default_str()
       ->check(at_least(0));
+  add_precision_option(cmd, a->precision);
   cmd->callback([a]() { run_generate(*a); });
 }
 

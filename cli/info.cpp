@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "qkv/dist/comm.h"
 #include "qkv/kernels/attention_flash.h"
+#include "qkv/kernels/lowp.h"
 
 #ifndef QKV_VERSION
 #define QKV_VERSION "unknown"
@@ -18,6 +19,8 @@ void add_info(CLI::App& app) {
   cmd->callback([]() {
     std::printf("qkv %s\n", QKV_VERSION);
     std::printf("attention kernels: %s\n", kernels::flash_isa_name());
+    std::printf("bf16: %s\n", kernels::lowp_paths().bf16);
+    std::printf("int8: %s\n", kernels::lowp_paths().int8);
     if (dist::built_with_mpi()) {
       std::printf("mpi: yes (%s)\n", dist::mpi_library_version().c_str());
     } else {

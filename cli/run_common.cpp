@@ -53,6 +53,13 @@ void flush_stdout(const char* op) {
                              std::strerror(errno != 0 ? errno : EIO));
 }
 
+void add_precision_option(CLI::App* cmd, std::string& value) {
+  value = "fp32";
+  cmd->add_option("--precision", value,
+                  "fp32 | bf16 | int8: how the linear layers (and, for bf16, attention) compute; docs/PRECISION.md")
+      ->capture_default_str();
+}
+
 CLI::Validator at_least(int64_t lo) {
   return CLI::Validator(
       [lo](std::string& text) -> std::string {

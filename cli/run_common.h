@@ -36,6 +36,10 @@ void flush_stdout(const char* op);
 // ("--beam: must be an integer >= 1, got '0'"), rather than CLI11's range with a 300-digit bound.
 CLI::Validator at_least(int64_t lo);
 
+// --precision fp32|bf16|int8 on `cmd` (default fp32) into *value; read it with parse_precision (qkv/core/precision.h)
+// in the command, so that a bad value is the one-line "[precision] 'x' is not one of fp32, bf16, int8".
+void add_precision_option(CLI::App* cmd, std::string& value);
+
 // e.what() with newlines folded, so that every failure is one line.
 std::string one_line(const std::string& message);
 

@@ -14,6 +14,7 @@
 #include "qkv/nn/feed_forward.h"
 #include "qkv/nn/serialize.h"
 #include "qkv/nn/transformer.h"
+#include "run_common.h"
 
 namespace qkv::cli {
 namespace {
@@ -27,6 +28,7 @@ struct RunLayerArgs {
   std::optional<bool> batch_first;  // unset: metadata "batch_first", else true
   std::optional<float> eps;
   bool causal = false;
+  std::string precision;
 };
 
 // A safetensors file with the on-disk dtype of each tensor (bool masks mean "blocked", float masks are added).
@@ -98,6 +100,7 @@ nn::AttentionMasks masks_from(const LoadedFile& in, const std::string& mask_name
 }
 
 int run_layer(const RunLayerArgs& a) {
+  const Precision precision = parse_precision(a.precision);
   const SafeTensorsFile weights = load_safetensors(a.weights);
   nn::check_finite(weights.tensors, "[run-layer] " + a.weights + ": ");
   const LoadedFile in = load_with_dtypes(a.input);
@@ -143,6 +146,7 @@ int run_layer(const RunLayerArgs& a) {
     nn::TransformerEncoderLayer m(c, rng);
     m.load_state_dict(weights.tensors);
     m.eval();
+    m.set_precision(precision);
     const Tensor& src = require(in.file, "src", a.input);
     const bool unbatched = src.dim() == 2;
     const nn::AttentionMasks sm = masks_from(in, "src_mask", "src_key_padding_mask", a.causal, unbatched);
@@ -152,6 +156,7 @@ int run_layer(const RunLayerArgs& a) {
     nn::TransformerDecoderLayer m(c, rng);
     m.load_state_dict(weights.tensors);
     m.eval();
+    m.set_precision(precision);
     const Tensor& tgt = require(in.file, "tgt", a.input);
     const Tensor& memory = require(in.file, "memory", a.input);
     const bool unbatched = tgt.dim() == 2;
@@ -185,6 +190,7 @@ void add_run_layer(CLI::App& app) {
                   "true: inputs are (B, T, E); false: (T, B, E) as PyTorch's default (default: metadata, else true)");
   cmd->add_option("--layer-norm-eps", a->eps, "LayerNorm epsilon (default: metadata, else 1e-5)");
   cmd->add_flag("--causal", a->causal, "apply a top-left causal mask to (decoder: self-)attention");
+  add_precision_option(cmd, a->precision);
   cmd->callback([a]() { run_layer(*a); });
 }
 

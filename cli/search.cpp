@@ -41,9 +41,10 @@ double cosine(const float* a, const float* b, int64_t d) {
 }
 
 int run_search(const std::string& model, const std::string& corpus, const std::vector<std::string>& queries,
-               int64_t top_k) {
+               int64_t top_k, const std::string& precision) {
+  const Precision p = parse_precision(precision);
   const std::vector<std::string> docs = corpus_lines(corpus);
-  const models::SentenceEncoder enc(model);
+  const models::SentenceEncoder enc(model, p);
   const Tensor de = enc.encode(docs), qe = enc.encode(queries);
   const int64_t d = de.size(1), n = de.size(0);
   const int64_t k = std::min<int64_t>(top_k, n);
@@ -68,14 +69,16 @@ void add_search(CLI::App& app) {
   auto corpus = std::make_shared<std::string>();
   auto queries = std::make_shared<std::vector<std::string>>();
   auto top_k = std::make_shared<int64_t>(5);
+  auto precision = std::make_shared<std::string>();
   cmd->add_option("--model", *model, "sentence-transformers folder (config.json, vocab.txt, model.safetensors)")
       ->required();
   cmd->add_option("--corpus", *corpus, "Text file, one document per line (blank lines are skipped)")->required();
   cmd->add_option("-k,--top-k", *top_k, "How many lines to list per query")->capture_default_str()
       ->check(at_least(1));
   cmd->add_option("queries", *queries, "One or more queries")->required();
+  add_precision_option(cmd, *precision);
   cmd->callback([=]() {
-    run_search(*model, *corpus, *queries, *top_k);
+    run_search(*model, *corpus, *queries, *top_k, *precision);
   });
 }
 

@@ -17,6 +17,7 @@ attention = _calls.function(_qkv.attention, "attention")
 manual_seed = _calls.function(_qkv.manual_seed, "manual_seed")
 set_num_threads = _calls.function(_qkv.set_num_threads, "set_num_threads")
 get_num_threads = _qkv.get_num_threads
+cpu_info = _qkv.cpu_info
 scaled_dot_product_attention = _calls.function(_qkv.scaled_dot_product_attention, "scaled_dot_product_attention")
 scaled_dot_product_attention_backward = _calls.function(_qkv.scaled_dot_product_attention_backward,
                                                         "scaled_dot_product_attention_backward")

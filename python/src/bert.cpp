@@ -52,8 +52,15 @@ void bind_bert(py::module_& m) {
 
   py::class_<SentenceEncoder>(m, "SentenceEncoder",
                               "A sentence-transformers BERT model folder (all-MiniLM-L6-v2) run by qkv.")
-      .def(py::init<const std::string&>(), py::arg("path"),
-           "Loads config.json, vocab.txt, model.safetensors (+ sentence_bert_config.json, 1_Pooling/config.json).")
+      .def(py::init([](const std::string& path, const std::string& precision) {
+             const Precision p = parse_precision(precision);
+             py::gil_scoped_release nogil;
+             return std::make_unique<SentenceEncoder>(path, p);
+           }),
+           py::arg("path"), py::arg("precision") = "fp32",
+           "Loads config.json, vocab.txt, model.safetensors (+ sentence_bert_config.json, 1_Pooling/config.json). "
+           "precision: 'fp32' (default), 'bf16' or 'int8' for the linear layers (bf16 also for attention); the "
+           "weights are converted once, here (docs/PRECISION.md).")
       .def(
           "encode",
           [](const SentenceEncoder& e, const std::vector<std::string>& texts, int64_t batch_size) {
@@ -92,7 +99,9 @@ void bind_bert(py::module_& m) {
           "mask: token positions replaced by [MASK] first.")
       .def_property_readonly("max_seq_length", &SentenceEncoder::max_seq_length)
       .def_property_readonly("embedding_dim", &SentenceEncoder::embedding_dim)
-      .def_property_readonly("normalizes", &SentenceEncoder::normalizes);
+      .def_property_readonly("normalizes", &SentenceEncoder::normalizes)
+      .def_property_readonly("precision",
+                             [](const SentenceEncoder& e) { return std::string(precision_name(e.precision())); });
 }
 
 }  // namespace qkv::python

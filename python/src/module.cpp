@@ -3,6 +3,10 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"
+#include "qkv/kernels/attention_flash.h"
+#include "qkv/kernels/cpu.h"
+#include "qkv/kernels/lowp.h"
+#include "qkv/kernels/sgemm.h"
 
 namespace py = pybind11;
 
@@ -33,6 +37,19 @@ PYBIND11_MODULE(_qkv, m) {
   m.def(
       "get_num_threads", [] { return omp_get_max_threads(); },
       "Threads qkv's kernels use for calls from this thread (like torch.get_num_threads).");
+  m.def(
+      "cpu_info",
+      [] {
+        py::dict d;
+        d["isa"] = qkv::kernels::isa_name(qkv::kernels::active_isa());
+        d["attention"] = qkv::kernels::flash_isa_name();
+        d["sgemm"] = qkv::kernels::sgemm_backend();
+        d["bf16"] = qkv::kernels::lowp_paths().bf16;
+        d["int8"] = qkv::kernels::lowp_paths().int8;
+        return d;
+      },
+      "The kernel paths this CPU runs (under the QKV_ISA cap): {'isa', 'attention', 'sgemm', 'bf16', 'int8'}, "
+      "each a line as `qkv info` prints it; 'bf16' says why it converts when the CPU has no AVX512-BF16/AMX.");
   qkv::python::bind_attention(m);
   qkv::python::bind_sdpa(m);
   qkv::python::bind_varlen(m);

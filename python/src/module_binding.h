@@ -105,6 +105,21 @@ void def_module_methods(py::class_<W>& cls, const std::string& name) {
       },
       "Evaluation mode (dropout off), as torch's module.eval(). Returns self.");
   cls.def_property_readonly("training", [](W& self) { return self.m->training(); });
+  cls.def(
+      "set_precision",
+      [](py::object self, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        W& w = self.cast<W&>();
+        locked_nogil(w.mu, [&] {
+          w.m->set_precision(p);
+          return 0;
+        });
+        return self;
+      },
+      py::arg("precision"),
+      "Compute precision of the linear layers and attention, recursively: 'fp32' (default), 'bf16' or 'int8' "
+      "(linear layers; attention stays fp32). Weights are converted once, here. Inference only. Returns self.");
+  cls.def_property_readonly("precision", [](W& self) { return std::string(precision_name(self.m->precision())); });
   cls.def_property_readonly("batch_first", [](W& self) { return self.batch_first; });
 }
 

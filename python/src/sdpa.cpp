@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/ops/dropout.h"
 #include "qkv/ops/matmul.h"
 
@@ -245,13 +246,14 @@ void bind_sdpa(py::module_& m) {
       kSdpa,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
          double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
-         std::pair<int64_t, int64_t> window_size, double softcap) {
+         std::pair<int64_t, int64_t> window_size, double softcap, const std::string& precision) {
         if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
           throw py::value_error(std::string("[") + kSdpa + "] dropout_p must be in [0, 1), got " +
                                 std::to_string(dropout_p));
         }
         AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpa);
         set_variants(o, window_size, softcap, kSdpa);
+        o.precision = parse_precision(precision);
         Tensor q = to_tensor(query, kSdpa, "query");
         Tensor k = key.is(query) ? q : to_tensor(key, kSdpa, "key");
         Tensor v = value.is(key) ? k : to_tensor(value, kSdpa, "value");
@@ -264,6 +266,12 @@ void bind_sdpa(py::module_& m) {
         attention_check(q, k, v, o, kSdpa);
         Tensor out;
         if (dropout_p > 0.0) {
+          if (o.precision == Precision::kBFloat16) {  // the composed path: round once, then float32
+            q = round_to_bf16(q);
+            k = round_to_bf16(k);
+            v = round_to_bf16(v);
+            o.precision = Precision::kFloat32;
+          }
           out = sdpa_dropout(q, k, v, o, static_cast<float>(dropout_p));
         } else {
           py::gil_scoped_release nogil;
@@ -274,7 +282,7 @@ void bind_sdpa(py::module_& m) {
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
       py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(),
       py::arg("enable_gqa") = false, py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1},
-      py::arg("softcap") = 0.0,
+      py::arg("softcap") = 0.0, py::arg("precision") = "fp32",
       R"doc(torch.nn.functional.scaled_dot_product_attention on NumPy arrays (float32 compute).
 
 query (..., Hq, Tq, D), key (..., Hk, Tk, D), value (..., Hk, Tk, Dv) -> out (..., Hq, Tq, Dv); typically
@@ -288,7 +296,9 @@ i sees key j iff i + Tk - Tq - left <= j <= i + Tk - Tq + right (a model config'
 mask. dropout_p > 0 drops attention weights as torch does (inverted scaling), on
 the reference path, with draws from the generator qkv.manual_seed reseeds. Empty sequences as torch: Tq == 0 gives
 an empty output, Tk == 0 gives zeros. A query row with every key masked gives 0 (as PyTorch 2.5+'s math backend;
-never NaN). Runs the fused FlashAttention-style kernel with the GIL released.)doc");
+never NaN). Runs the fused FlashAttention-style kernel with the GIL released. precision="bf16" rounds query, key
+and value to bfloat16 (round to nearest even) and keeps scores, softmax and accumulation in float32 (see
+docs/PRECISION.md); "fp32" (the default) is the float32 path; "int8" raises ValueError (linear layers only).)doc");
 
   m.def(
       kSdpaBackward,
