@@ -80,7 +80,7 @@ void CausalLmStep::start() {
   if (p == 1) return;
   Ids ids{{}, {s, p - 1}};
   for (const auto& prompt : prompts_) ids.data.insert(ids.data.end(), prompt.begin(), prompt.end() - 1);
-  model_->forward(nn::Context(), ids, &caches_);
+  model_->forward(nn::Context(), ids, &caches_, /*logits_to_keep=*/1);  // only the caches are kept
 }
 
 Tensor CausalLmStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
@@ -145,7 +145,8 @@ std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::
   Rng rng(options.seed);
   std::vector<nn::KvCache> caches =
       model.new_caches(1, static_cast<int64_t>(prompt.size()) + max_new_tokens, page_size);
-  Tensor logits = model.forward(nn::Context(), Ids{prompt, {1, static_cast<int64_t>(prompt.size())}}, &caches).value;
+  Tensor logits =
+      model.forward(nn::Context(), Ids{prompt, {1, static_cast<int64_t>(prompt.size())}}, &caches, 1).value;
   for (;;) {
     const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
     const int64_t token = sample_token(last.data(), v, options, rng);

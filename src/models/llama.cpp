@@ -327,8 +327,12 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Rng& rng) : model(c, rn
   }
 }
 
-ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches) const {
-  const ad::Var h = model.forward(c, ids, caches);
+ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
+                                  int64_t logits_to_keep) const {
+  QKV_CHECK_ARG(logits_to_keep >= 0, "[llama] logits_to_keep must be >= 0, got ", logits_to_keep);
+  ad::Var h = model.forward(c, ids, caches);
+  const int64_t t = h.size(1);
+  if (logits_to_keep > 0 && logits_to_keep < t) h = ad::slice(h, 1, t - logits_to_keep, t);
   ad::Var logits = lm_head ? lm_head->forward(c, h) : ad::linear(h, c.param(model.embed_tokens.weight));
   const float cap = config_.final_logit_softcapping;
   if (cap > 0.0f) logits = ad::scale(ad::tanh(ad::scale(logits, 1.0f / cap)), cap);

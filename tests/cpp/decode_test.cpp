@@ -514,6 +514,24 @@ TEST(LlamaDecoding, CachedStepsEqualTheFullForward) {
     }
 }
 
+// logits_to_keep = n: the last n positions of the full logits (tied and untied heads, final soft-cap); 0 and n >= T
+// give them all; a negative n is named.
+TEST(LlamaDecoding, LogitsToKeepAreTheLastRowsOfTheFullLogits) {
+  for (bool gemma : {false, true}) {
+    Rng rng(8);
+    const models::LlamaForCausalLM model(tiny_llama(gemma), rng);
+    const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9, 5}, {2, 5}};
+    const Tensor full = model.logits(ids);  // (2, 5, V)
+    for (int64_t n : {1, 2, 4}) {
+      const Tensor kept = model.forward(nn::Context(), ids, nullptr, n).value;
+      ASSERT_EQ(kept.shape(), (Shape{2, n, full.size(2)})) << n;
+      EXPECT_TRUE(AllClose(kept, full.slice(1, 5 - n, 5), qkv::testing::Tol{1e-6, 1e-6})) << "gemma " << gemma << " n " << n;
+    }
+    for (int64_t n : {0, 5, 9}) EXPECT_EQ(model.forward(nn::Context(), ids, nullptr, n).value.shape(), full.shape());
+    EXPECT_TRUE(ThrowsArg([&] { model.forward(nn::Context(), ids, nullptr, -1); }, "[llama] logits_to_keep"));
+  }
+}
+
 TEST(LlamaDecoding, TapeGradientMatchesADirectionalDifference) {
   // The same forward on a tape: d(loss)/d(weights) along a random direction against a central difference.
   Rng rng(6);

@@ -138,7 +138,10 @@ class LlamaForCausalLM : public nn::Module {
   // ids (B, T), values in [0, V)  ->  logits (B, T, V). caches: null (positions 0 .. T-1), or one per layer,
   // reset for B rows (new_caches): positions continue from the caches' length, which grows by T.
   // Records its backward when `c` trains (caches are for inference only).
-  ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr) const;
+  // logits_to_keep (HF's name): 0 = logits at every position; n > 0 = at the last min(n, T) positions only, so a
+  // prompt's prefill runs the (E x V) head on one row instead of T.
+  ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr,
+                  int64_t logits_to_keep = 0) const;
   Tensor logits(const Ids& ids) const { return forward(nn::Context(), ids).value; }
   // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
   // attention reads in place through attention_with_kvcache's block table.
