@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 CMAKE_ARGS ?=
 SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench fuzz experiments clean
+.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench bench-llama fuzz experiments clean
 
 all: build
 
@@ -90,6 +90,12 @@ bench: deps
 	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
 	cmake --build build-bench --target attention_bench -j$(JOBS)
 	./build-bench/bench/attention_bench --threads 2 --json out/bench/attention.json
+
+# qkv's Llama decoder against llama.cpp, fp32, two threads (bench/llama_cpp_bench.py). Installs the benchmark-only
+# peers of scripts/requirements-bench.txt first (llama-cpp-python compiles llama.cpp: minutes on 2 cores).
+bench-llama: python
+	$(PY) -m pip install -q -r scripts/requirements-bench.txt
+	OMP_NUM_THREADS=2 $(PY) bench/llama_cpp_bench.py --threads 2 --json out/bench/llama_cpp.json
 
 # Runs every libFuzzer target (clang-14: safetensors, .mo, TSV, WordPiece, run-directory JSON) for FUZZ_SECONDS
 # each on its seed corpus; fails on any crash. test-fuzz is the 30-second smoke run of each that `make test` runs.

@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""qkv's Llama decoder against llama.cpp (llama-cpp-python), fp32 on both sides, same weights, same threads.
+
+A random LlamaForCausalLM (default 12 layers x 768, 12 query / 4 kv heads, FFN 2048, vocab 32000; seeded, built
+from a config, no download) is written twice: with transformers' save_pretrained for qkv.CausalLM, and as an F32
+GGUF for llama.cpp (the gguf package; Q and K rows permuted to GGUF's rotary layout, as llama.cpp's converter
+does). Checks first that qkv, llama.cpp and transformers give the same greedy tokens. Then, the two engines taking
+turns `--repeats` times (medians):
+  prefill: the prompt (default 128 tokens) to the first greedy token, tokens/s;
+  decode:  greedy tokens/s over `--new-tokens` more tokens through each engine's KV cache.
+Benchmark-only dependencies (scripts/requirements-bench.txt, `make bench-llama`): llama-cpp-python, gguf.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/llama_cpp_bench.py [--threads 2] [--repeats 3] [--json out.json]
+    .venv/bin/python bench/llama_cpp_bench.py --quick     # a 2-layer model: checks that the script runs
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompt", type=int, default=128, help="prompt length in tokens")
+    p.add_argument("--new-tokens", type=int, default=64, help="greedy tokens after the first")
+    p.add_argument("--quick", action="store_true", help="a tiny model and 1 repeat: a smoke run, not a measurement")
+    p.add_argument("--json", help="also write the results to this file")
+    return p.parse_args()
+
+
+args = parse()
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(args.threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers as hf  # noqa: E402
+
+try:
+    import gguf
+    import llama_cpp
+except ImportError as e:
+    sys.exit(f"llama_cpp_bench: {e.name} is missing: install the benchmark dependencies with `make bench-llama` "
+             "(scripts/requirements-bench.txt)")
+
+import qkv  # noqa: E402
+
+torch.set_num_threads(args.threads)
+qkv.set_num_threads(args.threads)
+
+if args.quick:
+    SIZE = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=1000)
+    args.repeats, args.prompt, args.new_tokens = 1, 16, 8
+else:
+    SIZE = dict(num_hidden_layers=12, hidden_size=768, intermediate_size=2048, num_attention_heads=12,
+                num_key_value_heads=4, vocab_size=32000)
+CONFIG = hf.LlamaConfig(**SIZE, max_position_embeddings=args.prompt + args.new_tokens + 8, rms_norm_eps=1e-5,
+                        tie_word_embeddings=False, initializer_range=0.02)
+ROPE_THETA = (getattr(CONFIG, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+
+
+def build_model(folder):
+    torch.manual_seed(1234)
+    model = hf.LlamaForCausalLM(CONFIG).eval()
+    with torch.no_grad():  # norms start at 1: make them random so both engines must read them
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model
+
+
+def rotary_permute(w, heads):
+    """HF's rotate_half layout -> GGUF's interleaved pairs, per head (llama.cpp's convert_hf_to_gguf permute)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, path):
+    c = CONFIG
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(ROPE_THETA)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    # A placeholder SentencePiece vocabulary of the model's size: the benchmark feeds token ids, never text.
+    v = c.vocab_size
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
+    tokens += [f"tok{i}".encode() for i in range(v - len(tokens))]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    types += [gguf.TokenType.NORMAL] * (v - len(types))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * v)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(c.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
+        w.add_tensor(b + "attn_q.weight", rotary_permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
+        w.add_tensor(b + "attn_k.weight", rotary_permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        w.add_tensor(b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        w.add_tensor(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        w.add_tensor(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        w.add_tensor(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        w.add_tensor(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        w.add_tensor(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+class LlamaCpp:
+    def __init__(self, path):
+        self.llm = llama_cpp.Llama(model_path=path, n_threads=args.threads, n_threads_batch=args.threads,
+                                   n_ctx=CONFIG.max_position_embeddings, n_batch=args.prompt, n_ubatch=args.prompt,
+                                   logits_all=False, verbose=False)
+
+    def generate(self, prompt, n):
+        """Greedy: the prompt, then n tokens; returns the tokens and the seconds to the first one."""
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(prompt)
+        out = [self.argmax()]
+        first = time.perf_counter() - t0
+        while len(out) < n:
+            self.llm.eval([out[-1]])
+            out.append(self.argmax())
+        return out, first
+
+    def argmax(self):
+        # Without logits_all, llama.cpp keeps the logits of the batch's last token only: row 0 of its buffer.
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
+
+
+class Qkv:
+    def __init__(self, folder):
+        self.model = qkv.CausalLM.from_pretrained(folder)
+
+    def generate(self, prompt, n):
+        t0 = time.perf_counter()
+        first = self.model.generate(prompt, 1)
+        t_first = time.perf_counter() - t0
+        out = self.model.generate(prompt, n) if n > 1 else first
+        return [int(t) for t in out], t_first
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
+def timed(engine, prompt, n):
+    t0 = time.perf_counter()
+    tokens, first = engine.generate(prompt, n)
+    return tokens, first, time.perf_counter() - t0
+
+
+def main():
+    prompt = [int(t) for t in np.random.default_rng(0).integers(3, CONFIG.vocab_size, size=args.prompt)]
+    n = args.new_tokens + 1
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, "hf")
+        model = build_model(folder)
+        gguf_path = os.path.join(tmp, "model-f32.gguf")
+        write_gguf(model, gguf_path)
+        with torch.no_grad():
+            want = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
+        del model
+        engines = {"qkv": Qkv(folder), "llama.cpp": LlamaCpp(gguf_path)}
+        tokens = {name: e.generate(prompt, n)[0] for name, e in engines.items()}  # also the warm-up
+        same = {name: t[:len(want)] == want for name, t in tokens.items()}
+        print(f"greedy tokens equal to transformers' ({len(want)}): "
+              + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))
+        times = {name: {"first": [], "total": []} for name in engines}
+        for _ in range(args.repeats):
+            for name, e in engines.items():
+                # qkv's generate(prompt, n) repeats the prefill: its decode time is total - first either way.
+                _, first, total = timed(e, prompt, n)
+                if name == "qkv":
+                    total -= first
+                times[name]["first"].append(first)
+                times[name]["total"].append(total)
+    rows = {}
+    for name, t in times.items():
+        first = statistics.median(t["first"])
+        total = statistics.median(t["total"])
+        rows[name] = {"prefill_tokens_per_s": args.prompt / first,
+                      "decode_tokens_per_s": args.new_tokens / (total - first)}
+    summary = {
+        "cpu": cpu_name(), "threads": args.threads, "config": SIZE,
+        "prompt": args.prompt, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "llama_cpp_python": llama_cpp.__version__, "tokens_equal": same, "engines": rows,
+        "prefill_ratio": rows["qkv"]["prefill_tokens_per_s"] / rows["llama.cpp"]["prefill_tokens_per_s"],
+        "decode_ratio": rows["qkv"]["decode_tokens_per_s"] / rows["llama.cpp"]["decode_tokens_per_s"],
+    }
+    for name, r in rows.items():
+        print(f"  {name:10s} prefill {r['prefill_tokens_per_s']:8.1f} tokens/s   "
+              f"decode {r['decode_tokens_per_s']:7.1f} tokens/s")
+    print(f"  qkv / llama.cpp: prefill {summary['prefill_ratio']:.2f}x   decode {summary['decode_ratio']:.2f}x")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(summary, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+    if not all(same.values()):
+        sys.exit("llama_cpp_bench: the greedy tokens differ (see above)")
+
+
+if __name__ == "__main__":
+    main()
