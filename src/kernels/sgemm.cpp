@@ -221,6 +221,20 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     scale_c(m, n, beta, c, ldc);
     return;
   }
+  if (m == 1) {  // one row (decoding): a GEMV reads op(B) once, where a GEMM would first pack all of it
+    for (int64_t v : {n, k, lda, ldb})
+      QKV_CHECK_RUNTIME(v <= INT_MAX, "[sgemm] size ", v, " exceeds the BLAS int range");
+    const int incx = trans_a ? static_cast<int>(lda) : 1;  // op(A) is the 1 x k row
+    if (beta == 0.0f) std::fill_n(c, n, 0.0f);            // beta = 0 never reads C (it may hold NaN)
+    if (trans_b) {  // B is (n, k): c = B a
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
+                  static_cast<int>(ldb), a, incx, beta, c, 1);
+    } else {  // B is (k, n): c = B^T a
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(k), static_cast<int>(n), alpha, b,
+                  static_cast<int>(ldb), a, incx, beta, c, 1);
+    }
+    return;
+  }
   if (std::strcmp(sgemm_backend(), "avx512") == 0 && double(m) * double(n) * double(k) >= kSmallWork) {
     run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;

@@ -136,6 +136,7 @@ std::vector<Case> large_cases() {
     out.push_back({ta, tb, 700, 513, 300, 1.0f, 0.0f, 0, 0, 0});
     out.push_back({ta, tb, 341, 97, 600, -2.0f, 0.25f, 3, 5, 7});
     out.push_back({ta, tb, 14, 4130, 300, 0.5f, 1.0f, 0, 1, 2});
+    out.push_back({ta, tb, 1, 4130, 700, -2.0f, 0.25f, 3, 1, 0});  // one row (decoding): the GEMV path
   }
   return out;
 }
@@ -168,7 +169,8 @@ TEST(Sgemm, BetaZeroDoesNotReadNaNInC) {
   for (int t = 0; t < 4; ++t) {
     const Case small{bool(t & 1), bool(t & 2), 5, 7, 3, 1.0f, 0.0f, 1, 1, 1};
     const Case big{bool(t & 1), bool(t & 2), 100, 257, 64, 0.5f, 0.0f, 0, 0, 2};
-    for (const Case& cs : {small, big}) {
+    const Case row{bool(t & 1), bool(t & 2), 1, 300, 77, -2.0f, 0.0f, 2, 3, 0};  // one row: the GEMV path
+    for (const Case& cs : {small, big, row}) {
       ASSERT_TRUE(matches_oracle(kSgemm, cs, 3, /*nan_c=*/true));
       ASSERT_TRUE(matches_oracle(kReference, cs, 3, /*nan_c=*/true));
       if (sgemm_avx512_supported()) ASSERT_TRUE(matches_oracle(kAvx512, cs, 3, /*nan_c=*/true));
