@@ -4,6 +4,8 @@ Random configurations cover ranks 2-4, broadcast batch dims, Tq != Tk, D != Dv, 
 broadcast shape, is_causal (top-left) and explicit scales; forward and all three gradients (torch autograd) must
 meet the parity rule of torch_parity.assert_parity.
 """
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -302,7 +304,7 @@ VARIANTS = {
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variants_match_torch_written_out_forward_and_backward(name):
     c = VARIANTS[name]
-    rng = np.random.default_rng(hash(name) % 997)
+    rng = np.random.default_rng(zlib.crc32(name.encode()) % 997)  # hash() differs per process
     qs, ks = c["qs"], c["ks"]
     q, k, v = rand(rng, *qs, scale=1.5), rand(rng, *ks, scale=1.5), rand(rng, *ks)
     g = rand(rng, *qs)
