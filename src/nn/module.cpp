@@ -10,17 +10,6 @@
 
 namespace qkv::nn {
 
-void check_finite(const StateDict& state, const std::string& prefix) {
-  for (const auto& [name, t] : state) {
-    if (!t.defined()) continue;
-    const Tensor c = t.contiguous();
-    const float* p = c.data();
-    for (int64_t i = 0, n = c.numel(); i < n; ++i)
-      QKV_CHECK_ARG(std::isfinite(p[i]), prefix, name, " holds a non-finite value (", p[i],
-                    ") at flat index ", i, " of shape ", str(t.shape()));
-  }
-}
-
 void Module::register_parameter(const std::string& name, Tensor* param) {
   QKV_ASSERT(param != nullptr);
   params_.emplace_back(name, param);
