@@ -8,6 +8,8 @@ import functools
 import os
 import random
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -190,6 +192,14 @@ def embedding_sentences(seed=11):
     rng = random.Random(seed)
     return HANDWRITTEN + long_texts() + vocab_sentences(vocab(), rng, 110) + random_unicode(rng, 40) \
         + mark_soups(rng, 15)
+
+
+@pytest.fixture(scope="module")
+def texts():
+    """The embedding sentences as a fixture, shared by the MiniLM tests (at least 200 of them)."""
+    t = embedding_sentences()
+    assert len(t) >= 200
+    return t
 
 
 def reference_ids(texts):

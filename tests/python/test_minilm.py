@@ -8,6 +8,7 @@ import pytest
 
 import minilm_corpus as corpus
 import qkv
+from minilm_corpus import texts  # noqa: F401 (the shared fixture)
 
 MAX_ABS = 1e-5        # per component, on L2-normalised embeddings
 MIN_COSINE = 0.99999
@@ -28,13 +29,6 @@ def within_tolerance(ours, ref):
 @pytest.fixture(scope="module")
 def enc():
     return qkv.SentenceEncoder(corpus.model_dir())
-
-
-@pytest.fixture(scope="module")
-def texts():
-    t = corpus.embedding_sentences()
-    assert len(t) >= 200
-    return t
 
 
 @pytest.fixture(scope="module")

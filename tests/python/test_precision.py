@@ -11,6 +11,7 @@ import torch
 import minilm_corpus as corpus
 import qkv
 from test_cli_minilm import cli_path, run
+from minilm_corpus import texts  # noqa: F401 (the shared fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BF16_MIN_COSINE = 0.9995
@@ -92,13 +93,6 @@ def test_cpu_info_names_the_low_precision_paths():
     assert "int32" in info["int8"]
     r = run("info")
     assert r.returncode == 0 and f"bf16: {info['bf16']}" in r.stdout and f"int8: {info['int8']}" in r.stdout
-
-
-@pytest.fixture(scope="module")
-def texts():
-    t = corpus.embedding_sentences()
-    assert len(t) >= 200
-    return t
 
 
 @pytest.fixture(scope="module")
