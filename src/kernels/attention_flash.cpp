@@ -58,11 +58,10 @@ const Kernels& pick(FlashIsa isa) {
                       "[attention] the AVX-512 kernels were requested but this CPU lacks them");
     return flash::avx512_kernels();
   }
-  switch (active_isa()) {  // kAuto: the widest path QKV_ISA allows
-    case Isa::kAvx512: return flash::avx512_kernels();
-    case Isa::kAvx2: return flash::avx2_kernels();
-    case Isa::kPortable: break;
-  }
+  // kAuto: the widest path QKV_ISA allows (the levels past AVX-512 add only low-precision kernels).
+  const Isa active = active_isa();
+  if (active >= Isa::kAvx512) return flash::avx512_kernels();
+  if (active == Isa::kAvx2) return flash::avx2_kernels();
   return flash::portable_kernels();
 }
 

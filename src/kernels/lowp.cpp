@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include <cpuid.h>
 
 #include "lowp_impl.h"
 #include "qkv/core/error.h"
 #include "qkv/kernels/cpu.h"
+#include "sgemm_kernels.h"
 
 namespace qkv::kernels {
 namespace {
@@ -51,6 +54,51 @@ void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, fl
     for (int64_t j = n0; j < n1; ++j)
       c[i * ldc + j] = detail::int8_dequant(detail::int8_dot(&a.q[i * a.ld], &b.q[j * b.ld], a.ld), a.scale[i],
                                             b.scale[j], bias, j);
+}
+
+// The plain references of the packed products: every entry by a loop over k in the packed layout.
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  for (int64_t j = n0; j < n1; ++j) {
+    const int64_t l = w.col0 + j;
+    const uint32_t* panel = w.data + (l / kPanel) * w.groups * kPanel;
+    for (int64_t i = m0; i < m1; ++i) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < w.groups; ++g) {
+        const uint32_t word = panel[g * kPanel + l % kPanel];
+        const uint32_t b0 = word << 16, b1 = word & 0xffff0000u;
+        float wb[2];
+        std::memcpy(&wb[0], &b0, 4);
+        std::memcpy(&wb[1], &b1, 4);
+        for (int t = 0; t < 2; ++t) {
+          const int64_t kk = 2 * g + t;
+          if (kk < w.k) acc += detail::bf16_round_one(x[i * ldx + kk]) * wb[t];
+        }
+      }
+      c[i * ldc + j] = bias ? acc + bias[j] : acc;
+    }
+  }
+}
+
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  for (int64_t j = n0; j < n1; ++j) {
+    const int64_t l = w.col0 + j;
+    const uint32_t* panel = w.data + (l / kPanel) * w.groups * kPanel;
+    for (int64_t i = m0; i < m1; ++i) {
+      int32_t acc = 0;
+      for (int64_t g = 0; g < w.groups; ++g) {
+        const uint32_t word = panel[g * kPanel + l % kPanel];
+        for (int t = 0; t < 4; ++t) {
+          const int64_t kk = 4 * g + t;
+          const int32_t wv = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * t)));
+          if (kk < a.ld) acc += int32_t{a.q[i * a.ld + kk]} * wv;
+        }
+      }
+      // scale is indexed from the view's first panel, like the packed data
+      c[i * ldc + j] = detail::int8_dequant(acc, a.scale[i], w.scale[l], bias, j);
+    }
+  }
 }
 }  // namespace portable
 
@@ -125,23 +173,146 @@ void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float
   }
 }
 
+PackedBView PackedB::view(int64_t begin, int64_t end) const {
+  QKV_CHECK_ARG(0 <= begin && begin <= end && end <= n, "[packed weight] columns [", begin, ", ", end, ") outside ",
+                n);
+  const int64_t p = begin / kPanel;
+  PackedBView v;
+  v.data = data.data() + p * groups * kPanel;
+  v.colsum = colsum.empty() ? nullptr : colsum.data() + p * kPanel;
+  v.scale = scale.empty() ? nullptr : scale.data() + p * kPanel;
+  v.col0 = begin - p * kPanel;
+  v.n = end - begin;
+  v.k = k;
+  v.groups = groups;
+  return v;
+}
+
+void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t stride_k, PackedB& out) {
+  QKV_CHECK_ARG(n >= 0 && k >= 0 && (n == 0 || k == 0 || w != nullptr), "[pack_bf16] n ", n, ", k ", k,
+                " (w non-null)");
+  out.n = n;
+  out.k = k;
+  out.groups = (k + 1) / 2;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  out.data.assign(static_cast<size_t>(panels * out.groups * kPanel), 0u);
+  out.colsum.clear();
+  out.scale.clear();
+#pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t* panel = out.data.data() + (j / kPanel) * out.groups * kPanel + j % kPanel;
+    for (int64_t g = 0; g < out.groups; ++g) {
+      const uint32_t lo = detail::bf16_round_bits(w[j * stride_n + 2 * g * stride_k]) >> 16;
+      const uint32_t hi = 2 * g + 1 < k ? detail::bf16_round_bits(w[j * stride_n + (2 * g + 1) * stride_k]) >> 16 : 0u;
+      panel[g * kPanel] = lo | (hi << 16);
+    }
+  }
+}
+
+void pack_int8(const Int8View& w, PackedB& out) {
+  QKV_CHECK_ARG(w.cols <= kInt8PackedMaxK, "[pack_int8] k ", w.cols, " exceeds ", kInt8PackedMaxK,
+                " (the offset-activation sums must stay exact in int32)");
+  out.n = w.rows;
+  out.k = w.cols;
+  out.groups = (w.cols + 3) / 4;
+  const int64_t panels = (w.rows + kPanel - 1) / kPanel;
+  out.data.assign(static_cast<size_t>(panels * out.groups * kPanel), 0u);
+  out.colsum.assign(static_cast<size_t>(panels * kPanel), 0);
+  out.scale.assign(static_cast<size_t>(panels * kPanel), 0.0f);
+  for (int64_t j = 0; j < w.rows; ++j) {
+    uint32_t* panel = out.data.data() + (j / kPanel) * out.groups * kPanel + j % kPanel;
+    const int16_t* q = w.q + j * w.ld;
+    int32_t sum = 0;
+    for (int64_t g = 0; g < out.groups; ++g) {
+      uint32_t word = 0;
+      for (int t = 0; t < 4; ++t) {
+        const int64_t kk = 4 * g + t;
+        const int32_t v = kk < w.cols ? q[kk] : 0;
+        sum += v;
+        word |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(v))) << (8 * t);
+      }
+      panel[g * kPanel] = word;
+    }
+    out.colsum[static_cast<size_t>(j)] = sum;
+    out.scale[static_cast<size_t>(j)] = w.scale[j];
+  }
+}
+
+namespace {
+
+// The threaded driver of both packed products: items of (M block, share of the panels), cut by sgemm's rule.
+template <class Block>
+void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block) {
+  if (m == 0 || w.n == 0) return;
+  const int64_t panels = (w.col0 + w.n + kPanel - 1) / kPanel;
+  const double work = double(m) * double(w.n) * double(std::max<int64_t>(k, 1));
+  int threads = 1;
+  if (!omp_in_parallel())
+    threads = static_cast<int>(std::clamp<double>(work / double(1 << 21), 1.0, double(omp_get_max_threads())));
+  // M blocks of packed rows (4 bytes per k-group) of about 256 KB at most, so they stay in L2.
+  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / std::max<int64_t>(4 * w.groups, 1) / 14 * 14);
+  const Split split = choose_split(m, panels, threads, mc_max);
+  const int64_t m_blocks = (m + split.mc - 1) / split.mc, per_split = (panels + split.n_splits - 1) / split.n_splits;
+  const int64_t items = m_blocks * split.n_splits;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && items > 1)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t ib = item / split.n_splits, sp = item % split.n_splits;
+    const int64_t i0 = ib * split.mc, i1 = std::min(m, i0 + split.mc);
+    // Panels [s0, s1) as view columns (the first panel starts at -col0).
+    const int64_t j0 = std::max<int64_t>(0, sp * per_split * kPanel - w.col0);
+    const int64_t j1 = std::min<int64_t>(w.n, (sp + 1) * per_split * kPanel - w.col0);
+    if (j0 < j1) block(i0, i1, j0, j1);
+  }
+}
+
+}  // namespace
+
+void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                      int64_t ldc) {
+  QKV_CHECK_ARG(m >= 0 && ldx >= w.k && ldc >= w.n && (m == 0 || w.n == 0 || (x && c)), "[gemm_bf16] m ", m,
+                ", ldx ", ldx, " (>= k = ", w.k, "), ldc ", ldc, " (>= n = ", w.n, ")");
+  QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Bf16, "[gemm_bf16] the packed bf16 product needs AVX512-BF16 (",
+                    isa_name(active_isa()), " is active)");
+  run_packed(m, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    avx512bf16::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1);
+  });
+}
+
+void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc) {
+  QKV_CHECK_ARG(a.cols == w.k && ldc >= w.n && (a.rows == 0 || w.n == 0 || c), "[gemm_int8] a (", a.rows, ", ",
+                a.cols, ") and the packed weight (", w.n, ", ", w.k, ") must have the same k; ldc ", ldc);
+  QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Vnni, "[gemm_int8] the packed int8 product needs AVX512-VNNI (",
+                    isa_name(active_isa()), " is active)");
+  run_packed(a.rows, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    avx512vnni::gemm_int8_packed_block(a, w, bias, c, ldc, i0, i1, j0, j1);
+  });
+}
+
 LowpPaths lowp_paths() {
-  // The bf16/AMX instruction sets, probed only to say why the converting path runs (no kernel uses them yet).
-  static const bool bf16_hw = [] {
+  // AMX is probed only to say that its kernels are not written (the AVX-512 ones run on such a CPU).
+  static const bool amx = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) != 0;  // AMX-BF16
-    return amx || __builtin_cpu_supports("avx512bf16");
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) != 0;  // AMX-BF16
   }();
-  const bool v = use_avx2();
-  if (bf16_hw)
-    return {v ? "converting (AVX512-BF16/AMX kernels not written yet): bf16-rounded operands, float32 avx2 kernels"
-              : "converting (AVX512-BF16/AMX kernels not written yet): bf16-rounded operands, float32 portable kernels",
-            v ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; VNNI/AMX kernels not written yet)"
-              : "portable (exact int32 accumulation; VNNI/AMX kernels not written yet)"};
-  return {v ? "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
-            : "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 portable kernels",
-          v ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; no VNNI/AMX on this CPU)"
-            : "portable (exact int32 accumulation; no VNNI/AMX on this CPU)"};
+  const Isa isa = active_isa();
+  const char* bf16 =
+      isa >= Isa::kAvx512Bf16
+          ? (amx ? "avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; AMX kernels not written yet)"
+                 : "avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; no AMX on this CPU)")
+      : cpu_features().avx512_bf16
+          ? (isa >= Isa::kAvx2 ? "converting (QKV_ISA caps AVX512-BF16): bf16-rounded operands, float32 avx2 kernels"
+                               : "converting (QKV_ISA caps AVX512-BF16): bf16-rounded operands, float32 portable kernels")
+      : isa >= Isa::kAvx2 ? "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
+                          : "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 portable kernels";
+  const char* int8 =
+      isa >= Isa::kAvx512Vnni
+          ? (amx ? "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; AMX kernels not written yet)"
+                 : "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; no AMX on this CPU)")
+      : isa >= Isa::kAvx2
+          ? (cpu_features().avx512_vnni ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; QKV_ISA caps VNNI)"
+                                        : "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; no VNNI on this CPU)")
+          : "portable (exact int32 accumulation)";
+  return {bf16, int8};
 }
 
 }  // namespace qkv::kernels

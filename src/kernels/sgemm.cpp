@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "qkv/core/error.h"
 #include "qkv/kernels/cpu.h"
@@ -93,36 +94,6 @@ float* workspace(int64_t floats) {
   return buf.get(floats);
 }
 
-// How one (m, nc) slab of C is cut into work items: M blocks of mc rows (a multiple of kMR, <= kMcMax) times
-// n_splits shares of the slab's kNR panels. Picks the cut whose busiest thread has the fewest tiles; on ties, fewer
-// items (less repacking of A).
-struct Split {
-  int64_t mc = kMR;
-  int64_t n_splits = 1;
-};
-
-Split choose_split(int64_t m, int64_t n_panels, int threads) {
-  const int64_t m_panels = ceil_div(m, kMR), mb_min = ceil_div(m, kMcMax);
-  Split best;
-  best.mc = ceil_div(m_panels, mb_min) * kMR;
-  if (threads <= 1) return best;
-  int64_t best_cost = INT64_MAX, best_items = INT64_MAX;
-  for (int64_t mb = mb_min; mb <= std::min(m_panels, mb_min + threads); ++mb) {
-    const int64_t mc_panels = ceil_div(m_panels, mb), blocks = ceil_div(m_panels, mc_panels);
-    for (int64_t ns = 1; ns <= std::min<int64_t>(threads, n_panels); ++ns) {
-      const int64_t items = blocks * ns;
-      const int64_t cost = ceil_div(items, threads) * mc_panels * ceil_div(n_panels, ns);
-      if (cost < best_cost || (cost == best_cost && items < best_items)) {
-        best_cost = cost;
-        best_items = items;
-        best.mc = mc_panels * kMR;
-        best.n_splits = ns;
-      }
-    }
-  }
-  return best;
-}
-
 // The loop nest over packed blocks. K blocks depend only on k, so each C element sees the same sequence of
 // operations whatever the thread count and the M/N blocking.
 void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -136,7 +107,7 @@ void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   if (!omp_in_parallel())
     threads = static_cast<int>(std::clamp<double>(work / kWorkPerThread, 1.0, double(omp_get_max_threads())));
   const int64_t n_panels_max = ceil_div(nc_size, kNR);
-  const Split split = choose_split(m, n_panels_max, threads);
+  const Split split = choose_split(m, n_panels_max, threads, kMcMax);
   const int64_t mc_size = split.mc, m_blocks = ceil_div(m, mc_size), n_splits = split.n_splits;
   threads = static_cast<int>(std::min<int64_t>(threads, m_blocks * n_splits));
 
@@ -190,9 +161,31 @@ bool force_openblas() {
 
 }  // namespace
 
+Split choose_split(int64_t m, int64_t n_panels, int threads, int64_t mc_max) {
+  const int64_t m_panels = ceil_div(m, kMR), mb_min = ceil_div(m, mc_max);
+  Split best;
+  best.mc = ceil_div(m_panels, mb_min) * kMR;
+  if (threads <= 1) return best;
+  int64_t best_cost = INT64_MAX, best_items = INT64_MAX;
+  for (int64_t mb = mb_min; mb <= std::min(m_panels, mb_min + threads); ++mb) {
+    const int64_t mc_panels = ceil_div(m_panels, mb), blocks = ceil_div(m_panels, mc_panels);
+    for (int64_t ns = 1; ns <= std::min<int64_t>(threads, n_panels); ++ns) {
+      const int64_t items = blocks * ns;
+      const int64_t cost = ceil_div(items, threads) * mc_panels * ceil_div(n_panels, ns);
+      if (cost < best_cost || (cost == best_cost && items < best_items)) {
+        best_cost = cost;
+        best_items = items;
+        best.mc = mc_panels * kMR;
+        best.n_splits = ns;
+      }
+    }
+  }
+  return best;
+}
+
 bool sgemm_avx512_supported() { return cpu_supports(Isa::kAvx512); }
 
-const char* sgemm_backend() { return active_isa() == Isa::kAvx512 && !force_openblas() ? "avx512" : "openblas"; }
+const char* sgemm_backend() { return active_isa() >= Isa::kAvx512 && !force_openblas() ? "avx512" : "openblas"; }
 
 void sgemm_reference(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -222,6 +215,24 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     return;
   }
   if (m == 1) {  // one row (decoding): a GEMV reads op(B) once, where a GEMM would first pack all of it
+    if (std::strcmp(sgemm_backend(), "avx512") == 0) {
+      // qkv's own GEMV, threaded over fixed blocks of columns: the same bits for any thread count (OpenBLAS's
+      // threaded GEMV sums an output differently depending on where its split falls).
+      std::vector<float> a_row;
+      const float* av = a;
+      if (trans_a && lda != 1) {  // op(A) is column 0 of the (k, 1) A: strided
+        a_row.resize(static_cast<size_t>(k));
+        for (int64_t p = 0; p < k; ++p) a_row[static_cast<size_t>(p)] = a[p * lda];
+        av = a_row.data();
+      }
+      constexpr int64_t kGemvBlock = 256;
+      const int64_t blocks = ceil_div(n, kGemvBlock);
+      const bool par = !omp_in_parallel() && blocks > 1 && double(n) * double(k) >= double(1 << 17);
+#pragma omp parallel for schedule(static) if (par)
+      for (int64_t blk = 0; blk < blocks; ++blk)
+        avx512::gemv(trans_b, k, alpha, av, b, ldb, beta, c, blk * kGemvBlock, std::min(n, (blk + 1) * kGemvBlock));
+      return;
+    }
     for (int64_t v : {n, k, lda, ldb})
       QKV_CHECK_RUNTIME(v <= INT_MAX, "[sgemm] size ", v, " exceeds the BLAS int range");
     const int incx = trans_a ? static_cast<int>(lda) : 1;  // op(A) is the 1 x k row

@@ -170,4 +170,54 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, float alpha, const float* 
   }
 }
 
+namespace {
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+inline void store_out(float* c, __mmask16 m, __m512 acc, float alpha, float beta) {
+  const __m512 y = _mm512_mul_ps(acc, _mm512_set1_ps(alpha));
+  _mm512_mask_storeu_ps(c, m, beta == 0.0f ? y : _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, c), _mm512_set1_ps(beta), y));
+}
+}  // namespace
+
+void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, int64_t ldb, float beta, float* c,
+          int64_t j0, int64_t j1) {
+  if (trans) {  // B(p, j) = b[j*ldb + p]: one dot product per column, four partial sums over k
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* row = b + j * ldb;
+      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      int64_t p = 0;
+      for (; p + 64 <= k; p += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p), _mm512_loadu_ps(row + p), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 16), _mm512_loadu_ps(row + p + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 32), _mm512_loadu_ps(row + p + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 48), _mm512_loadu_ps(row + p + 48), s3);
+      }
+      for (; p < k; p += 16) {
+        const __mmask16 m = lanes(k - p);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + p), _mm512_maskz_loadu_ps(m, row + p), s0);
+      }
+      const float dot = hsum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+      c[j] = beta == 0.0f ? alpha * dot : alpha * dot + beta * c[j];
+    }
+    return;
+  }
+  // B(p, j) = b[p*ldb + j]: 64 columns at a time, rows of B streamed in k order.
+  for (int64_t jb = j0; jb < j1; jb += 64) {
+    const int64_t w = std::min<int64_t>(64, j1 - jb);
+    const __mmask16 m0 = lanes(w), m1 = lanes(w - 16), m2 = lanes(w - 32), m3 = lanes(w - 48);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    const float* col = b + jb;
+    for (int64_t p = 0; p < k; ++p, col += ldb) {
+      const __m512 av = _mm512_set1_ps(a[p]);
+      s0 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m0, col), s0);
+      s1 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m1, col + 16), s1);
+      s2 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m2, col + 32), s2);
+      s3 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m3, col + 48), s3);
+    }
+    store_out(c + jb, m0, s0, alpha, beta);
+    if (w > 16) store_out(c + jb + 16, m1, s1, alpha, beta);
+    if (w > 32) store_out(c + jb + 32, m2, s2, alpha, beta);
+    if (w > 48) store_out(c + jb + 48, m3, s3, alpha, beta);
+  }
+}
+
 }  // namespace qkv::kernels::avx512

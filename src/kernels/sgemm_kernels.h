@@ -1,5 +1,6 @@
 // Private interface between the sgemm driver (sgemm.cpp: checks, blocking, threading) and its AVX-512 building
 // blocks (sgemm_avx512.cpp: panel packing for both layouts of A and B, the 14x32 microkernel over packed panels).
+// The packed low-precision products (lowp.cpp) cut their work with the same choose_split.
 #pragma once
 
 #include <cstdint>
@@ -24,4 +25,23 @@ void pack_b(bool trans, const float* b, int64_t ldb, int64_t kc, int64_t nc, flo
 void macro_kernel(int64_t mc, int64_t nc, int64_t kc, float alpha, const float* pa, const float* pb, float beta,
                   float* c, int64_t ldc);
 
+// One row times op(B), for columns [j0, j1): c[j] = alpha * Σ_p a[p] · op(B)(p, j) + beta * c[j] (c not read when
+// beta == 0), a contiguous (k floats). op(B) as for pack_b. Each c[j] is summed in an order fixed by k alone, so
+// any split of the columns gives the same bits.
+void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, int64_t ldb, float beta, float* c,
+          int64_t j0, int64_t j1);
+
 }  // namespace qkv::kernels::avx512
+
+namespace qkv::kernels {
+
+// How an (m rows, n_panels panels of kNR columns) product is cut into work items for `threads` threads: M blocks
+// of mc rows (a multiple of kMR, <= mc_max) times n_splits shares of the panels. Picks the cut whose busiest thread
+// has the fewest tiles; on ties, fewer items (less repacking of A). threads <= 1: one share, the fewest M blocks.
+struct Split {
+  int64_t mc = avx512::kMR;
+  int64_t n_splits = 1;
+};
+Split choose_split(int64_t m, int64_t n_panels, int threads, int64_t mc_max);
+
+}  // namespace qkv::kernels

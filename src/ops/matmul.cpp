@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/cpu.h"
+#include "qkv/kernels/lowp.h"
 #include "qkv/kernels/sgemm.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/ops/elementwise.h"
 
 namespace qkv {
@@ -51,6 +54,16 @@ void gemm(const float* a, const MatLayout& la, const float* b, const MatLayout& 
                  std::max<int64_t>(n, 1));
 }
 
+// The same product on the AVX512-BF16 kernel: B packed (rounded to bf16) for this product, A row-major
+// (la.trans is never passed here).
+void gemm_bf16(const float* a, const MatLayout& la, const float* b, const MatLayout& lb, float* c, int64_t m,
+               int64_t n, int64_t k) {
+  kernels::PackedB w;  // W(j, p) = B(p, j)
+  if (lb.trans) kernels::pack_bf16(b, n, k, lb.ld, 1, w);
+  else kernels::pack_bf16(b, n, k, 1, lb.ld, w);
+  kernels::gemm_bf16_packed(a, m, la.ld, w.view(), nullptr, c, std::max<int64_t>(n, 1));
+}
+
 // Returns `t` (or a contiguous copy when its last two dims are not a BLAS-able matrix) and its layout.
 Tensor blas_ready(const Tensor& t, MatLayout& layout) {
   const int64_t r = t.dim();
@@ -79,8 +92,17 @@ std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b) { return matmul(a, b, Precision::kFloat32); }
+
+Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
+  QKV_CHECK_ARG(precision != Precision::kInt8, "[matmul] precision int8 is for linear layers only (a ",
+                a.defined() ? str(a.shape()) : std::string("(undefined)"), ", b ",
+                b.defined() ? str(b.shape()) : std::string("(undefined)"), ")");
   QKV_CHECK_ARG(a.defined() && b.defined(), "[matmul] undefined operand");
+  // bf16 without AVX512-BF16: the operands rounded, then the float32 product.
+  const bool packed_bf16 =
+      precision == Precision::kBFloat16 && kernels::active_isa() >= kernels::Isa::kAvx512Bf16;
+  if (precision == Precision::kBFloat16 && !packed_bf16) return matmul(round_to_bf16(a), round_to_bf16(b));
   QKV_CHECK_ARG(a.dim() >= 2 && b.dim() >= 2, "[matmul] operands must have rank >= 2, got a ",
                 str(a.shape()), " and b ", str(b.shape()));
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
@@ -96,7 +118,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   for (int64_t v : {m, n, k}) check_blas_int(v, "matmul", "dimension");
 
   MatLayout la, lb;
-  const Tensor A = blas_ready(a, la);
+  Tensor A = blas_ready(a, la);
+  if (packed_bf16 && la.trans) A = blas_ready(a.contiguous(), la);  // the bf16 kernel reads rows of A
   const Tensor B = blas_ready(b, lb);
   check_blas_int(la.ld, "matmul", "leading dimension");
   check_blas_int(lb.ld, "matmul", "leading dimension");
@@ -109,12 +132,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   bool a_tall = !la.trans && nb > 1 && m * nb <= INT_MAX;
   for (int64_t i = 1; a_tall && i < nb; ++i) a_tall = oa[i] == oa[0] + i * m * la.ld;
   if (nb == 1 || (b_shared && a_tall)) {
-    gemm(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k, false);
+    if (packed_bf16) gemm_bf16(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k);
+    else gemm(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k, false);
     return out;
   }
   const float* pa = A.data();
   const float* pb = B.data();
   float* pc = out.data();
+  if (packed_bf16) {  // each product packs its B (allocations stay outside parallel regions)
+    for (int64_t i = 0; i < nb; ++i) gemm_bf16(pa + oa[i], la, pb + ob[i], lb, pc + i * m * n, m, n, k);
+    return out;
+  }
   // Many small products: spread the batch over threads (OpenBLAS runs one thread inside the region).
   // Below ~64k multiply-adds in total, starting threads costs more than the work.
   const bool par = nb >= 2 && m * n * k <= (int64_t{1} << 21) && nb * m * n * k >= (int64_t{1} << 16);

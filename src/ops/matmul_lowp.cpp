@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "qkv/core/error.h"
+#include "qkv/kernels/cpu.h"
 #include "qkv/ops/matmul.h"
 
 namespace qkv {
@@ -24,12 +25,27 @@ LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precisio
   in_ = weight.size(1);
   switch (precision) {
     case Precision::kFloat32: weight_ = weight; break;
-    case Precision::kBFloat16: weight_ = round_to_bf16(weight); break;
+    case Precision::kBFloat16:
+      if (kernels::active_isa() >= kernels::Isa::kAvx512Bf16) {
+        const Tensor c = weight.contiguous();
+        auto p = std::make_shared<kernels::PackedB>();
+        kernels::pack_bf16(c.data(), end_, in_, in_, 1, *p);
+        packed_ = std::move(p);
+      } else {
+        weight_ = round_to_bf16(weight);
+      }
+      break;
     case Precision::kInt8: {
       const Tensor c = weight.contiguous();
       auto q = std::make_shared<kernels::Int8Rows>();
       kernels::quantize_rows_int8(c.data(), end_, in_, in_, *q);
-      int8_ = std::move(q);
+      if (kernels::active_isa() >= kernels::Isa::kAvx512Vnni && in_ <= kernels::kInt8PackedMaxK) {
+        auto p = std::make_shared<kernels::PackedB>();
+        kernels::pack_int8(q->view(), *p);
+        packed_ = std::move(p);
+      } else {
+        int8_ = std::move(q);
+      }
       break;
     }
   }
@@ -48,37 +64,34 @@ LinearWeight LinearWeight::rows(int64_t begin, int64_t end) const {
 Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
   QKV_CHECK_ARG(w.defined(), "[linear] the LinearWeight is empty (default-constructed)");
   if (w.precision_ == Precision::kFloat32) return linear(x, w.weight_, bias);
-  if (w.precision_ == Precision::kBFloat16) {
+  if (w.precision_ == Precision::kBFloat16 && !w.packed_) {
     QKV_CHECK_ARG(x.defined(), "[linear] undefined input");
     return linear(round_to_bf16(x), w.weight_, bias);
   }
+  const char* kind = w.precision_ == Precision::kInt8 ? "int8" : "bf16";
   QKV_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) == w.in_, "[linear] x ",
                 x.defined() ? str(x.shape()) : std::string("(undefined)"), " must have last dim in_features = ", w.in_,
-                " (int8 weight (", w.out_features(), ", ", w.in_, "))");
+                " (", kind, " weight (", w.out_features(), ", ", w.in_, "))");
   const int64_t outf = w.out_features();
   QKV_CHECK_ARG(!bias.defined() || (bias.dim() == 1 && bias.size(0) == outf), "[linear] bias ", str(bias.shape()),
-                " must be (", outf, ",) for the int8 weight (", outf, ", ", w.in_, ")");
+                " must be (", outf, ",) for the ", kind, " weight (", outf, ", ", w.in_, ")");
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   const int64_t rows = shape_numel(out_shape);
   out_shape.push_back(outf);
   Tensor out = Tensor::empty(out_shape);
   if (rows == 0 || outf == 0) return out;
   const Tensor xc = x.contiguous();
+  const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+  const float* b = bc.defined() ? bc.data() : nullptr;
+  if (w.precision_ == Precision::kBFloat16) {
+    kernels::gemm_bf16_packed(xc.data(), rows, w.in_, w.packed_->view(w.begin_, w.end_), b, out.data(), outf);
+    return out;
+  }
   kernels::Int8Rows xq;
   kernels::quantize_rows_int8(xc.data(), rows, w.in_, w.in_, xq);
-  const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
-  kernels::gemm_int8_nt(xq.view(), w.int8_->view(w.begin_, w.end_), bc.defined() ? bc.data() : nullptr, out.data(),
-                        outf);
+  if (w.packed_) kernels::gemm_int8_packed(xq.view(), w.packed_->view(w.begin_, w.end_), b, out.data(), outf);
+  else kernels::gemm_int8_nt(xq.view(), w.int8_->view(w.begin_, w.end_), b, out.data(), outf);
   return out;
-}
-
-Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
-  QKV_CHECK_ARG(precision != Precision::kInt8, "[matmul] precision int8 is for linear layers only (a ",
-                a.defined() ? str(a.shape()) : std::string("(undefined)"), ", b ",
-                b.defined() ? str(b.shape()) : std::string("(undefined)"), ")");
-  if (precision == Precision::kFloat32) return matmul(a, b);
-  QKV_CHECK_ARG(a.defined() && b.defined(), "[matmul] undefined input");
-  return matmul(round_to_bf16(a), round_to_bf16(b), Precision::kFloat32);
 }
 
 }  // namespace qkv

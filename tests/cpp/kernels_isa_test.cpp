@@ -98,6 +98,15 @@ TEST(CpuProbe, ResolveIsaCapsAtTheWidestPathTheCpuHas) {
   EXPECT_EQ(kernels::resolve_isa("avx2", avx512), Isa::kAvx2);
   EXPECT_EQ(kernels::resolve_isa("avx512", avx512), Isa::kAvx512);
   EXPECT_EQ(kernels::resolve_isa("avx2", avx2), Isa::kAvx2);
+  kernels::CpuFeatures vnni = avx512, bf16 = avx512;
+  vnni.avx512_vnni = true;
+  bf16.avx512_vnni = bf16.avx512_bf16 = true;
+  EXPECT_EQ(kernels::resolve_isa(nullptr, vnni), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::resolve_isa(nullptr, bf16), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::resolve_isa("avx512vnni", bf16), Isa::kAvx512Vnni);
+  EXPECT_EQ(kernels::resolve_isa("avx512", bf16), Isa::kAvx512);
+  EXPECT_THROW(kernels::resolve_isa("avx512bf16", vnni), std::runtime_error);
+  EXPECT_THROW(kernels::resolve_isa("avx512vnni", avx512), std::runtime_error);
 }
 
 TEST(CpuProbeErrors, QkvIsaAboveTheCpuOrUnknownThrowsNamingCpu) {
@@ -119,9 +128,14 @@ TEST(CpuProbe, FeaturesAreConsistent) {
   EXPECT_TRUE(kernels::cpu_supports(Isa::kPortable));
   EXPECT_EQ(kernels::cpu_supports(Isa::kAvx2), f.avx2);
   EXPECT_EQ(kernels::cpu_supports(Isa::kAvx512), f.avx512);
+  EXPECT_EQ(kernels::cpu_supports(Isa::kAvx512Vnni), f.avx512_vnni);
+  EXPECT_EQ(kernels::cpu_supports(Isa::kAvx512Bf16), f.avx512_bf16);
   EXPECT_TRUE(!f.avx512 || f.avx2);  // every AVX-512 kernel also uses AVX2 + FMA
+  EXPECT_TRUE(!f.avx512_vnni || f.avx512);
+  EXPECT_TRUE(!f.avx512_bf16 || f.avx512_vnni);
   EXPECT_EQ(kernels::sgemm_avx512_supported(), f.avx512);
-  std::cout << "[ cpu      ] avx2+fma " << f.avx2 << ", avx512 f/bw/dq/vl " << f.avx512 << "\n";
+  std::cout << "[ cpu      ] avx2+fma " << f.avx2 << ", avx512 f/bw/dq/vl " << f.avx512 << ", avx512-vnni "
+            << f.avx512_vnni << ", avx512-bf16 " << f.avx512_bf16 << "\n";
 }
 
 // Run once plainly and, from CMake, again under QKV_ISA=portable / avx2 / a bad value: the dispatchers of every
@@ -148,14 +162,24 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
     return;
   }
   EXPECT_EQ(kernels::active_isa(), want);
-  EXPECT_EQ(std::string(kernels::flash_isa_name(kernels::FlashIsa::kAuto)), kernels::isa_name(want));
-  if (want != Isa::kAvx512) {
+  // The float32 kernels stop at AVX-512; only the low-precision ones have the levels past it.
+  const Isa fp32 = want >= Isa::kAvx512 ? Isa::kAvx512 : want;
+  EXPECT_EQ(std::string(kernels::flash_isa_name(kernels::FlashIsa::kAuto)), kernels::isa_name(fp32));
+  if (want < Isa::kAvx512) {
     EXPECT_EQ(std::string(kernels::sgemm_backend()), "openblas");
   }
   const std::string bf16 = kernels::lowp_paths().bf16, int8 = kernels::lowp_paths().int8;
   const bool avx2 = want >= Isa::kAvx2;
-  EXPECT_NE(bf16.find(avx2 ? "float32 avx2 kernels" : "float32 portable kernels"), std::string::npos) << bf16;
-  EXPECT_EQ(int8.rfind(avx2 ? "avx2 vpmaddwd" : "portable", 0), 0u) << int8;
+  if (want >= Isa::kAvx512Bf16) EXPECT_EQ(bf16.rfind("avx512bf16 vdpbf16ps", 0), 0u) << bf16;
+  else EXPECT_NE(bf16.find(avx2 ? "float32 avx2 kernels" : "float32 portable kernels"), std::string::npos) << bf16;
+  if (want >= Isa::kAvx512Vnni) EXPECT_EQ(int8.rfind("avx512vnni vpdpbusd", 0), 0u) << int8;
+  else EXPECT_EQ(int8.rfind(avx2 ? "avx2 vpmaddwd" : "portable", 0), 0u) << int8;
+  // The packed products refuse to run below their level instead of picking another path.
+  if (want < Isa::kAvx512Bf16) {
+    kernels::PackedB w;
+    kernels::pack_bf16(x.data(), 2, 8, 8, 1, w);
+    EXPECT_THROW(kernels::gemm_bf16_packed(x.data(), 1, 8, w.view(), nullptr, y.data(), 2), std::runtime_error);
+  }
   std::cout << "[ QKV_ISA  ] " << (env ? env : "(unset)") << " -> " << kernels::isa_name(want) << "\n";
 }
 

@@ -3,6 +3,7 @@
 // carry a precision (linear, matmul, attention, nn::Module::set_precision), fp32 staying bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -130,7 +131,9 @@ TEST(Bf16Kernels, RoundToNearestEvenOnEveryPathMatchesOracle) {
   for (size_t i = 0; i < big.size(); ++i) want[i] = bf16_oracle(big[i]);
   kernels::bf16_round(big.data(), big.data(), static_cast<int64_t>(big.size()));
   for (size_t i = 0; i < big.size(); ++i) ASSERT_TRUE(same_value(big[i], want[i])) << i;
-  EXPECT_EQ(std::string(kernels::lowp_paths().bf16).rfind("converting", 0), 0u) << kernels::lowp_paths().bf16;
+  const bool packed = kernels::active_isa() >= Isa::kAvx512Bf16;
+  EXPECT_EQ(std::string(kernels::lowp_paths().bf16).rfind(packed ? "avx512bf16 vdpbf16ps" : "converting", 0), 0u)
+      << kernels::lowp_paths().bf16;
 }
 
 // Random (rows, cols) with a NaN row when asked.
@@ -231,6 +234,139 @@ std::vector<float> rounded(const std::vector<float>& v) {
   return r;
 }
 
+// The packed int8 product (the layout of vpdpbusd) against the exact integer product on its reference and, where
+// the CPU has AVX512-VNNI, its kernel: the same bits as the unpacked kernels, on views that start inside a panel.
+TEST(Int8Kernels, PackedProductIsTheUnpackedOneBitForBitOnEveryPath) {
+  struct Shp {
+    int64_t m, n, k, begin, end;  // the view: weight rows [begin, end)
+  };
+  const bool vnni = kernels::cpu_supports(Isa::kAvx512Vnni);
+  std::cout << "[ paths    ] packed int8: ran portable" << (vnni ? ",avx512vnni" : "; not on this CPU: avx512vnni")
+            << "\n";
+  for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 100, 3, 70}, Shp{29, 97, 385, 33, 96},
+                      Shp{14, 64, 64, 0, 64}, Shp{2, 40, 3, 31, 33}}) {
+    SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " view [" +
+                 std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
+    kernels::Int8Rows a = quantized(s.m, s.k, 41 + s.m), b = quantized(s.n, s.k, 43 + s.n);
+    a.q[0] = -127;  // the extremes of the offset activations (q + 128 = 1 and 255)
+    a.q[static_cast<size_t>(a.ld - 1 < s.k ? a.ld - 1 : s.k - 1)] = 127;
+    const Tensor bias = testing::randn({s.n}, 7);
+    const int64_t nv = s.end - s.begin;
+    std::vector<float> want(static_cast<size_t>(s.m * nv));
+    kernels::portable::gemm_int8_block(a.view(), b.view(s.begin, s.end), bias.data() + s.begin, want.data(), nv, 0,
+                                       s.m, 0, nv);
+    kernels::PackedB packed;
+    kernels::pack_int8(b.view(), packed);
+    const kernels::PackedBView v = packed.view(s.begin, s.end);
+    std::vector<float> c(want.size(), NAN);
+    kernels::portable::gemm_int8_packed_block(a.view(), v, bias.data() + s.begin, c.data(), nv, 0, s.m, 0, nv);
+    EXPECT_EQ(c, want) << "portable packed";
+    if (vnni) {
+      std::fill(c.begin(), c.end(), NAN);
+      // Two tiles that split rows and columns unevenly, as the threaded driver does.
+      const int64_t mh = s.m / 2, nh = nv / 3;
+      for (auto [m0, m1] : {std::pair{int64_t{0}, mh}, std::pair{mh, s.m}})
+        for (auto [n0, n1] : {std::pair{int64_t{0}, nh}, std::pair{nh, nv}})
+          kernels::avx512vnni::gemm_int8_packed_block(a.view(), v, bias.data() + s.begin, c.data(), nv, m0, m1, n0,
+                                                      n1);
+      EXPECT_EQ(c, want) << "avx512vnni";
+      if (kernels::active_isa() >= Isa::kAvx512Vnni) {
+        std::fill(c.begin(), c.end(), NAN);
+        kernels::gemm_int8_packed(a.view(), v, bias.data() + s.begin, c.data(), nv);
+        EXPECT_EQ(c, want) << "threaded";
+      }
+    }
+  }
+  // A NaN activation row stays NaN through the packed product.
+  std::vector<float> x(8, 1.0f);
+  x[3] = NAN;
+  kernels::Int8Rows a;
+  kernels::quantize_rows_int8(x.data(), 1, 8, 8, a);
+  const kernels::Int8Rows b = quantized(3, 8, 5);
+  kernels::PackedB packed;
+  kernels::pack_int8(b.view(), packed);
+  std::vector<float> c(3, 0.0f);
+  kernels::portable::gemm_int8_packed_block(a.view(), packed.view(), nullptr, c.data(), 3, 0, 1, 0, 3);
+  for (float y : c) EXPECT_TRUE(std::isnan(y));
+  if (vnni) {
+    std::fill(c.begin(), c.end(), 0.0f);
+    kernels::avx512vnni::gemm_int8_packed_block(a.view(), packed.view(), nullptr, c.data(), 3, 0, 1, 0, 3);
+    for (float y : c) EXPECT_TRUE(std::isnan(y));
+  }
+}
+
+// The packed bf16 product on its reference and, where the CPU has AVX512-BF16, on vdpbf16ps: within float32
+// accumulation slack (k·2^-23·Σ|x||w| per entry) of the float64 product of the bf16-rounded operands, on odd
+// shapes, one row, odd k, and views that start inside a panel. NaN and inf in x reach the output.
+TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryPath) {
+  struct Shp {
+    int64_t m, n, k, begin, end;
+  };
+  const bool bf16 = kernels::cpu_supports(Isa::kAvx512Bf16);
+  std::cout << "[ paths    ] packed bf16: ran portable" << (bf16 ? ",avx512bf16" : "; not on this CPU: avx512bf16")
+            << "\n";
+  for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 101, 3, 70}, Shp{29, 97, 384, 33, 96},
+                      Shp{1, 384, 384, 0, 384}, Shp{40, 33, 2, 31, 33}}) {
+    SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " view [" +
+                 std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
+    const Tensor x = testing::randn({s.m, s.k}, 60 + s.k), w = testing::randn({s.n, s.k}, 70 + s.k);
+    const Tensor bias = testing::randn({s.n}, 8);
+    const int64_t nv = s.end - s.begin;
+    const std::vector<float> xr = rounded(x.to_vector()), wr = rounded(w.to_vector());
+    std::vector<float> wv(wr.begin() + s.begin * s.k, wr.begin() + s.end * s.k);
+    double abs_max = 0;
+    const std::vector<double> want = product64(xr, wv, s.m, nv, s.k, &abs_max);
+    const double slack = static_cast<double>(s.k) * std::ldexp(1.0, -23) * abs_max + 1e-30;
+    kernels::PackedB packed;
+    kernels::pack_bf16(w.data(), s.n, s.k, s.k, 1, packed);
+    const kernels::PackedBView v = packed.view(s.begin, s.end);
+    auto check = [&](const std::vector<float>& c, const char* path) {
+      double err = 0;
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < nv; ++j)
+          err = std::max(err, std::fabs(c[i * nv + j] - (want[i * nv + j] + bias.data()[s.begin + j])));
+      EXPECT_LE(err, slack + 1e-6 * 4) << path;  // + the rounding of the bias add
+    };
+    std::vector<float> c(static_cast<size_t>(s.m * nv), NAN);
+    kernels::portable::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, c.data(), nv, 0, s.m, 0, nv);
+    check(c, "portable");
+    if (bf16) {
+      std::fill(c.begin(), c.end(), NAN);
+      const int64_t mh = s.m / 2, nh = nv / 3;
+      for (auto [m0, m1] : {std::pair{int64_t{0}, mh}, std::pair{mh, s.m}})
+        for (auto [n0, n1] : {std::pair{int64_t{0}, nh}, std::pair{nh, nv}})
+          kernels::avx512bf16::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, c.data(), nv, m0, m1,
+                                                      n0, n1);
+      check(c, "avx512bf16");
+      // The transposed-B packing (a (k, n) row-major operand) gives the same packed words.
+      kernels::PackedB from_kn;
+      const Tensor wt = w.transpose(0, 1).contiguous();
+      kernels::pack_bf16(wt.data(), s.n, s.k, 1, s.n, from_kn);
+      EXPECT_EQ(from_kn.data, packed.data);
+    }
+  }
+  // Specials: a NaN or an inf in a row of x makes that row's entries NaN or inf; other rows stay finite.
+  Tensor x = testing::randn({3, 20}, 1);
+  x.data()[5] = NAN;
+  x.data()[20 + 7] = INFINITY;
+  Tensor w = testing::randn({4, 20}, 2);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data()[i] = std::fabs(w.data()[i]) + 0.1f;  // no cancellation to 0
+  kernels::PackedB packed;
+  kernels::pack_bf16(w.data(), 4, 20, 20, 1, packed);
+  std::vector<Isa> paths{Isa::kPortable};
+  if (bf16) paths.push_back(Isa::kAvx512Bf16);
+  for (Isa p : paths) {
+    std::vector<float> c(12, 0.0f);
+    (p == Isa::kPortable ? kernels::portable::gemm_bf16_packed_block : kernels::avx512bf16::gemm_bf16_packed_block)(
+        x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4);
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_TRUE(std::isnan(c[j])) << kernels::isa_name(p);
+      EXPECT_TRUE(std::isinf(c[4 + j]) && c[4 + j] > 0) << kernels::isa_name(p);
+      EXPECT_TRUE(std::isfinite(c[8 + j])) << kernels::isa_name(p);
+    }
+  }
+}
+
 // The gate: bf16 GEMM error (vs the exact product of the float32 inputs) <= 2x the error of a float64
 // product of the same bf16-rounded inputs, plus float32 accumulation slack k·2^-24·max Σ|x||w|.
 TEST(Bf16Gemm, ErrorWithinTwiceTheBf16InputErrorPlusFp32Slack) {
@@ -293,7 +429,13 @@ TEST(PrecisionFronts, Fp32StaysBitForBitAndBf16IsRoundThenFp32) {
   lin.set_precision(Precision::kBFloat16);
   EXPECT_EQ(lin.precision(), Precision::kBFloat16);
   const Tensor y16 = lin.forward(x);
-  EXPECT_TRUE(testing::AllClose(y16, linear(round_to_bf16(x), round_to_bf16(lin.weight), lin.bias), testing::kExact));
+  // With AVX512-BF16 the product runs vdpbf16ps (its own float32 summation order), else the float32 kernel on the
+  // rounded operands, bit for bit.
+  const testing::Tol round_then_fp32 =
+      kernels::active_isa() >= Isa::kAvx512Bf16 ? testing::Tol{1e-5, 1e-5} : testing::kExact;
+  EXPECT_TRUE(testing::AllClose(y16, linear(x, LinearWeight(lin.weight, Precision::kBFloat16), lin.bias),
+                                testing::kExact));
+  EXPECT_TRUE(testing::AllClose(y16, linear(round_to_bf16(x), round_to_bf16(lin.weight), lin.bias), round_then_fp32));
   EXPECT_FALSE(testing::AllClose(y16, before, testing::kExact));
   lin.set_precision(Precision::kFloat32);
   EXPECT_TRUE(testing::AllClose(lin.forward(x), before, testing::kExact));
@@ -306,6 +448,8 @@ TEST(PrecisionFronts, Fp32StaysBitForBitAndBf16IsRoundThenFp32) {
   sd["weight"] = testing::randn({17, 33}, 77);
   lin.load_state_dict(sd);
   EXPECT_TRUE(testing::AllClose(lin.forward(x), linear(round_to_bf16(x), round_to_bf16(sd["weight"]), lin.bias),
+                                round_then_fp32));
+  EXPECT_TRUE(testing::AllClose(lin.forward(x), linear(x, LinearWeight(sd["weight"], Precision::kBFloat16), lin.bias),
                                 testing::kExact));
 
   // A forward that records a tape refuses a non-fp32 precision.

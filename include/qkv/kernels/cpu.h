@@ -5,14 +5,18 @@
 
 namespace qkv::kernels {
 
-// Kernel paths, narrowest to widest. kAvx2 means AVX2 + FMA; kAvx512 means AVX-512 F, BW, DQ and VL (every
-// AVX-512 kernel also uses AVX2 + FMA).
-enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// Kernel paths, narrowest to widest; each includes the ones before it. kAvx2 means AVX2 + FMA; kAvx512 means
+// AVX-512 F, BW, DQ and VL (every AVX-512 kernel also uses AVX2 + FMA); kAvx512Vnni adds AVX512-VNNI (the int8
+// product's vpdpbusd); kAvx512Bf16 adds AVX512-BF16 as well (the bf16 product's vdpbf16ps). Only the low-precision
+// kernels (qkv/kernels/lowp.h) have builds past kAvx512: the float32 kernels run their AVX-512 build there.
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4 };
 
 // What the hardware has, probed once.
 struct CpuFeatures {
   bool avx2 = false;     // AVX2 and FMA
   bool avx512 = false;   // AVX-512 F, BW, DQ and VL (and AVX2 + FMA)
+  bool avx512_vnni = false;  // and AVX512-VNNI
+  bool avx512_bf16 = false;  // and AVX512-BF16 (set only with avx512_vnni: every such CPU has both)
 };
 const CpuFeatures& cpu_features();
 
@@ -20,7 +24,7 @@ const CpuFeatures& cpu_features();
 bool cpu_supports(Isa isa);
 
 // The widest path the dispatchers pick: the widest this CPU has, capped by QKV_ISA (read once, at the first call):
-//   QKV_ISA=portable | avx2 | avx512   (unset or empty: no cap)
+//   QKV_ISA=portable | avx2 | avx512 | avx512vnni | avx512bf16   (unset or empty: no cap)
 // QKV_ISA naming a path this CPU lacks, or any other value, throws std::runtime_error "[cpu] ..." from every call
 // (the path asked for can never silently become another one).
 Isa active_isa();
@@ -28,7 +32,7 @@ Isa active_isa();
 // resolve_isa(QKV_ISA value or nullptr, features): the rule active_isa() applies, for tests.
 Isa resolve_isa(const char* env_value, const CpuFeatures& features);
 
-// "portable", "avx2", "avx512".
+// "portable", "avx2", "avx512", "avx512vnni", "avx512bf16".
 const char* isa_name(Isa isa);
 
 }  // namespace qkv::kernels

@@ -4,8 +4,15 @@
 //
 // bfloat16 here is round to nearest even of float32's top 16 bits: NaN stays NaN (made quiet, sign kept), ±inf
 // stays ±inf, and a finite value past bfloat16's largest rounds to ±inf, as PyTorch's and the hardware's
-// conversions do. This CPU class has no bf16 arithmetic (no AVX512-BF16, no AMX), so a bf16 product is "round the
-// operands, then the float32 kernel": the same FLOPs as float32 plus one rounding pass over the activations.
+// conversions do. Where the CPU has AVX512-BF16 (Isa::kAvx512Bf16), the bf16 product runs vdpbf16ps on weights
+// packed once (PackedB below); elsewhere it is "round the operands, then the float32 kernel". Where it has
+// AVX512-VNNI (Isa::kAvx512Vnni), the int8 product runs vpdpbusd on packed weights; elsewhere vpmaddwd (AVX2) or
+// portable loops. Both int8 builds give the same bits (exact int32 sums, the same float epilogue).
+//
+// Packed products (gemm_bf16_packed, gemm_int8_packed). The weight W (n, k) is packed once into panels of
+// kPanel = 32 output columns: panel p holds columns [32p, 32p + 32) as k-groups of 4 bytes per column,
+// [group][column][4 bytes]: 2 bfloat16 (k, k+1) for bf16, 4 int8 (k..k+3) for int8, zero past k and past n.
+// The activations are packed per call the same way, [group][row][4 bytes], rows in blocks of 14.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +73,59 @@ void bf16_to_float_range(const uint16_t* x, float* y, int64_t n);
 void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc, int64_t m0,
                      int64_t m1, int64_t n0, int64_t n1);
 }  // namespace avx2
+
+// A packed weight (see above) and the per-column data of the int8 one; view(begin, end) is the weight of output
+// columns [begin, end) without copying (begin need not be a multiple of 32: the kernels skip the first
+// begin % 32 columns of the first panel).
+inline constexpr int64_t kPanel = 32;
+struct PackedBView {
+  const uint32_t* data = nullptr;  // the panel holding column `col0`
+  const int32_t* colsum = nullptr;  // int8: Σ_k w[j][k] for the panel's columns, from its first one
+  const float* scale = nullptr;     // int8: the per-column scale, likewise
+  int64_t col0 = 0, n = 0, k = 0, groups = 0;
+};
+struct PackedB {
+  int64_t n = 0, k = 0, groups = 0;  // groups = ceil(k / 2) for bf16, ceil(k / 4) for int8
+  std::vector<uint32_t> data;        // ceil(n / 32) panels of groups * 32 words
+  std::vector<int32_t> colsum;       // int8 only: one per column, padded to whole panels
+  std::vector<float> scale;          // int8 only: likewise
+  PackedBView view(int64_t begin, int64_t end) const;
+  PackedBView view() const { return view(0, n); }
+};
+
+// W(j, p) = w[j * stride_n + p * stride_k] for j < n, p < k (so (n, k) row-major is stride_n = ldw, stride_k = 1,
+// and a (k, n) row-major B is stride_n = 1, stride_k = ldb), rounded to bfloat16 and packed.
+void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t stride_k, PackedB& out);
+// Int8 rows (one per output column) packed with their column sums and scales; k <= 65536 (the offset-activation
+// sums of vpdpbusd must stay exact in int32).
+void pack_int8(const Int8View& w, PackedB& out);
+inline constexpr int64_t kInt8PackedMaxK = 65536;
+
+// c (m, n) row-major with ldc: c[i][j] = Σ_k bf16(x[i][k]) · w[j][k] + bias[j], float32 accumulation, x (m, k)
+// with row stride ldx. Runs the avx512bf16 build (throws std::runtime_error when active_isa() is below it).
+// Threaded over blocks of c; the same bits for every thread count.
+void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                      int64_t ldc);
+// The int8 product of gemm_int8_nt over a packed weight, avx512vnni build (throws std::runtime_error when
+// active_isa() is below it). The same bits as gemm_int8_nt on the unpacked rows.
+void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc);
+
+// One tile of the packed products by name, for tests: rows [m0, m1) of c over the view's columns [n0, n1)
+// (the portable builds are the plain references; avx512bf16:: needs Isa::kAvx512Bf16, avx512vnni:: kAvx512Vnni).
+namespace portable {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace portable
+namespace avx512bf16 {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace avx512bf16
+namespace avx512vnni {
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace avx512vnni
 
 // What the bf16 and int8 products run on this CPU under the QKV_ISA cap, for `qkv info` and qkv.cpu_info():
 //   bf16 "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"

@@ -14,10 +14,12 @@ namespace qkv {
 // x rounded to bfloat16 element-wise (a new contiguous float32 tensor; NaN stays NaN, inf stays inf).
 Tensor round_to_bf16(const Tensor& x);
 
-// A linear layer's weight (out, in) prepared for one precision.
+// A linear layer's weight (out, in) prepared once for one precision and the kernels this CPU runs.
 //   kFloat32:  the weight itself (shared storage), so linear() gives the float32 bits exactly.
-//   kBFloat16: a bf16-rounded float32 copy.
-//   kInt8:     int8 values per output channel (symmetric scale max|row| / 127).
+//   kBFloat16: with AVX512-BF16 (qkv/kernels/cpu.h Isa::kAvx512Bf16), bfloat16 packed for vdpbf16ps; otherwise a
+//              bf16-rounded float32 copy for the float32 kernels.
+//   kInt8:     int8 values per output channel (symmetric scale max|row| / 127); with AVX512-VNNI packed for
+//              vpdpbusd (in <= 65536), otherwise rows for the vpmaddwd / portable kernel. Both give the same bits.
 // rows(begin, end) is the weight of output channels [begin, end) without copying (a packed Q/K/V projection).
 class LinearWeight {
  public:
@@ -33,18 +35,19 @@ class LinearWeight {
  private:
   friend Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias);
   Precision precision_ = Precision::kFloat32;
-  Tensor weight_;                                  // kFloat32 / kBFloat16: (out, in) over [begin_, end_)
-  std::shared_ptr<const kernels::Int8Rows> int8_;  // kInt8: every row; [begin_, end_) of them are used
+  Tensor weight_;                                  // kFloat32, converting kBFloat16: (out, in) over [begin_, end_)
+  std::shared_ptr<const kernels::Int8Rows> int8_;  // kInt8 without VNNI: every row; [begin_, end_) of them are used
+  std::shared_ptr<const kernels::PackedB> packed_;  // AVX512-BF16 kBFloat16, AVX512-VNNI kInt8: every row
   int64_t begin_ = 0, end_ = 0, in_ = -1;
 };
 
 // x: (..., in) -> (..., out) = x·weightᵀ + bias at the weight's precision. kFloat32 is linear(x, weight, bias);
-// kBFloat16 is linear(round_to_bf16(x), rounded weight, bias); kInt8 quantizes each row of x (per token) and runs the
+// kBFloat16 is the packed AVX512-BF16 product or linear(round_to_bf16(x), rounded weight, bias); kInt8 quantizes each row of x (per token) and runs the
 // int8 kernel (exact int32 sums, float32 scale and bias).
 Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias = {});
 
-// matmul(a, b) at `precision`: kFloat32 is matmul(a, b); kBFloat16 rounds both operands (activations, one pass each)
-// and runs the float32 product. kInt8 throws std::invalid_argument (int8 is for linear layers only).
+// matmul(a, b) at `precision`: kFloat32 is matmul(a, b); kBFloat16 runs the AVX512-BF16 kernel (b packed per
+// product, float32 accumulation) where the CPU has it, else rounds both operands and runs the float32 product. kInt8 throws std::invalid_argument (int8 is for linear layers only).
 Tensor matmul(const Tensor& a, const Tensor& b, Precision precision);
 
 }  // namespace qkv

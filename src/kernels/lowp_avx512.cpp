@@ -1,0 +1,240 @@
+// The packed low-precision products (qkv/kernels/lowp.h) with AVX-512: bf16 through vdpbf16ps (AVX512-BF16) and
+// int8 through vpdpbusd (AVX512-VNNI), one 14x32 register-blocked microkernel for both. The activations are packed
+// per tile as [group][row] 32-bit words (two bf16, or four int8 offset by +128 to unsigned), so one broadcast feeds
+// two zmm of a weight panel. This file alone is compiled with -mavx512bf16 -mavx512vnni; it holds no inline code
+// from the standard library, so nothing built here can stand in for another unit's copy on an older CPU.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "qkv/kernels/lowp.h"
+
+// GCC 12 flags the _mm512_undefined_*() inside its own shift intrinsics (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace qkv::kernels {
+namespace {
+
+constexpr int64_t kMR = 14;  // rows of c per microkernel: 28 accumulators + 2 weight registers + 1 broadcast
+
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF)
+                     : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
+}
+
+// A per-thread scratch buffer for the packed activation rows, grown with malloc (never freed before exit).
+struct Scratch {
+  uint32_t* p = nullptr;
+  int64_t size = 0;
+  uint32_t* get(int64_t words) {
+    if (words > size) {
+      std::free(p);
+      p = static_cast<uint32_t*>(std::malloc(static_cast<size_t>(words) * sizeof(uint32_t)));
+      size = p ? words : 0;
+      if (!p) std::abort();  // inside a parallel region nothing may throw; a few KB that cannot be had
+    }
+    return p;
+  }
+};
+thread_local Scratch scratch;
+
+// Rounded bf16 bits of 16 floats in the low halves of 16 words (the integer steps of bf16_round_bits).
+inline __m512i bf16_bits16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+  return _mm512_srli_epi32(_mm512_mask_blend_epi32(nan, r, quiet), 16);
+}
+
+// Rows [0, rows) of x (row stride ldx, k columns) as [group][kMR] words of bf16 pairs (low half: even k).
+void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
+  alignas(64) uint32_t pairs[16];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+      // 32 floats (k = 2 g0 ..) -> 16 words; past k zero.
+      const int64_t k0 = 2 * g0;
+      const __mmask16 m0 = lanes(k - k0), m1 = lanes(k - k0 - 16);
+      const __m512i lo = bf16_bits16(_mm512_maskz_loadu_ps(m0, xr + k0));
+      const __m512i hi = bf16_bits16(_mm512_maskz_loadu_ps(m1, xr + k0 + 16));
+      // Words are (even, odd) neighbours: word w = bits[2w] | bits[2w + 1] << 16.
+      const __m512i idx_even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+      const __m512i idx_odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+      const __m512i even = _mm512_permutex2var_epi32(lo, idx_even, hi);
+      const __m512i odd = _mm512_permutex2var_epi32(lo, idx_odd, hi);
+      _mm512_store_si512(pairs, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+      const int64_t gn = std::min<int64_t>(16, groups - g0);
+      for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = pairs[g];
+    }
+  }
+}
+
+// Rows [0, rows) of int8 rows (int16 values, zero past cols) as [group][kMR] words of 4 bytes q + 128.
+void pack_a_int8(const int16_t* q, int64_t ld, int64_t rows, int64_t groups, uint32_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int16_t* qr = q + r * ld;
+    for (int64_t g = 0; g < groups; ++g) {
+      uint32_t w = 0;
+      for (int t = 0; t < 4; ++t) {
+        const int64_t kk = 4 * g + t;
+        const int32_t v = kk < ld ? qr[kk] : 0;  // ld >= 4 * groups; kept for safety of short views
+        w |= static_cast<uint32_t>(v + 128) << (8 * t);
+      }
+      dst[g * kMR + r] = w;
+    }
+  }
+}
+
+struct Bf16Op {
+  using Acc = __m512;
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc dot(Acc acc, __m512i a, __m512i b) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
+  }
+};
+struct Int8Op {
+  using Acc = __m512i;
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static Acc dot(Acc acc, __m512i a, __m512i b) { return _mm512_dpbusd_epi32(acc, a, b); }
+};
+
+// The epilogues: one 16-lane half of a c row, lanes masked by m.
+struct Bf16Out {
+  const float* bias;  // at the panel's first column, or null
+  void store(__m512 acc, int64_t /*row*/, int64_t lane0, float* c, __mmask16 m) const {
+    if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, bias + lane0));
+    _mm512_mask_storeu_ps(c, m, acc);
+  }
+};
+struct Int8Out {
+  const float* bias;    // at the panel's first column, or null
+  const int32_t* colsum;
+  const float* scale;
+  const float* row_scale;  // the activation rows' scales, from the tile's first row
+  void store(__m512i acc, int64_t row, int64_t lane0, float* c, __mmask16 m) const {
+    // Σ q·w = Σ (q + 128)·w - 128 Σ w, exact; then the dequantization of int8_dequant, operation for operation.
+    const __m512i comp = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, colsum + lane0), 7);
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, comp));
+    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(row_scale[row]), _mm512_maskz_loadu_ps(m, scale + lane0));
+    __m512 y = _mm512_mul_ps(v, s);
+    if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, bias + lane0));
+    _mm512_mask_storeu_ps(c, m, y);
+  }
+};
+
+// R rows of c by one 32-column panel: acc over every k-group, then the epilogue.
+template <class Op, int R, class Out>
+void micro(int64_t groups, const uint32_t* __restrict a, const uint32_t* __restrict b, float* c, int64_t ldc,
+           const Out& out, __mmask16 m0, __mmask16 m1) {
+  typename Op::Acc acc0[R], acc1[R];
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = Op::zero();
+    acc1[r] = Op::zero();
+  }
+#pragma GCC unroll 2
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512i b0 = _mm512_loadu_si512(b);
+    const __m512i b1 = _mm512_loadu_si512(b + 16);
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r]));
+      acc0[r] = Op::dot(acc0[r], av, b0);
+      acc1[r] = Op::dot(acc1[r], av, b1);
+    }
+    a += kMR;
+    b += kPanel;
+  }
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    out.store(acc0[r], r, 0, c + r * ldc, m0);
+    out.store(acc1[r], r, 16, c + r * ldc + 16, m1);
+  }
+}
+
+template <class Op, class Out>
+void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
+                const Out& out, __mmask16 m0, __mmask16 m1) {
+  using Fn = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, const Out&, __mmask16, __mmask16);
+  static constexpr Fn table[kMR + 1] = {nullptr,
+                                        micro<Op, 1, Out>,
+                                        micro<Op, 2, Out>,
+                                        micro<Op, 3, Out>,
+                                        micro<Op, 4, Out>,
+                                        micro<Op, 5, Out>,
+                                        micro<Op, 6, Out>,
+                                        micro<Op, 7, Out>,
+                                        micro<Op, 8, Out>,
+                                        micro<Op, 9, Out>,
+                                        micro<Op, 10, Out>,
+                                        micro<Op, 11, Out>,
+                                        micro<Op, 12, Out>,
+                                        micro<Op, 13, Out>,
+                                        micro<Op, 14, Out>};
+  table[rows](groups, a, b, c, ldc, out, m0, m1);
+}
+
+// Rows [m0, m1) of c over the view's columns [n0, n1): pack the activation rows (kMR at a time), then for each
+// panel every row tile. make_out(p, r0, bias) is the epilogue of the tile at panel p (counted from the view's
+// first panel) and row r0, with `bias` at the panel's lane 0 or null.
+template <class Op, class PackA, class MakeOut>
+void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t n0,
+               int64_t n1, PackA pack_a, MakeOut make_out) {
+  if (m0 >= m1 || n0 >= n1) return;
+  const int64_t groups = w.groups, tiles = (m1 - m0 + kMR - 1) / kMR;
+  uint32_t* pa = scratch.get(tiles * groups * kMR);
+  for (int64_t t = 0; t < tiles; ++t) pack_a(m0 + t * kMR, std::min(kMR, m1 - m0 - t * kMR), pa + t * groups * kMR);
+  // View column j is lane col0 + j of the panels counted from w.data.
+  const int64_t l_begin = w.col0 + n0, l_end = w.col0 + n1;
+  alignas(64) float edge[kMR * kPanel];
+  for (int64_t p = l_begin / kPanel; p * kPanel < l_end; ++p) {
+    const int64_t lo = std::max(l_begin, p * kPanel) - p * kPanel, hi = std::min(l_end, (p + 1) * kPanel) - p * kPanel;
+    const int64_t j0 = p * kPanel - w.col0;  // the view column of the panel's lane 0 (< 0 only when lo > 0)
+    const uint32_t* b = w.data + p * groups * kPanel;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t r0 = m0 + t * kMR, rows = std::min(kMR, m1 - r0);
+      if (lo == 0) {
+        micro_rows<Op>(rows, groups, pa + t * groups * kMR, b, c + r0 * ldc + j0, ldc,
+                       make_out(p, r0, bias ? bias + j0 : nullptr), lanes(hi), lanes(hi - 16));
+      } else {  // a view that starts inside this panel: all 32 lanes into a buffer, then lanes [lo, hi) + bias
+        micro_rows<Op>(rows, groups, pa + t * groups * kMR, b, edge, kPanel, make_out(p, r0, nullptr), lanes(16),
+                       lanes(16));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t l = lo; l < hi; ++l) {
+            const float v = edge[r * kPanel + l];
+            c[(r0 + r) * ldc + j0 + l] = bias ? v + bias[j0 + l] : v;
+          }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace avx512bf16 {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  run_block<Bf16Op>(
+      w, bias, c, ldc, m0, m1, n0, n1,
+      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_bf16(x + r0 * ldx, ldx, rows, w.k, w.groups, dst); },
+      [](int64_t, int64_t, const float* b) { return Bf16Out{b}; });
+}
+}  // namespace avx512bf16
+
+namespace avx512vnni {
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  run_block<Int8Op>(
+      w, bias, c, ldc, m0, m1, n0, n1,
+      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_int8(a.q + r0 * a.ld, a.ld, rows, w.groups, dst); },
+      [&](int64_t p, int64_t r0, const float* b) {
+        return Int8Out{b, w.colsum + p * kPanel, w.scale + p * kPanel, a.scale + r0};
+      });
+}
+}  // namespace avx512vnni
+
+}  // namespace qkv::kernels
