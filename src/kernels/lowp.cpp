@@ -50,10 +50,11 @@ void bf16_to_float_range(const uint16_t* x, float* y, int64_t n) {
 }
 void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc, int64_t m0,
                      int64_t m1, int64_t n0, int64_t n1) {
+  const int64_t blocks = a.groups();
   for (int64_t i = m0; i < m1; ++i)
     for (int64_t j = n0; j < n1; ++j)
-      c[i * ldc + j] = detail::int8_dequant(detail::int8_dot(&a.q[i * a.ld], &b.q[j * b.ld], a.ld), a.scale[i],
-                                            b.scale[j], bias, j);
+      c[i * ldc + j] = detail::int8_entry(&a.q[i * a.ld], &a.scale[i * blocks], a.group, blocks, &b.q[j * b.ld],
+                                          b.scale[j], bias, j);
 }
 
 // The plain references of the packed products: every entry by a loop over k in the packed layout.
@@ -86,17 +87,21 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
     const int64_t l = w.col0 + j;
     const uint32_t* panel = w.data + (l / kPanel) * w.groups * kPanel;
     for (int64_t i = m0; i < m1; ++i) {
-      int32_t acc = 0;
-      for (int64_t g = 0; g < w.groups; ++g) {
-        const uint32_t word = panel[g * kPanel + l % kPanel];
-        for (int t = 0; t < 4; ++t) {
-          const int64_t kk = 4 * g + t;
-          const int32_t wv = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * t)));
-          if (kk < a.ld) acc += int32_t{a.q[i * a.ld + kk]} * wv;
+      const int64_t blocks = a.groups(), words = a.group / 4;  // 4 k per word
+      float acc = 0.0f;
+      for (int64_t g = 0; g < blocks; ++g) {
+        int32_t sum = 0;
+        for (int64_t wd = g * words; wd < (g + 1) * words; ++wd) {
+          const uint32_t word = panel[wd * kPanel + l % kPanel];
+          for (int t = 0; t < 4; ++t) {
+            const int32_t wv = static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * t)));
+            sum += int32_t{a.q[i * a.ld + 4 * wd + t]} * wv;
+          }
         }
+        acc = detail::int8_accumulate(acc, sum, a.scale[i * blocks + g]);
       }
       // scale is indexed from the view's first panel, like the packed data
-      c[i * ldc + j] = detail::int8_dequant(acc, a.scale[i], w.scale[l], bias, j);
+      c[i * ldc + j] = detail::int8_finish(acc, w.scale[l], bias, j);
     }
   }
 }
@@ -121,12 +126,13 @@ void bf16_to_float(const uint16_t* x, float* y, int64_t n) {
 
 Int8View Int8Rows::view(int64_t begin, int64_t end) const {
   QKV_CHECK_ARG(0 <= begin && begin <= end && end <= rows, "[int8] rows [", begin, ", ", end, ") outside ", rows);
-  return {q.data() + begin * ld, scale.data() + begin, end - begin, cols, ld};
+  const int64_t blocks = group > 0 ? ld / group : 0;
+  return {q.data() + begin * ld, scale.data() + begin * blocks, end - begin, cols, ld, group};
 }
 
-int64_t int8_ld(int64_t cols) { return (cols + 15) / 16 * 16; }
+int64_t int8_ld(int64_t cols) { return (cols + kInt8Group - 1) / kInt8Group * kInt8Group; }
 
-void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx, Int8Rows& out) {
+void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx, Int8Rows& out, bool per_row) {
   QKV_CHECK_ARG(rows >= 0 && cols >= 0 && ldx >= cols && (rows == 0 || cols == 0 || x != nullptr),
                 "[quantize_int8] rows ", rows, ", cols ", cols, ", ldx ", ldx, " (ldx >= cols, x non-null)");
   QKV_CHECK_ARG(cols <= (int64_t{1} << 17), "[quantize_int8] cols ", cols,
@@ -134,33 +140,40 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx,
   out.rows = rows;
   out.cols = cols;
   out.ld = int8_ld(cols);
+  out.group = per_row ? std::max<int64_t>(out.ld, 1) : kInt8Group;
+  const int64_t blocks = out.ld / out.group, group = out.group;
   out.q.assign(static_cast<size_t>(rows * out.ld), 0);
-  out.scale.assign(static_cast<size_t>(rows), 0.0f);
+  out.scale.assign(static_cast<size_t>(rows * blocks), 0.0f);
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * ldx;
-    float amax = 0.0f;
     bool finite = true;
-    for (int64_t j = 0; j < cols; ++j) {
-      finite = finite && std::isfinite(xr[j]);
-      amax = std::max(amax, std::fabs(xr[j]));
-    }
+    for (int64_t j = 0; j < cols; ++j) finite = finite && std::isfinite(xr[j]);
+    float* sr = &out.scale[r * blocks];
     if (!finite) {
-      out.scale[r] = std::nanf("");
-      continue;  // q stays 0; the NaN scale makes the row's products NaN
+      std::fill(sr, sr + blocks, std::nanf(""));
+      continue;  // q stays 0; the NaN scales make the row's products NaN
     }
-    if (amax == 0.0f) continue;
-    const float inv = 127.0f / amax;
     int16_t* qr = &out.q[r * out.ld];
-    for (int64_t j = 0; j < cols; ++j)
-      qr[j] = static_cast<int16_t>(std::clamp(std::nearbyint(xr[j] * inv), -127.0f, 127.0f));
-    out.scale[r] = amax / 127.0f;
+    for (int64_t g = 0; g < blocks; ++g) {
+      const int64_t j0 = g * group, j1 = std::min(cols, j0 + group);
+      float amax = 0.0f;
+      for (int64_t j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(xr[j]));
+      if (amax == 0.0f) continue;
+      const float inv = 127.0f / amax;
+      for (int64_t j = j0; j < j1; ++j)
+        qr[j] = static_cast<int16_t>(std::clamp(std::nearbyint(xr[j] * inv), -127.0f, 127.0f));
+      sr[g] = amax / 127.0f;
+    }
   }
 }
 
 void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc) {
   QKV_CHECK_ARG(a.cols == b.cols && a.ld == b.ld, "[gemm_int8] a (", a.rows, ", ", a.cols, ") and b (", b.rows, ", ",
                 b.cols, ") must have the same number of columns");
+  QKV_CHECK_ARG(b.group == b.ld && a.group > 0 && a.ld % a.group == 0 && a.group % 16 == 0, "[gemm_int8] b (", b.rows,
+                ", ", b.cols, ") must have one scale per row and a blocks of a multiple of 16 columns (a group ",
+                a.group, ", ld ", a.ld, ")");
   QKV_CHECK_ARG(ldc >= b.rows && (a.rows == 0 || b.rows == 0 || c != nullptr), "[gemm_int8] ldc ", ldc,
                 " must be >= n = ", b.rows, " and c non-null");
   const auto k = use_avx2() ? avx2::gemm_int8_block : portable::gemm_int8_block;
@@ -179,7 +192,7 @@ PackedBView PackedB::view(int64_t begin, int64_t end) const {
   const int64_t p = begin / kPanel;
   PackedBView v;
   v.data = data.data() + p * groups * kPanel;
-  v.colsum = colsum.empty() ? nullptr : colsum.data() + p * kPanel;
+  v.colsum = colsum.empty() ? nullptr : colsum.data() + p * (groups * 4 / kInt8Group) * kPanel;
   v.scale = scale.empty() ? nullptr : scale.data() + p * kPanel;
   v.col0 = begin - p * kPanel;
   v.n = end - begin;
@@ -212,28 +225,32 @@ void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t s
 void pack_int8(const Int8View& w, PackedB& out) {
   QKV_CHECK_ARG(w.cols <= kInt8PackedMaxK, "[pack_int8] k ", w.cols, " exceeds ", kInt8PackedMaxK,
                 " (the offset-activation sums must stay exact in int32)");
+  QKV_CHECK_ARG(w.group == w.ld && w.ld % kInt8Group == 0, "[pack_int8] the weight rows must have one scale per row");
   out.n = w.rows;
   out.k = w.cols;
-  out.groups = (w.cols + 3) / 4;
+  out.groups = w.ld / 4;  // whole blocks of kInt8Group, as the activations are quantized
+  const int64_t blocks = w.ld / kInt8Group, words = kInt8Group / 4;
   const int64_t panels = (w.rows + kPanel - 1) / kPanel;
   out.data.assign(static_cast<size_t>(panels * out.groups * kPanel), 0u);
-  out.colsum.assign(static_cast<size_t>(panels * kPanel), 0);
+  out.colsum.assign(static_cast<size_t>(panels * blocks * kPanel), 0);
   out.scale.assign(static_cast<size_t>(panels * kPanel), 0.0f);
   for (int64_t j = 0; j < w.rows; ++j) {
-    uint32_t* panel = out.data.data() + (j / kPanel) * out.groups * kPanel + j % kPanel;
+    const int64_t p = j / kPanel, lane = j % kPanel;
+    uint32_t* panel = out.data.data() + p * out.groups * kPanel + lane;
     const int16_t* q = w.q + j * w.ld;
-    int32_t sum = 0;
-    for (int64_t g = 0; g < out.groups; ++g) {
-      uint32_t word = 0;
-      for (int t = 0; t < 4; ++t) {
-        const int64_t kk = 4 * g + t;
-        const int32_t v = kk < w.cols ? q[kk] : 0;
-        sum += v;
-        word |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(v))) << (8 * t);
+    for (int64_t g = 0; g < blocks; ++g) {
+      int32_t sum = 0;
+      for (int64_t wd = g * words; wd < (g + 1) * words; ++wd) {
+        uint32_t word = 0;
+        for (int t = 0; t < 4; ++t) {
+          const int32_t v = q[4 * wd + t];
+          sum += v;
+          word |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(v))) << (8 * t);
+        }
+        panel[wd * kPanel] = word;
       }
-      panel[g * kPanel] = word;
+      out.colsum[static_cast<size_t>((p * blocks + g) * kPanel + lane)] = sum;
     }
-    out.colsum[static_cast<size_t>(j)] = sum;
     out.scale[static_cast<size_t>(j)] = w.scale[j];
   }
 }
@@ -279,8 +296,11 @@ void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView&
 }
 
 void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc) {
-  QKV_CHECK_ARG(a.cols == w.k && ldc >= w.n && (a.rows == 0 || w.n == 0 || c), "[gemm_int8] a (", a.rows, ", ",
-                a.cols, ") and the packed weight (", w.n, ", ", w.k, ") must have the same k; ldc ", ldc);
+  QKV_CHECK_ARG(a.cols == w.k && a.ld == 4 * w.groups && ldc >= w.n && (a.rows == 0 || w.n == 0 || c),
+                "[gemm_int8] a (", a.rows, ", ", a.cols, ") and the packed weight (", w.n, ", ", w.k,
+                ") must have the same k; ldc ", ldc);
+  QKV_CHECK_ARG(a.group == kInt8Group, "[gemm_int8] the packed product takes activations in blocks of ", kInt8Group,
+                " (group ", a.group, ")");
   QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Vnni, "[gemm_int8] the packed int8 product needs AVX512-VNNI (",
                     isa_name(active_isa()), " is active)");
   run_packed(a.rows, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {

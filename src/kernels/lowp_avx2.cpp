@@ -1,6 +1,7 @@
 // The low-precision kernels of lowp_impl.h with AVX2 intrinsics: bfloat16 rounding 8 floats at a time (the same
 // integer steps as the scalar rounding, so the same bits) and the int8 product as int16 pairs through vpmaddwd into
-// exact int32 sums (never the saturating vpmaddubsw), 2 rows of a by 4 rows of b per register block.
+// exact int32 sums per block of the activations (never the saturating vpmaddubsw), 2 rows of a by 4 rows of b per
+// register block, the block sums scaled in float with the same fused multiply-adds as the portable build.
 #include <immintrin.h>
 
 #include "lowp_impl.h"
@@ -16,13 +17,6 @@ inline __m256i round8(__m256 x) {
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
   return _mm256_and_si256(_mm256_blendv_epi8(r, quiet, nan), _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-}
-
-inline int32_t hsum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
 }
 
 }  // namespace
@@ -57,48 +51,61 @@ void bf16_to_float_range(const uint16_t* x, float* y, int64_t n) {
   }
 }
 
+// The 8 exact sums of acc[0..7] as one vector (integer adds: exact).
+inline __m256i sums8(const __m256i v[8]) {
+  const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+  const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc, int64_t m0,
                      int64_t m1, int64_t n0, int64_t n1) {
-  const int64_t ld = a.ld;  // a multiple of 16: whole vectors, zero padded
+  const int64_t ld = a.ld, group = a.group, blocks = a.groups();  // ld and group: multiples of 16
   int64_t i = m0;
   for (; i + 2 <= m1; i += 2) {
     const int16_t* a0 = &a.q[i * ld];
     const int16_t* a1 = a0 + ld;
+    const float* s0 = &a.scale[i * blocks];
+    const float* s1 = s0 + blocks;
     int64_t j = n0;
     for (; j + 4 <= n1; j += 4) {
       const int16_t* b0 = &b.q[j * ld];
-      __m256i acc[2][4];
-      for (auto& row : acc)
-        for (auto& v : row) v = _mm256_setzero_si256();
-      for (int64_t k = 0; k < ld; k += 16) {
-        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + k));
-        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a1 + k));
-        for (int t = 0; t < 4; ++t) {
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + t * ld + k));
-          acc[0][t] = _mm256_add_epi32(acc[0][t], _mm256_madd_epi16(x0, w));
-          acc[1][t] = _mm256_add_epi32(acc[1][t], _mm256_madd_epi16(x1, w));
+      // Lanes r*4 + t: entry (i + r, j + t).
+      __m256 facc = _mm256_setzero_ps();
+      for (int64_t g = 0; g < blocks; ++g) {
+        __m256i acc[8];
+        for (auto& v : acc) v = _mm256_setzero_si256();
+        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + k));
+          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a1 + k));
+          for (int t = 0; t < 4; ++t) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + t * ld + k));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(x0, w));
+            acc[4 + t] = _mm256_add_epi32(acc[4 + t], _mm256_madd_epi16(x1, w));
+          }
         }
+        const __m256 sa = _mm256_setr_ps(s0[g], s0[g], s0[g], s0[g], s1[g], s1[g], s1[g], s1[g]);
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(acc)), sa, facc);
       }
-      for (int r = 0; r < 2; ++r)
-        for (int t = 0; t < 4; ++t)
-          c[(i + r) * ldc + j + t] = detail::int8_dequant(hsum(acc[r][t]), a.scale[i + r], b.scale[j + t], bias, j + t);
+      const __m128 sb = _mm_loadu_ps(&b.scale[j]);
+      __m256 y = _mm256_mul_ps(facc, _mm256_set_m128(sb, sb));
+      if (bias) {
+        const __m128 bv = _mm_loadu_ps(bias + j);
+        y = _mm256_add_ps(y, _mm256_set_m128(bv, bv));
+      }
+      _mm_storeu_ps(c + i * ldc + j, _mm256_castps256_ps128(y));
+      _mm_storeu_ps(c + (i + 1) * ldc + j, _mm256_extractf128_ps(y, 1));
     }
     for (; j < n1; ++j)
       for (int r = 0; r < 2; ++r)
-        c[(i + r) * ldc + j] = detail::int8_dequant(detail::int8_dot(&a.q[(i + r) * ld], &b.q[j * ld], ld),
-                                                    a.scale[i + r], b.scale[j], bias, j);
+        c[(i + r) * ldc + j] = detail::int8_entry(&a.q[(i + r) * ld], &a.scale[(i + r) * blocks], group, blocks,
+                                                  &b.q[j * ld], b.scale[j], bias, j);
   }
-  for (; i < m1; ++i) {
-    for (int64_t j = n0; j < n1; ++j) {
-      const int16_t* ar = &a.q[i * ld];
-      const int16_t* br = &b.q[j * ld];
-      __m256i acc = _mm256_setzero_si256();
-      for (int64_t k = 0; k < ld; k += 16)
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar + k)),
-                                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(br + k))));
-      c[i * ldc + j] = detail::int8_dequant(hsum(acc), a.scale[i], b.scale[j], bias, j);
-    }
-  }
+  for (; i < m1; ++i)
+    for (int64_t j = n0; j < n1; ++j)
+      c[i * ldc + j] = detail::int8_entry(&a.q[i * ld], &a.scale[i * blocks], group, blocks, &b.q[j * ld], b.scale[j],
+                                          bias, j);
 }
 
 }  // namespace qkv::kernels::avx2

@@ -1,7 +1,8 @@
 // The packed low-precision products (qkv/kernels/lowp.h) with AVX-512: bf16 through vdpbf16ps (AVX512-BF16) and
 // int8 through vpdpbusd (AVX512-VNNI), one 14x32 register-blocked microkernel for both. The activations are packed
 // per tile as [group][row] 32-bit words (two bf16, or four int8 offset by +128 to unsigned), so one broadcast feeds
-// two zmm of a weight panel. This file alone is compiled with -mavx512bf16 -mavx512vnni; it holds no inline code
+// two zmm of a weight panel (int8: tiles of 7 rows, each block's exact sums scaled into float accumulators).
+// This file alone is compiled with -mavx512bf16 -mavx512vnni; it holds no inline code
 // from the standard library, so nothing built here can stand in for another unit's copy on an older CPU.
 #include <immintrin.h>
 
@@ -96,12 +97,6 @@ struct Bf16Op {
     return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
   }
 };
-struct Int8Op {
-  using Acc = __m512i;
-  static Acc zero() { return _mm512_setzero_si512(); }
-  static Acc dot(Acc acc, __m512i a, __m512i b) { return _mm512_dpbusd_epi32(acc, a, b); }
-};
-
 // The epilogues: one 16-lane half of a c row, lanes masked by m.
 struct Bf16Out {
   const float* bias;  // at the panel's first column, or null
@@ -111,20 +106,60 @@ struct Bf16Out {
   }
 };
 struct Int8Out {
-  const float* bias;    // at the panel's first column, or null
-  const int32_t* colsum;
-  const float* scale;
-  const float* row_scale;  // the activation rows' scales, from the tile's first row
-  void store(__m512i acc, int64_t row, int64_t lane0, float* c, __mmask16 m) const {
-    // Σ q·w = Σ (q + 128)·w - 128 Σ w, exact; then the dequantization of int8_dequant, operation for operation.
-    const __m512i comp = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, colsum + lane0), 7);
-    const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, comp));
-    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(row_scale[row]), _mm512_maskz_loadu_ps(m, scale + lane0));
-    __m512 y = _mm512_mul_ps(v, s);
-    if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, bias + lane0));
-    _mm512_mask_storeu_ps(c, m, y);
-  }
+  const float* bias;       // at the panel's lane 0, or null
+  const int32_t* colsum;   // the panel's [block][32] column sums
+  const float* scale;      // the panel's 32 column scales
+  const float* row_scale;  // the tile's first activation row's block scales; row r's at + r * blocks
+  int64_t blocks;
 };
+
+// R (<= 7) rows of c by one 32-column panel of the int8 product: per block of kInt8Group k, the exact int32 sums
+// (vpdpbusd on q + 128, less 128 Σ w), scaled into float accumulators by fused multiply-adds in block order.
+template <int R>
+void micro_int8(const uint32_t* __restrict a, const uint32_t* __restrict b, float* c, int64_t ldc,
+                const Int8Out& out, __mmask16 m0, __mmask16 m1) {
+  constexpr int64_t kWords = kInt8Group / 4;
+  __m512 f0[R], f1[R];
+#pragma GCC unroll 7
+  for (int r = 0; r < R; ++r) f0[r] = f1[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < out.blocks; ++g) {
+    __m512i acc0[R], acc1[R];
+#pragma GCC unroll 7
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int64_t w = 0; w < kWords; ++w) {
+      const __m512i b0 = _mm512_loadu_si512(b);
+      const __m512i b1 = _mm512_loadu_si512(b + 16);
+#pragma GCC unroll 7
+      for (int r = 0; r < R; ++r) {
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r]));
+        acc0[r] = _mm512_dpbusd_epi32(acc0[r], av, b0);
+        acc1[r] = _mm512_dpbusd_epi32(acc1[r], av, b1);
+      }
+      a += kMR;
+      b += kPanel;
+    }
+    const __m512i c0 = _mm512_slli_epi32(_mm512_loadu_si512(out.colsum + g * kPanel), 7);
+    const __m512i c1 = _mm512_slli_epi32(_mm512_loadu_si512(out.colsum + g * kPanel + 16), 7);
+#pragma GCC unroll 7
+    for (int r = 0; r < R; ++r) {
+      const __m512 sa = _mm512_set1_ps(out.row_scale[r * out.blocks + g]);
+      f0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc0[r], c0)), sa, f0[r]);
+      f1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc1[r], c1)), sa, f1[r]);
+    }
+  }
+  const __m512 sb0 = _mm512_loadu_ps(out.scale), sb1 = _mm512_loadu_ps(out.scale + 16);
+#pragma GCC unroll 7
+  for (int r = 0; r < R; ++r) {
+    __m512 y0 = _mm512_mul_ps(f0[r], sb0), y1 = _mm512_mul_ps(f1[r], sb1);
+    if (out.bias) {
+      y0 = _mm512_add_ps(y0, _mm512_maskz_loadu_ps(m0, out.bias));
+      y1 = _mm512_add_ps(y1, _mm512_maskz_loadu_ps(m1, out.bias + 16));
+    }
+    _mm512_mask_storeu_ps(c + r * ldc, m0, y0);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, y1);
+  }
+}
 
 // R rows of c by one 32-column panel: acc over every k-group, then the epilogue.
 template <class Op, int R, class Out>
@@ -156,6 +191,21 @@ void micro(int64_t groups, const uint32_t* __restrict a, const uint32_t* __restr
   }
 }
 
+// An int8 tile of up to kMR rows as two of at most 7 (float and int32 accumulators for 14 rows do not fit).
+inline void micro_rows(int64_t rows, int64_t /*groups*/, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
+                       const Int8Out& out, __mmask16 m0, __mmask16 m1) {
+  using Fn = void (*)(const uint32_t*, const uint32_t*, float*, int64_t, const Int8Out&, __mmask16, __mmask16);
+  static constexpr Fn table[8] = {nullptr,       micro_int8<1>, micro_int8<2>, micro_int8<3>,
+                                  micro_int8<4>, micro_int8<5>, micro_int8<6>, micro_int8<7>};
+  const int64_t first = std::min<int64_t>(rows, 7);
+  table[first](a, b, c, ldc, out, m0, m1);
+  if (rows > 7) {
+    Int8Out rest = out;
+    rest.row_scale += 7 * out.blocks;
+    table[rows - 7](a + 7, b, c + 7 * ldc, ldc, rest, m0, m1);
+  }
+}
+
 template <class Op, class Out>
 void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
                 const Out& out, __mmask16 m0, __mmask16 m1) {
@@ -181,9 +231,9 @@ void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t*
 // Rows [m0, m1) of c over the view's columns [n0, n1): pack the activation rows (kMR at a time), then for each
 // panel every row tile. make_out(p, r0, bias) is the epilogue of the tile at panel p (counted from the view's
 // first panel) and row r0, with `bias` at the panel's lane 0 or null.
-template <class Op, class PackA, class MakeOut>
+template <class Tile, class PackA, class MakeOut>
 void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t n0,
-               int64_t n1, PackA pack_a, MakeOut make_out) {
+               int64_t n1, Tile tile, PackA pack_a, MakeOut make_out) {
   if (m0 >= m1 || n0 >= n1) return;
   const int64_t groups = w.groups, tiles = (m1 - m0 + kMR - 1) / kMR;
   uint32_t* pa = scratch.get(tiles * groups * kMR);
@@ -198,11 +248,10 @@ void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, i
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = m0 + t * kMR, rows = std::min(kMR, m1 - r0);
       if (lo == 0) {
-        micro_rows<Op>(rows, groups, pa + t * groups * kMR, b, c + r0 * ldc + j0, ldc,
-                       make_out(p, r0, bias ? bias + j0 : nullptr), lanes(hi), lanes(hi - 16));
+        tile(rows, groups, pa + t * groups * kMR, b, c + r0 * ldc + j0, ldc,
+             make_out(p, r0, bias ? bias + j0 : nullptr), lanes(hi), lanes(hi - 16));
       } else {  // a view that starts inside this panel: all 32 lanes into a buffer, then lanes [lo, hi) + bias
-        micro_rows<Op>(rows, groups, pa + t * groups * kMR, b, edge, kPanel, make_out(p, r0, nullptr), lanes(16),
-                       lanes(16));
+        tile(rows, groups, pa + t * groups * kMR, b, edge, kPanel, make_out(p, r0, nullptr), lanes(16), lanes(16));
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t l = lo; l < hi; ++l) {
             const float v = edge[r * kPanel + l];
@@ -218,8 +267,10 @@ void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, i
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  run_block<Bf16Op>(
+  run_block(
       w, bias, c, ldc, m0, m1, n0, n1,
+      [](int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, const Bf16Out& out,
+         __mmask16 m0, __mmask16 m1) { micro_rows<Bf16Op>(rows, groups, a, b, c, ldc, out, m0, m1); },
       [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_bf16(x + r0 * ldx, ldx, rows, w.k, w.groups, dst); },
       [](int64_t, int64_t, const float* b) { return Bf16Out{b}; });
 }
@@ -228,11 +279,14 @@ void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, c
 namespace avx512vnni {
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  run_block<Int8Op>(
+  const int64_t blocks = a.groups();
+  run_block(
       w, bias, c, ldc, m0, m1, n0, n1,
+      [](int64_t rows, int64_t groups, const uint32_t* pa, const uint32_t* b, float* c, int64_t ldc,
+         const Int8Out& out, __mmask16 m0, __mmask16 m1) { micro_rows(rows, groups, pa, b, c, ldc, out, m0, m1); },
       [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_int8(a.q + r0 * a.ld, a.ld, rows, w.groups, dst); },
       [&](int64_t p, int64_t r0, const float* b) {
-        return Int8Out{b, w.colsum + p * kPanel, w.scale + p * kPanel, a.scale + r0};
+        return Int8Out{b, w.colsum + p * blocks * kPanel, w.scale + p * kPanel, a.scale + r0 * blocks, blocks};
       });
 }
 }  // namespace avx512vnni

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #include "qkv/kernels/lowp.h"
@@ -26,16 +27,30 @@ inline float bf16_round_one(float x) {
   return y;
 }
 
-// One c entry from the exact int32 sum (the same expression on every path).
-inline float int8_dequant(int32_t acc, float sa, float sb, const float* bias, int64_t j) {
-  const float v = static_cast<float>(acc) * (sa * sb);
+inline int32_t int8_dot(const int16_t* a, const int16_t* b, int64_t n) {
+  int32_t s = 0;
+  for (int64_t k = 0; k < n; ++k) s += int32_t{a[k]} * int32_t{b[k]};
+  return s;
+}
+
+// Block g's exact int32 sum scaled into the running float sum (the same expression on every path).
+inline float int8_accumulate(float acc, int32_t block_sum, float a_scale) {
+  return std::fma(static_cast<float>(block_sum), a_scale, acc);
+}
+
+// One c entry from the float sum over the blocks (the same expression on every path).
+inline float int8_finish(float acc, float b_scale, const float* bias, int64_t j) {
+  const float v = acc * b_scale;
   return bias ? v + bias[j] : v;
 }
 
-inline int32_t int8_dot(const int16_t* a, const int16_t* b, int64_t ld) {
-  int32_t s = 0;
-  for (int64_t k = 0; k < ld; ++k) s += int32_t{a[k]} * int32_t{b[k]};
-  return s;
+// c[i][j] of gemm_int8_nt from scalar loops: rows a_row (its block scales a_scale) and b_row.
+inline float int8_entry(const int16_t* a_row, const float* a_scale, int64_t group, int64_t blocks,
+                        const int16_t* b_row, float b_scale, const float* bias, int64_t j) {
+  float acc = 0.0f;
+  for (int64_t g = 0; g < blocks; ++g)
+    acc = int8_accumulate(acc, int8_dot(a_row + g * group, b_row + g * group, group), a_scale[g]);
+  return int8_finish(acc, b_scale, bias, j);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precisio
     case Precision::kInt8: {
       const Tensor c = weight.contiguous();
       auto q = std::make_shared<kernels::Int8Rows>();
-      kernels::quantize_rows_int8(c.data(), end_, in_, in_, *q);
+      kernels::quantize_rows_int8(c.data(), end_, in_, in_, *q, /*per_row=*/true);
       if (kernels::active_isa() >= kernels::Isa::kAvx512Vnni && in_ <= kernels::kInt8PackedMaxK) {
         auto p = std::make_shared<kernels::PackedB>();
         kernels::pack_int8(q->view(), *p);
@@ -88,7 +88,7 @@ Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
     return out;
   }
   kernels::Int8Rows xq;
-  kernels::quantize_rows_int8(xc.data(), rows, w.in_, w.in_, xq);
+  kernels::quantize_rows_int8(xc.data(), rows, w.in_, w.in_, xq, /*per_row=*/false);
   if (w.packed_) kernels::gemm_int8_packed(xq.view(), w.packed_->view(w.begin_, w.end_), b, out.data(), outf);
   else kernels::gemm_int8_nt(xq.view(), w.int8_->view(w.begin_, w.end_), b, out.data(), outf);
   return out;

@@ -136,47 +136,76 @@ TEST(Bf16Kernels, RoundToNearestEvenOnEveryPathMatchesOracle) {
       << kernels::lowp_paths().bf16;
 }
 
-// Random (rows, cols) with a NaN row when asked.
-kernels::Int8Rows quantized(int64_t rows, int64_t cols, uint64_t seed, std::vector<float>* values = nullptr) {
+// Random (rows, cols), quantized per row (weights) or per row and block of 64 columns (activations).
+kernels::Int8Rows quantized(int64_t rows, int64_t cols, uint64_t seed, bool per_row,
+                            std::vector<float>* values = nullptr) {
   const Tensor t = testing::randn({rows, cols}, seed);
   kernels::Int8Rows q;
-  kernels::quantize_rows_int8(t.data(), rows, cols, cols, q);
+  kernels::quantize_rows_int8(t.data(), rows, cols, cols, q, per_row);
   if (values) *values = t.to_vector();
   return q;
 }
 
-TEST(Int8Kernels, QuantizationIsSymmetricPerRowAndWithinHalfAStep) {
-  std::vector<float> x;
-  const kernels::Int8Rows q = quantized(5, 37, 3, &x);
-  ASSERT_EQ(q.ld, 48);
-  for (int64_t r = 0; r < 5; ++r) {
-    double amax = 0;
-    for (int64_t j = 0; j < 37; ++j) amax = std::max(amax, std::fabs(double{x[r * 37 + j]}));
-    EXPECT_NEAR(q.scale[r], amax / 127.0, amax * 1e-6);
-    int top = 0;
-    for (int64_t j = 0; j < 48; ++j) {
-      const int v = q.q[r * 48 + j];
-      ASSERT_LE(std::abs(v), 127);
-      top = std::max(top, std::abs(v));
-      if (j >= 37) ASSERT_EQ(v, 0) << "padding";
-      else ASSERT_LE(std::fabs(v * double{q.scale[r]} - x[r * 37 + j]), 0.5 * q.scale[r] * (1 + 1e-5));
-    }
-    EXPECT_EQ(top, 127);
+// The exact sum of entry (i, j) of a (blocked activations) times b (per-row weights), from the integers in double.
+double int8_oracle(const kernels::Int8Rows& a, const kernels::Int8Rows& b, int64_t i, int64_t j, double* mag) {
+  const int64_t blocks = a.ld / a.group;
+  double sum = 0, m = 0;
+  for (int64_t g = 0; g < blocks; ++g) {
+    int64_t acc = 0;
+    for (int64_t t = g * a.group; t < (g + 1) * a.group; ++t) acc += int64_t{a.q[i * a.ld + t]} * b.q[j * b.ld + t];
+    sum += static_cast<double>(acc) * a.scale[i * blocks + g];
+    m += std::fabs(static_cast<double>(acc) * a.scale[i * blocks + g]);
   }
-  const float bad[4] = {1.0f, NAN, 2.0f, 0.0f}, zero[4] = {0, 0, 0, 0};
+  *mag = m * b.scale[j];
+  return sum * b.scale[j];
+}
+
+TEST(Int8Kernels, QuantizationIsSymmetricPerRowOrBlockAndWithinHalfAStep) {
+  for (const bool per_row : {true, false}) {
+    SCOPED_TRACE(per_row ? "per row" : "per block of 64");
+    std::vector<float> x;
+    const int64_t cols = 150;
+    const kernels::Int8Rows q = quantized(5, cols, 3, per_row, &x);
+    ASSERT_EQ(q.ld, 192);
+    ASSERT_EQ(q.group, per_row ? 192 : 64);
+    const int64_t blocks = q.ld / q.group;
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t g = 0; g < blocks; ++g) {
+        const float scale = q.scale[r * blocks + g];
+        double amax = 0;
+        for (int64_t j = g * q.group; j < std::min(cols, (g + 1) * q.group); ++j)
+          amax = std::max(amax, std::fabs(double{x[r * cols + j]}));
+        EXPECT_NEAR(scale, amax / 127.0, amax * 1e-6);
+        int top = 0;
+        for (int64_t j = g * q.group; j < (g + 1) * q.group; ++j) {
+          const int v = q.q[r * q.ld + j];
+          ASSERT_LE(std::abs(v), 127);
+          top = std::max(top, std::abs(v));
+          if (j >= cols) ASSERT_EQ(v, 0) << "padding";
+          else ASSERT_LE(std::fabs(v * double{scale} - x[r * cols + j]), 0.5 * scale * (1 + 1e-5));
+        }
+        EXPECT_EQ(top, 127);
+      }
+  }
+  // A non-finite value makes every scale of its row NaN; an all-zero block has scale 0 (other blocks unaffected).
+  std::vector<float> bad(130, 1.0f), zero(130, 0.0f);
+  bad[100] = NAN;
+  zero[129] = 3.0f;
   kernels::Int8Rows qb, qz;
-  kernels::quantize_rows_int8(bad, 1, 4, 4, qb);
-  kernels::quantize_rows_int8(zero, 1, 4, 4, qz);
-  EXPECT_TRUE(std::isnan(qb.scale[0]));
+  kernels::quantize_rows_int8(bad.data(), 1, 130, 130, qb, false);
+  kernels::quantize_rows_int8(zero.data(), 1, 130, 130, qz, false);
+  for (float sc : qb.scale) EXPECT_TRUE(std::isnan(sc));
   EXPECT_EQ(qz.scale[0], 0.0f);
+  EXPECT_EQ(qz.scale[1], 0.0f);
+  EXPECT_FLOAT_EQ(qz.scale[2], 3.0f / 127.0f);
 }
 
 TEST(Int8Kernels, EveryPathIsTheExactIntegerProductAndPathsAgreeBitForBit) {
   struct Shp {
     int64_t m, n, k;
   };
-  for (const Shp s : {Shp{1, 1, 1}, Shp{3, 5, 17}, Shp{65, 67, 100}, Shp{2, 4, 16}, Shp{7, 9, 385}}) {
-    const kernels::Int8Rows a = quantized(s.m, s.k, 11 + s.m), b = quantized(s.n, s.k, 29 + s.n);
+  for (const Shp s : {Shp{1, 1, 1}, Shp{3, 5, 17}, Shp{65, 67, 100}, Shp{2, 4, 16}, Shp{7, 9, 385}, Shp{5, 6, 64}}) {
+    const kernels::Int8Rows a = quantized(s.m, s.k, 11 + s.m, false), b = quantized(s.n, s.k, 29 + s.n, true);
     const Tensor bias = testing::randn({s.n}, 5);
     std::vector<float> first;
     for (Isa isa : runnable_paths()) {
@@ -187,11 +216,10 @@ TEST(Int8Kernels, EveryPathIsTheExactIntegerProductAndPathsAgreeBitForBit) {
           a.view(), b.view(), bias.data(), c.data(), s.n, 0, s.m, 0, s.n);
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t j = 0; j < s.n; ++j) {
-          int64_t acc = 0;  // the exact sum, in 64 bits
-          for (int64_t t = 0; t < s.k; ++t) acc += int64_t{a.q[i * a.ld + t]} * b.q[j * b.ld + t];
-          const double want = static_cast<double>(acc) * a.scale[i] * b.scale[j] + bias.data()[j];
-          const double mag = std::fabs(static_cast<double>(acc) * a.scale[i] * b.scale[j]) + std::fabs(bias.data()[j]);
-          ASSERT_LE(std::fabs(c[i * s.n + j] - want), 4e-7 * mag + 1e-30) << i << "," << j;
+          double mag = 0;
+          const double want = int8_oracle(a, b, i, j, &mag) + bias.data()[j];
+          mag += std::fabs(bias.data()[j]);
+          ASSERT_LE(std::fabs(c[i * s.n + j] - want), 4e-7 * mag * (1 + s.k / 64) + 1e-30) << i << "," << j;
         }
       if (first.empty()) first = c;
       else EXPECT_EQ(c, first) << "differs in bits from the portable path";
@@ -247,7 +275,7 @@ TEST(Int8Kernels, PackedProductIsTheUnpackedOneBitForBitOnEveryPath) {
                       Shp{14, 64, 64, 0, 64}, Shp{2, 40, 3, 31, 33}}) {
     SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " view [" +
                  std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
-    kernels::Int8Rows a = quantized(s.m, s.k, 41 + s.m), b = quantized(s.n, s.k, 43 + s.n);
+    kernels::Int8Rows a = quantized(s.m, s.k, 41 + s.m, false), b = quantized(s.n, s.k, 43 + s.n, true);
     a.q[0] = -127;  // the extremes of the offset activations (q + 128 = 1 and 255)
     a.q[static_cast<size_t>(a.ld - 1 < s.k ? a.ld - 1 : s.k - 1)] = 127;
     const Tensor bias = testing::randn({s.n}, 7);
@@ -281,8 +309,8 @@ TEST(Int8Kernels, PackedProductIsTheUnpackedOneBitForBitOnEveryPath) {
   std::vector<float> x(8, 1.0f);
   x[3] = NAN;
   kernels::Int8Rows a;
-  kernels::quantize_rows_int8(x.data(), 1, 8, 8, a);
-  const kernels::Int8Rows b = quantized(3, 8, 5);
+  kernels::quantize_rows_int8(x.data(), 1, 8, 8, a, false);
+  const kernels::Int8Rows b = quantized(3, 8, 5, true);
   kernels::PackedB packed;
   kernels::pack_int8(b.view(), packed);
   std::vector<float> c(3, 0.0f);

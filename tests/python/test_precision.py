@@ -15,6 +15,7 @@ from minilm_corpus import texts  # noqa: F401 (the shared fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BF16_MIN_COSINE = 0.9995
+INT8_MIN_COSINE = 0.99  # the gate (ONNX Runtime's dynamic int8 reaches 0.92 on this model)
 
 
 def oracle(q, k, v, keep, causal):
@@ -108,7 +109,7 @@ def min_cosine(a, b):
     return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
 
 
-@pytest.mark.parametrize("precision,gate", [("bf16", BF16_MIN_COSINE)])
+@pytest.mark.parametrize("precision,gate", [("bf16", BF16_MIN_COSINE), ("int8", INT8_MIN_COSINE)])
 def test_minilm_low_precision_min_cosine_to_fp32(precision, gate, texts, fp32):
     enc = qkv.SentenceEncoder(corpus.model_dir(), precision=precision)
     assert enc.precision == precision

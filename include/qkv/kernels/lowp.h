@@ -29,32 +29,41 @@ void bf16_round(const float* x, float* y, int64_t n);
 void float_to_bf16(const float* x, uint16_t* y, int64_t n);
 void bf16_to_float(const uint16_t* x, float* y, int64_t n);
 
-// Int8 rows as the int8 kernel reads them: values in [-127, 127] held in int16 (the AVX2 path multiplies int16
+// Int8 rows as the int8 kernels read them: values in [-127, 127] held in int16 (the AVX2 path multiplies int16
 // pairs with vpmaddwd into int32, exact; it never uses the saturating vpmaddubsw), each row padded with zeros to
-// ld = cols rounded up to 16. scale[r] = max |row r| / 127 (0 for an all-zero row, NaN for a row with a non-finite
-// value, so that the products of that row are NaN rather than silently finite). An Int8View is some of those rows
-// without copying: what the int8 product reads.
+// ld = cols rounded up to kInt8Group. Each row has one scale per `group` columns: group == ld (one scale per row:
+// the weights, per output channel) or kInt8Group (the activations: per token and per 64 input channels, as
+// llama.cpp's activation blocks, so that the few outlier channels of a transformer's hidden state coarsen only
+// their own block). scale[r * groups + g] = max |row r, block g| / 127 (0 for an all-zero block, NaN for every
+// block of a row with a non-finite value, so that the products of that row are NaN rather than silently finite).
+// An Int8View is some of those rows without copying: what the int8 product reads.
+inline constexpr int64_t kInt8Group = 64;
 struct Int8View {
   const int16_t* q = nullptr;
   const float* scale = nullptr;
-  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t rows = 0, cols = 0, ld = 0, group = 0;
+  int64_t groups() const { return group > 0 ? ld / group : 0; }
 };
 struct Int8Rows {
-  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t rows = 0, cols = 0, ld = 0, group = 0;
   std::vector<int16_t> q;    // rows * ld
-  std::vector<float> scale;  // rows
+  std::vector<float> scale;  // rows * (ld / group)
   Int8View view(int64_t begin, int64_t end) const;  // rows [begin, end), sharing the data
   Int8View view() const { return view(0, rows); }
 };
 int64_t int8_ld(int64_t cols);
 
-// Symmetric per-row quantization: q = round_to_nearest_even(x / scale) with scale = max|x| / 127, computed as
-// x · (127 / max|x|). x (rows, cols) with row stride ldx. Threaded over rows.
-void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx, Int8Rows& out);
+// Symmetric quantization of x (rows, cols) with row stride ldx: per row (per_row = true: the weights) or per row
+// and block of kInt8Group columns (the activations). q = round_to_nearest_even(x / scale), scale = max|x| / 127,
+// computed as x · (127 / max|x|). Threaded over rows.
+void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx, Int8Rows& out, bool per_row);
 
-// c (m, n) row-major with ldc: c[i][j] = float(Σ_k a.q[i][k] · b.q[j][k]) · (a.scale[i] · b.scale[j]) + bias[j]
-// (bias may be null). a and b must have the same cols; the int32 sums are exact (cols <= 2^17 is required).
-// Threaded over blocks of c; bit-identical for every thread count and between the portable and AVX2 builds.
+// c (m, n) row-major with ldc: for a (activations, any grouping) and b (weights, one scale per row) with the same
+// cols, the int32 sum of each block g of a row pair, exact, is scaled and summed in block order,
+//   acc = 0;  acc = fma(float(Σ_{k in g} a.q[i][k] · b.q[j][k]), a.scale[i][g], acc)  for g = 0, 1, ...
+//   c[i][j] = acc · b.scale[j] + bias[j]   (bias may be null)
+// (cols <= 2^17 is required). Threaded over blocks of c; bit-identical for every thread count and between the
+// portable, AVX2 and AVX512-VNNI builds.
 void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc);
 
 // One path by name, for tests (avx2:: only when cpu_supports(Isa::kAvx2)). Ranges of elements / of c's rows
@@ -80,14 +89,14 @@ void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, fl
 inline constexpr int64_t kPanel = 32;
 struct PackedBView {
   const uint32_t* data = nullptr;  // the panel holding column `col0`
-  const int32_t* colsum = nullptr;  // int8: Σ_k w[j][k] for the panel's columns, from its first one
+  const int32_t* colsum = nullptr;  // int8: Σ_{k in block g} w[j][k], [panel][g][32], from the view's first panel
   const float* scale = nullptr;     // int8: the per-column scale, likewise
   int64_t col0 = 0, n = 0, k = 0, groups = 0;
 };
 struct PackedB {
   int64_t n = 0, k = 0, groups = 0;  // groups = ceil(k / 2) for bf16, ceil(k / 4) for int8
   std::vector<uint32_t> data;        // ceil(n / 32) panels of groups * 32 words
-  std::vector<int32_t> colsum;       // int8 only: one per column, padded to whole panels
+  std::vector<int32_t> colsum;       // int8 only: per panel, block and column (blocks of kInt8Group k)
   std::vector<float> scale;          // int8 only: likewise
   PackedBView view(int64_t begin, int64_t end) const;
   PackedBView view() const { return view(0, n); }
@@ -96,8 +105,8 @@ struct PackedB {
 // W(j, p) = w[j * stride_n + p * stride_k] for j < n, p < k (so (n, k) row-major is stride_n = ldw, stride_k = 1,
 // and a (k, n) row-major B is stride_n = 1, stride_k = ldb), rounded to bfloat16 and packed.
 void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t stride_k, PackedB& out);
-// Int8 rows (one per output column) packed with their column sums and scales; k <= 65536 (the offset-activation
-// sums of vpdpbusd must stay exact in int32).
+// Int8 weight rows (one scale per row, one per output column) packed with their per-block column sums (for the
+// +128 offset of the activations) and scales; k <= 65536.
 void pack_int8(const Int8View& w, PackedB& out);
 inline constexpr int64_t kInt8PackedMaxK = 65536;
 
