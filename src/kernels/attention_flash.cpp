@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -18,6 +19,7 @@ namespace qkv::kernels {
 namespace {
 
 using flash::Gemm;
+using flash::GemmBf16;
 using flash::Kernels;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -58,8 +60,14 @@ const Kernels& pick(FlashIsa isa) {
                       "[attention] the AVX-512 kernels were requested but this CPU lacks them");
     return flash::avx512_kernels();
   }
-  // kAuto: the widest path QKV_ISA allows (the levels past AVX-512 add only low-precision kernels).
+  if (isa == FlashIsa::kAvx512Bf16) {
+    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512Bf16),
+                      "[attention] the AVX512-BF16 kernels were requested but this CPU lacks them");
+    return flash::avx512bf16_kernels();
+  }
+  // kAuto: the widest path QKV_ISA allows (AVX512-VNNI adds nothing here; AVX512-BF16 adds the bf16 products).
   const Isa active = active_isa();
+  if (active >= Isa::kAvx512Bf16) return flash::avx512bf16_kernels();
   if (active >= Isa::kAvx512) return flash::avx512_kernels();
   if (active == Isa::kAvx2) return flash::avx2_kernels();
   return flash::portable_kernels();
@@ -158,6 +166,9 @@ struct Ctx {
   float c2 = 1.0f;    // what q·k is multiplied by before the tile math: scale · log2(e), or scale / cap when capped
   float cap = 0.0f;   // soft cap c (0 = off)
   float cap2 = 0.0f;  // c · log2(e): a capped score in log2 units is cap2 · tanh(scale · q·k / c)
+  // Precision kBFloat16 on a set with bf16 products: the forward's query tiles (all but decoding's few-query ones)
+  // run Q·Kᵀ and P·V on bf16 pairs, P rounded to bf16 after the float32 softmax.
+  bool bf16 = false;
   int64_t fq = kFwdQ, fk = kFwdK, bq = kBwdQ, bk = kBwdK;  // tile sizes
   KeyRange keys(int64_t i) const { return visible_keys(bounds, i / qdiv, tq / qdiv, tk); }
   // Keys [key_begin(i0), key_end(i_last)) hold every key visible to query rows i0..i_last (bounds are monotone).
@@ -221,6 +232,7 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   cx.cap = options.softcap;
   cx.cap2 = static_cast<float>(cx.cap * kLog2e);
   cx.c2 = cx.cap > 0.0f ? static_cast<float>(double{scale} / cx.cap) : static_cast<float>(scale * kLog2e);
+  cx.bf16 = options.precision == Precision::kBFloat16 && cx.kr->gemm_bf16 != nullptr;
   const int64_t tiles[4] = {config.fwd_q_tile, config.fwd_k_tile, config.bwd_q_tile, config.bwd_k_tile};
   for (int64_t t : tiles)
     QKV_CHECK_ARG(t == 0 || (t > 0 && t % 8 == 0), "[attention] tile size ", t,
@@ -258,8 +270,21 @@ bool build_bias(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j0, in
 // ---------------------------------------------------------------------------------------------------------------
 // Forward
 
+// A bf16 pair word: x0 in the low half, x1 in the high half, each rounded to nearest even.
+inline uint32_t bf16_pair(float x0, float x1) {
+  auto bits = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u | 0x00400000u) >> 16) & 0xffffu;
+    return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;
+  };
+  return bits(x0) | (bits(x1) << 16);
+}
+
 struct FwdWork {
   std::vector<float> qt, st, bias, o, m, l, alpha;
+  // bf16: Qᵀ, the K tile, P and the V tile as pair words (Qᵀ and P pair along k / keys, K along d, V along keys).
+  std::vector<uint32_t> q2, k2, p2, v2;
   explicit FwdWork(const Ctx& cx)
       : qt(static_cast<size_t>(cx.dk * cx.fq)),
         st(static_cast<size_t>(cx.fk * cx.fq)),
@@ -267,7 +292,15 @@ struct FwdWork {
         o(static_cast<size_t>(cx.fq * cx.dv)),
         m(static_cast<size_t>(cx.fq)),
         l(static_cast<size_t>(cx.fq)),
-        alpha(static_cast<size_t>(cx.fq)) {}
+        alpha(static_cast<size_t>(cx.fq)) {
+    if (cx.bf16) {
+      const int64_t dk2 = ceil_div(cx.dk, 2), fk2 = ceil_div(cx.fk, 2), ld = round_up(cx.fq, 8);
+      q2.resize(static_cast<size_t>(dk2 * ld));
+      k2.resize(static_cast<size_t>(cx.fk * dk2));
+      p2.resize(static_cast<size_t>(fk2 * ld));
+      v2.resize(static_cast<size_t>(fk2 * cx.dv));
+    }
+  }
 };
 
 // Online softmax of query rows i0..i0+bq of batch b over keys [j_begin, j_end): leaves the running max m (log2
@@ -277,9 +310,19 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
   const int64_t dk = cx.dk, dv = cx.dv;
   const int64_t ld = round_up(bq, 8);
   const bool small = bq <= kSmallQ;
+  const bool bf16 = cx.bf16 && !small;
+  const int64_t dk2 = ceil_div(dk, 2);
   const float* qb = cx.q.at(b) + i0 * cx.q.rs;
   float* qt = w.qt.data();
-  if (small) {  // scaled rows, for the dot-product scores
+  if (bf16) {  // Qᵀ as pairs along d (dk2 x ld words), unscaled (c2 scales the float scores), zero-padded columns
+    uint32_t* q2 = w.q2.data();
+    for (int64_t d2 = 0; d2 < dk2; ++d2)
+      for (int64_t i = 0; i < ld; ++i) {
+        const float x0 = i < bq ? qb[i * cx.q.rs + 2 * d2] : 0.0f;
+        const float x1 = i < bq && 2 * d2 + 1 < dk ? qb[i * cx.q.rs + 2 * d2 + 1] : 0.0f;
+        q2[d2 * ld + i] = bf16_pair(x0, x1);
+      }
+  } else if (small) {  // scaled rows, for the dot-product scores
     for (int64_t i = 0; i < bq; ++i)
       for (int64_t d = 0; d < dk; ++d) qt[i * dk + d] = qb[i * cx.q.rs + d] * cx.c2;
   } else {  // scaled Qᵀ (dk x ld), zero-padded columns
@@ -318,6 +361,20 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     // Sᵀ (n keys x nc queries), log2 units.
     if (small) {
       kr.dot_scores(qt, bq, dk, kj, cx.k.rs, n, st, ld);
+    } else if (bf16) {
+      uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t d2 = 0; d2 < dk2; ++d2)
+          k2[j * dk2 + d2] =
+              bf16_pair(kj[j * cx.k.rs + 2 * d2], 2 * d2 + 1 < dk ? kj[j * cx.k.rs + 2 * d2 + 1] : 0.0f);
+      GemmBf16 g;
+      g.rows = n, g.cols = nc, g.depth = dk2;
+      g.a = k2, g.a_rs = dk2, g.a_ks = 1;
+      g.b = w.q2.data() + c0, g.b_ks = ld;
+      g.c = sc, g.c_rs = ld;
+      kr.gemm_bf16(g);
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t i = 0; i < nc; ++i) sc[j * ld + i] *= cx.c2;
     } else {
       Gemm g;
       g.rows = n, g.cols = nc, g.depth = dk;
@@ -343,6 +400,27 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     // of kSmallPV keys: the register blocks of a few rows cover Dv in column strips, and one pass over the whole
     // tile per strip would read each V row from memory in Dv/16 strided pieces; per block, the strips find the
     // block's rows in L1. The same products in the same order (C is reloaded exactly), so the same bits.
+    if (bf16) {  // P (rounded) as pairs along keys, the V tile likewise; then O = alpha·O + P·V on the pairs
+      const int64_t n2 = ceil_div(n, 2);
+      uint32_t* p2 = w.p2.data();
+      uint32_t* v2 = w.v2.data();
+      for (int64_t j2 = 0; j2 < n2; ++j2) {
+        const float* s0 = st + 2 * j2 * ld;
+        const bool odd = 2 * j2 + 1 >= n;
+        for (int64_t i = c0; i < qend; ++i) p2[j2 * ld + i] = bf16_pair(s0[i], odd ? 0.0f : s0[ld + i]);
+        const float* r0 = vj + 2 * j2 * cx.v.rs;
+        for (int64_t c = 0; c < dv; ++c) v2[j2 * dv + c] = bf16_pair(r0[c], odd ? 0.0f : r0[cx.v.rs + c]);
+      }
+      GemmBf16 g;
+      g.rows = qend - c0, g.cols = dv, g.depth = n2;
+      g.a = p2 + c0, g.a_rs = 1, g.a_ks = ld;
+      g.b = v2, g.b_ks = dv;
+      g.c = w.o.data() + c0 * dv, g.c_rs = dv;
+      g.row_scale = w.alpha.data() + c0;
+      g.accumulate = true;
+      kr.gemm_bf16(g);
+      continue;
+    }
     const int64_t pv = small && qend - c0 > 1 ? kSmallPV : n;
     for (int64_t k0 = 0; k0 < n; k0 += pv) {
       Gemm g;

@@ -1,6 +1,6 @@
 // Private interface between the fused-attention algorithm (attention_flash.cpp) and its microkernels: one table of
 // function pointers per instruction set (attention_flash_portable.cpp, attention_flash_avx2.cpp,
-// attention_flash_avx512.cpp).
+// attention_flash_avx512.cpp, attention_flash_avx512bf16.cpp).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,21 @@ struct Gemm {
   const float* a = nullptr;
   int64_t a_rs = 0, a_ks = 0;
   const float* b = nullptr;
+  int64_t b_ks = 0;
+  float* c = nullptr;
+  int64_t c_rs = 0;
+  const float* row_scale = nullptr;
+  bool accumulate = false;
+};
+
+// The same product on bfloat16 pairs (the precision kBFloat16 forward): a and b hold 32-bit words of two
+// bfloat16 along k (low half: the even k), depth counts pairs, strides count words; C stays float32:
+//   C = (accumulate ? row_scale[r] * C : 0) + sum_k' A(r, k') · B(k', c)  with A·B the pair's two products.
+struct GemmBf16 {
+  int64_t rows = 0, cols = 0, depth = 0;
+  const uint32_t* a = nullptr;
+  int64_t a_rs = 0, a_ks = 0;
+  const uint32_t* b = nullptr;
   int64_t b_ks = 0;
   float* c = nullptr;
   int64_t c_rs = 0;
@@ -46,10 +61,15 @@ struct Kernels {
   //   dp <- scale * p * (dp - delta[r])
   void (*bwd_probs)(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols,
                     const float* lse2, const float* delta, float scale);
+
+  // The bf16 products (vdpbf16ps); nullptr where the set has none (the forward then runs float32 products on the
+  // bf16-rounded inputs).
+  void (*gemm_bf16)(const GemmBf16& g) = nullptr;
 };
 
 const Kernels& portable_kernels();
 const Kernels& avx2_kernels();    // only call when the CPU has AVX2 and FMA
 const Kernels& avx512_kernels();  // only call when the CPU has AVX-512 F, BW, DQ and VL
+const Kernels& avx512bf16_kernels();  // avx512's, plus gemm_bf16: only call when the CPU has AVX512-BF16
 
 }  // namespace qkv::kernels::flash

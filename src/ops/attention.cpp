@@ -136,11 +136,7 @@ float attention_scale(const AttentionOptions& options, int64_t dk) {
 
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
   // The single dispatch point: the fused kernel takes over here when !options.return_weights.
-  if (options.precision == Precision::kBFloat16) {
-    attention_check(q, k, v, options, "attention");
-    return attention(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(options));
-  }
-  if (!options.return_weights) return attention_fused(q, k, v, options);
+  if (!options.return_weights) return attention_fused(q, k, v, options);  // bf16 included
   return attention_reference(q, k, v, options);
 }
 

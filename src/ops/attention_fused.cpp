@@ -12,10 +12,12 @@ AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& 
   const Shape batch = attention_check(q, k, v, options, "attention");
   QKV_CHECK_ARG(!options.return_weights, "[attention] the fused path never forms the weights; q ", str(q.shape()),
                 " k ", str(k.shape()), ": call attention() or attention_reference() for return_weights");
-  if (options.precision == Precision::kBFloat16)
-    return attention_fused(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(options));
-  AttentionResult r =
-      kernels::attention_flash_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
+  // bf16: the inputs rounded once here; the kernel keeps the precision, and where the CPU has AVX512-BF16 it runs
+  // both products on vdpbf16ps with P rounded to bf16 (softmax, LSE and sums in float32), else float32 products.
+  const bool bf16 = options.precision == Precision::kBFloat16;
+  AttentionResult r = kernels::attention_flash_forward(bf16 ? round_to_bf16(q) : q, bf16 ? round_to_bf16(k) : k,
+                                                       bf16 ? round_to_bf16(v) : v, options, batch,
+                                                       attention_scale(options, q.size(-1)));
   if (!options.return_lse) r.lse = Tensor();
   return r;
 }

@@ -114,9 +114,14 @@ TEST(AttentionFlashIsa, Avx2MatchesOracleAndPortableOnTailShapes) { CheckIsa(Fla
 
 TEST(AttentionFlashIsa, Avx512MatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAvx512); }
 
+// The avx512bf16 set at float32: the avx512 set's products (its bf16 products: precision_test.cpp).
+TEST(AttentionFlashIsa, Avx512Bf16MatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAvx512Bf16); }
+
 TEST(AttentionFlashIsa, AutoPicksTheWidestAvailableSet) {
   const std::string name = kernels::flash_isa_name(FlashIsa::kAuto);
-  if (isa_available(FlashIsa::kAvx512))
+  if (isa_available(FlashIsa::kAvx512Bf16))
+    EXPECT_EQ(name, "avx512bf16");
+  else if (isa_available(FlashIsa::kAvx512))
     EXPECT_EQ(name, "avx512");
   else if (isa_available(FlashIsa::kAvx2))
     EXPECT_EQ(name, "avx2");
@@ -125,7 +130,7 @@ TEST(AttentionFlashIsa, AutoPicksTheWidestAvailableSet) {
 }
 
 TEST(AttentionFlashIsaErrors, MissingInstructionSetThrowsNamingAttention) {
-  for (FlashIsa isa : {FlashIsa::kAvx2, FlashIsa::kAvx512}) {
+  for (FlashIsa isa : {FlashIsa::kAvx2, FlashIsa::kAvx512, FlashIsa::kAvx512Bf16}) {
     if (isa_available(isa)) continue;
     FlashConfig cfg;
     cfg.isa = isa;
