@@ -105,6 +105,25 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
     }
   }
 }
+
+void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t blocks, int16_t* q, float* scale) {
+  bool finite = true;
+  for (int64_t j = 0; j < cols; ++j) finite = finite && std::isfinite(x[j]);
+  if (!finite) {
+    std::fill(scale, scale + blocks, std::nanf(""));
+    return;  // q stays 0; the NaN scales make the row's products NaN
+  }
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t j0 = g * group, j1 = std::min(cols, j0 + group);
+    float amax = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(x[j]));
+    if (amax == 0.0f) continue;
+    const float inv = 127.0f / amax;
+    for (int64_t j = j0; j < j1; ++j)
+      q[j] = static_cast<int16_t>(std::clamp(std::nearbyint(x[j] * inv), -127.0f, 127.0f));
+    scale[g] = amax / 127.0f;
+  }
+}
 }  // namespace portable
 
 float bf16_round(float x) { return detail::bf16_round_one(x); }
@@ -144,28 +163,10 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx,
   const int64_t blocks = out.ld / out.group, group = out.group;
   out.q.assign(static_cast<size_t>(rows * out.ld), 0);
   out.scale.assign(static_cast<size_t>(rows * blocks), 0.0f);
+  const auto k = use_avx2() ? avx2::quantize_row_int8 : portable::quantize_row_int8;
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * ldx;
-    bool finite = true;
-    for (int64_t j = 0; j < cols; ++j) finite = finite && std::isfinite(xr[j]);
-    float* sr = &out.scale[r * blocks];
-    if (!finite) {
-      std::fill(sr, sr + blocks, std::nanf(""));
-      continue;  // q stays 0; the NaN scales make the row's products NaN
-    }
-    int16_t* qr = &out.q[r * out.ld];
-    for (int64_t g = 0; g < blocks; ++g) {
-      const int64_t j0 = g * group, j1 = std::min(cols, j0 + group);
-      float amax = 0.0f;
-      for (int64_t j = j0; j < j1; ++j) amax = std::max(amax, std::fabs(xr[j]));
-      if (amax == 0.0f) continue;
-      const float inv = 127.0f / amax;
-      for (int64_t j = j0; j < j1; ++j)
-        qr[j] = static_cast<int16_t>(std::clamp(std::nearbyint(xr[j] * inv), -127.0f, 127.0f));
-      sr[g] = amax / 127.0f;
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    k(x + r * ldx, cols, group, blocks, &out.q[r * out.ld], &out.scale[r * blocks]);
 }
 
 void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc) {

@@ -4,6 +4,9 @@
 // register block, the block sums scaled in float with the same fused multiply-adds as the portable build.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "lowp_impl.h"
 
 namespace qkv::kernels::avx2 {
@@ -48,6 +51,47 @@ void bf16_to_float_range(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) {
     const uint32_t u = uint32_t{x[i]} << 16;
     std::memcpy(y + i, &u, sizeof u);
+  }
+}
+
+void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t blocks, int16_t* q, float* scale) {
+  // x - x is 0 for a finite x and NaN for ±inf and NaN.
+  __m256 bad = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  }
+  bool finite = _mm256_movemask_ps(bad) == 0;
+  for (; j < cols; ++j) finite = finite && std::isfinite(x[j]);
+  if (!finite) {
+    for (int64_t g = 0; g < blocks; ++g) scale[g] = std::nanf("");
+    return;
+  }
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t j0 = g * group, j1 = std::min(cols, j0 + group);
+    __m256 m = _mm256_setzero_ps();
+    j = j0;
+    for (; j + 8 <= j1; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float amax = _mm_cvtss_f32(h);
+    for (; j < j1; ++j) amax = std::max(amax, std::fabs(x[j]));
+    if (amax == 0.0f) continue;
+    const float inv = 127.0f / amax;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    j = j0;
+    for (; j + 16 <= j1; j += 16) {  // cvtps rounds to nearest even, as nearbyint does
+      const __m256i a = _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j), vinv))));
+      const __m256i b =
+          _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), vinv))));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+    }
+    for (; j < j1; ++j) q[j] = static_cast<int16_t>(std::clamp(std::nearbyint(x[j] * inv), -127.0f, 127.0f));
+    scale[g] = amax / 127.0f;
   }
 }
 

@@ -74,18 +74,20 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t g
   }
 }
 
-// Rows [0, rows) of int8 rows (int16 values, zero past cols) as [group][kMR] words of 4 bytes q + 128.
+// Rows [0, rows) of int8 rows (int16 values, zero past cols; ld a multiple of 64) as [group][kMR] words of
+// 4 bytes q + 128.
 void pack_a_int8(const int16_t* q, int64_t ld, int64_t rows, int64_t groups, uint32_t* dst) {
+  alignas(64) uint32_t words[16];
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));  // v ^ 0x80 = v + 128 for v in [-128, 127]
   for (int64_t r = 0; r < rows; ++r) {
     const int16_t* qr = q + r * ld;
-    for (int64_t g = 0; g < groups; ++g) {
-      uint32_t w = 0;
-      for (int t = 0; t < 4; ++t) {
-        const int64_t kk = 4 * g + t;
-        const int32_t v = kk < ld ? qr[kk] : 0;  // ld >= 4 * groups; kept for safety of short views
-        w |= static_cast<uint32_t>(v + 128) << (8 * t);
-      }
-      dst[g * kMR + r] = w;
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // 64 values -> 16 words
+      const __m256i lo = _mm512_cvtepi16_epi8(_mm512_loadu_si512(qr + 4 * g0));
+      const __m256i hi = _mm512_cvtepi16_epi8(_mm512_loadu_si512(qr + 4 * g0 + 32));
+      const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      _mm512_store_si512(words, _mm512_xor_si512(bytes, offset));
+      const int64_t gn = std::min<int64_t>(16, groups - g0);
+      for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = words[g];
     }
   }
 }

@@ -188,6 +188,26 @@ TEST(Int8Kernels, QuantizationIsSymmetricPerRowOrBlockAndWithinHalfAStep) {
         EXPECT_EQ(top, 127);
       }
   }
+  // The AVX2 row quantizer gives the portable one's bits (rows with ties, tails and a non-finite value).
+  if (kernels::cpu_supports(Isa::kAvx2)) {
+    Rng rng(9);
+    for (const int64_t cols : {int64_t{1}, int64_t{15}, int64_t{64}, int64_t{130}, int64_t{385}}) {
+      std::vector<float> x(static_cast<size_t>(cols));
+      for (float& v : x) v = rng.normal() * 3.0f;
+      x[0] = 127.0f * 0.5f;  // a tie at the block's scale when it is the block max
+      if (cols > 20) x[17] = 2.5f * (cols > 100 ? 1.0f : -1.0f);
+      for (const bool poison : {false, true}) {
+        if (poison) x[static_cast<size_t>(cols - 1)] = INFINITY;
+        const int64_t ld = kernels::int8_ld(cols), blocks = ld / kernels::kInt8Group;
+        std::vector<int16_t> qa(static_cast<size_t>(ld), 0), qb(static_cast<size_t>(ld), 0);
+        std::vector<float> sa(static_cast<size_t>(blocks), -1.0f), sb(static_cast<size_t>(blocks), -1.0f);
+        kernels::portable::quantize_row_int8(x.data(), cols, kernels::kInt8Group, blocks, qa.data(), sa.data());
+        kernels::avx2::quantize_row_int8(x.data(), cols, kernels::kInt8Group, blocks, qb.data(), sb.data());
+        EXPECT_EQ(qa, qb) << cols;
+        for (int64_t g = 0; g < blocks; ++g) EXPECT_TRUE(same_value(sa[g], sb[g])) << cols << " block " << g;
+      }
+    }
+  }
   // A non-finite value makes every scale of its row NaN; an all-zero block has scale 0 (other blocks unaffected).
   std::vector<float> bad(130, 1.0f), zero(130, 0.0f);
   bad[100] = NAN;

@@ -69,6 +69,8 @@ void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float
 // One path by name, for tests (avx2:: only when cpu_supports(Isa::kAvx2)). Ranges of elements / of c's rows
 // [m0, m1) and columns [n0, n1).
 namespace portable {
+// One row of quantize_rows_int8: q (zero-filled, >= blocks * group entries) and scale (blocks entries).
+void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t blocks, int16_t* q, float* scale);
 void bf16_round_range(const float* x, float* y, int64_t n);
 void float_to_bf16_range(const float* x, uint16_t* y, int64_t n);
 void bf16_to_float_range(const uint16_t* x, float* y, int64_t n);
@@ -76,6 +78,7 @@ void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, fl
                      int64_t m1, int64_t n0, int64_t n1);
 }  // namespace portable
 namespace avx2 {
+void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t blocks, int16_t* q, float* scale);
 void bf16_round_range(const float* x, float* y, int64_t n);
 void float_to_bf16_range(const float* x, uint16_t* y, int64_t n);
 void bf16_to_float_range(const uint16_t* x, float* y, int64_t n);
