@@ -1,69 +1,26 @@
 // Line charts, bar charts, labelled heatmaps and panel composition drawn straight into an RGB Image, with the
-// 5x7 font of font.cpp for every label. Layout is computed from the text sizes so that nothing overlaps.
+// labels of text.cpp and the pixels of draw.h. Layout is computed from the text sizes so that nothing overlaps.
 #include "qkv/plot/plot.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
-#include <string_view>
+#include <string>
 #include <utility>
 #include <vector>
 
-#include "font.h"
+#include "draw.h"
 #include "qkv/core/error.h"
 
 namespace qkv::plot {
 namespace {
 
+using namespace draw;
+
 constexpr Rgb kBlack{0, 0, 0};
 constexpr Rgb kAxis{60, 60, 60};
 constexpr Rgb kGrid{225, 225, 225};
 constexpr Rgb kTitle{20, 20, 20};
-
-void put(Image& img, int x, int y, Rgb c) { img.set(x, y, c[0], c[1], c[2]); }
-
-void blend(Image& img, int x, int y, Rgb c, float alpha) {
-  if (x < 0 || y < 0 || x >= img.width || y >= img.height) return;
-  uint8_t* p = &img.rgb[(static_cast<size_t>(y) * img.width + x) * 3];
-  for (int k = 0; k < 3; ++k) p[k] = static_cast<uint8_t>(std::lround(p[k] * (1.0f - alpha) + c[k] * alpha));
-}
-
-void fill(Image& img, int x, int y, int w, int h, Rgb c) { img.fill_rect(x, y, w, h, c[0], c[1], c[2]); }
-
-void hline(Image& img, int x0, int x1, int y, Rgb c) {
-  for (int x = std::min(x0, x1); x <= std::max(x0, x1); ++x) put(img, x, y, c);
-}
-void vline(Image& img, int x, int y0, int y1, Rgb c) {
-  for (int y = std::min(y0, y1); y <= std::max(y0, y1); ++y) put(img, x, y, c);
-}
-void rect_outline(Image& img, int x, int y, int w, int h, Rgb c) {
-  hline(img, x, x + w - 1, y, c);
-  hline(img, x, x + w - 1, y + h - 1, c);
-  vline(img, x, y, y + h - 1, c);
-  vline(img, x + w - 1, y, y + h - 1, c);
-}
-
-// Bresenham with a square pen of side `thick`; with `dashed` every other run of 8 pixels is skipped.
-// `phase` carries the dash position across consecutive segments.
-void line(Image& img, int x0, int y0, int x1, int y1, Rgb c, int thick, bool dashed, int* phase) {
-  const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0);
-  const int sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
-  int err = dx + dy;
-  int local = 0;
-  int& ph = phase ? *phase : local;
-  const int lo = -(thick - 1) / 2, hi = thick / 2;
-  for (int guard = 0; guard < 100000; ++guard) {
-    if (!dashed || (ph / 8) % 2 == 0)
-      for (int a = lo; a <= hi; ++a)
-        for (int b = lo; b <= hi; ++b) put(img, x0 + a, y0 + b, c);
-    ++ph;
-    if (x0 == x1 && y0 == y1) break;
-    const int e2 = 2 * err;
-    if (e2 >= dy) { err += dy; x0 += sx; }
-    if (e2 <= dx) { err += dx; y0 += sy; }
-  }
-}
 
 // Screen mapping of one axis.
 struct Axis {
@@ -152,124 +109,6 @@ Rgb palette(int i) {
   static const Rgb kTab10[10] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},  {148, 103, 189},
                                  {140, 86, 75},  {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
   return kTab10[((i % 10) + 10) % 10];
-}
-
-namespace {
-
-// The next code point of UTF-8 text at `i` and its byte length; an invalid or truncated sequence is one byte, cp 0.
-std::pair<char32_t, size_t> next_code_point(std::string_view s, size_t i) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return {0, 1};
-  if (n == 1) return {b, 1};
-  char32_t cp = b & (0x7F >> n);
-  for (size_t k = 1; k < n; ++k) {
-    const auto c = static_cast<unsigned char>(s[i + k]);
-    if ((c >> 6) != 0x2) return {0, 1};
-    cp = (cp << 6) | (c & 0x3F);
-  }
-  static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {0, 1};
-  return {cp, n};
-}
-
-// One drawable unit of text: an ASCII bitmap glyph ('?' for what cannot be drawn) or a FreeType glyph.
-struct TextUnit {
-  char ascii = '?';
-  bool raster = false;
-  font::RasterGlyph glyph;
-  int advance = 0;
-};
-
-std::vector<TextUnit> text_units(std::string_view text, int scale) {
-  std::vector<TextUnit> units;
-  for (size_t i = 0; i < text.size();) {
-    const auto [cp, n] = next_code_point(text, i);
-    i += n;
-    TextUnit u;
-    u.advance = font::kAdvance * scale;
-    if (cp >= 0x20 && cp < 0x7F) {
-      u.ascii = static_cast<char>(cp);
-    } else if (cp >= 0x80 && font::raster_glyph(cp, (font::kGlyphHeight + 1) * scale, u.glyph)) {
-      u.raster = true;  // CJK and other scripts: the system font, on the ASCII glyphs' baseline
-      u.advance = std::max(u.glyph.advance, scale);
-    }
-    units.push_back(std::move(u));
-  }
-  return units;
-}
-
-}  // namespace
-
-void draw_text(Image& img, int x, int y, std::string_view text, int scale, Rgb color, bool vertical) {
-  scale = std::max(1, scale);
-  int pen = 0;
-  auto plot = [&](int u, int v) {  // u along the baseline, v down from the top of the line
-    if (!vertical)
-      put(img, x + u, y + v, color);
-    else  // rotated 90 degrees counter-clockwise: baseline goes up, glyph tops face left
-      put(img, x + v, y - u, color);
-  };
-  const int baseline = font::kGlyphHeight * scale;
-  for (const TextUnit& t : text_units(text, scale)) {
-    if (t.raster) {
-      const font::RasterGlyph& g = t.glyph;
-      for (int r = 0; r < g.height; ++r)
-        for (int c = 0; c < g.width; ++c)
-          if (g.coverage[static_cast<size_t>(r) * g.width + c] >= 128) plot(pen + g.left + c, baseline - g.top + r);
-    } else {
-      const uint8_t* g = font::glyph(t.ascii);
-      for (int col = 0; col < font::kGlyphWidth; ++col)
-        for (int row = 0; row < font::kGlyphHeight; ++row) {
-          if (!((g[col] >> row) & 1)) continue;
-          for (int a = 0; a < scale; ++a)
-            for (int b = 0; b < scale; ++b) plot(pen + col * scale + a, row * scale + b);
-        }
-    }
-    pen += t.advance;
-  }
-}
-
-int text_width(std::string_view text, int scale) {
-  scale = std::max(1, scale);
-  const std::vector<TextUnit> units = text_units(text, scale);
-  if (units.empty()) return 0;
-  int w = 0;
-  for (const TextUnit& t : units) w += t.advance;
-  return units.back().raster ? w : w - scale;  // no blank column after the last ASCII glyph
-}
-
-int text_height(int scale) { return font::kGlyphHeight * std::max(1, scale); }
-
-std::string format_number(double v, int digits) {
-  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-  if (v == 0) return "0";
-  char buf[64];
-  const double a = std::abs(v);
-  if (a >= 1e-3 && a < 1e6) {
-    // Fixed notation with enough decimals for `digits` significant digits, trailing zeros removed.
-    const int mag = static_cast<int>(std::floor(std::log10(a)));
-    const int decimals = std::max(0, digits - 1 - mag);
-    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-    std::string s = buf;
-    if (s.find('.') != std::string::npos) {
-      while (s.back() == '0') s.pop_back();
-      if (s.back() == '.') s.pop_back();
-    }
-    return s;
-  }
-  std::snprintf(buf, sizeof buf, "%.*e", std::max(0, digits - 1), v);
-  std::string s = buf;  // 1.50e-05 -> 1.5e-5
-  const size_t e = s.find('e');
-  std::string mant = s.substr(0, e), ex = s.substr(e + 1);
-  if (mant.find('.') != std::string::npos) {
-    while (mant.back() == '0') mant.pop_back();
-    if (mant.back() == '.') mant.pop_back();
-  }
-  const bool neg = ex[0] == '-';
-  size_t k = (ex[0] == '-' || ex[0] == '+') ? 1 : 0;
-  while (k + 1 < ex.size() && ex[k] == '0') ++k;
-  return mant + "e" + (neg ? "-" : "") + ex.substr(k);
 }
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
