@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 CMAKE_ARGS ?=
 SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench bench-llama fuzz experiments clean
+.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench bench-lowp bench-llama fuzz experiments clean
 
 all: build
 
@@ -90,6 +90,19 @@ bench: deps
 	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
 	cmake --build build-bench --target attention_bench -j$(JOBS)
 	./build-bench/bench/attention_bench --threads 2 --json out/bench/attention.json
+
+# Low precision: qkv's linear at fp32/bf16/int8 (bench/lowp_bench.cpp), attention fp32/bf16 against PyTorch's SDPA
+# (bench/lowp_torch_bench.py), and all-MiniLM-L6-v2 at each precision against sentence-transformers (fp32 and bf16
+# autocast) and OpenVINO (a benchmark-only peer of scripts/requirements-bench.txt). Two threads; about 5 minutes.
+bench-lowp: python
+	$(PY) -m pip install -q openvino==2026.4.1
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
+	cmake --build build-bench --target lowp_bench -j$(JOBS)
+	mkdir -p out/bench
+	OMP_NUM_THREADS=2 ./build-bench/bench/lowp_bench --json out/bench/lowp.json
+	OMP_NUM_THREADS=2 $(PY) bench/lowp_torch_bench.py --json out/bench/lowp_torch.json
+	OMP_NUM_THREADS=2 $(PY) bench/minilm_bench.py --sides qkv,qkv-bf16,qkv-int8,torch,torch-bf16,openvino \
+	  --json out/bench/minilm_lowp.json
 
 # qkv's Llama decoder against llama.cpp, fp32, two threads (bench/llama_cpp_bench.py). Installs the benchmark-only
 # peers of scripts/requirements-bench.txt first (llama-cpp-python compiles llama.cpp: minutes on 2 cores).

@@ -1,0 +1,109 @@
+// GF/s of qkv's linear layer at each precision: float32 (sgemm), bf16 (vdpbf16ps on weights packed once where the
+// CPU has AVX512-BF16, else rounding then float32) and int8 (activation quantization included; vpdpbusd where the
+// CPU has AVX512-VNNI, else vpmaddwd), on a square and on MiniLM's and decoding's shapes. The sides take turns,
+// `--repeats` times each, so that a machine that slows down slows all alike; each figure is the median.
+//
+//   OMP_NUM_THREADS=2 ./build-bench/bench/lowp_bench [--repeats 7] [--json out.json]
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "qkv/core/rng.h"
+#include "qkv/core/tensor.h"
+#include "qkv/kernels/cpu.h"
+#include "qkv/kernels/lowp.h"
+#include "qkv/ops/lowp.h"
+#include "qkv/ops/matmul.h"
+
+namespace {
+
+double now() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+qkv::Tensor randn(qkv::Shape s, uint64_t seed) {
+  qkv::Rng rng(seed);
+  qkv::Tensor t = qkv::Tensor::empty(s);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = rng.normal();
+  return t;
+}
+
+struct Row {
+  const char* what;
+  int64_t m, n, k;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 7;
+  const char* json = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: lowp_bench [--repeats N] [--json out.json]\n");
+      return 2;
+    }
+  }
+  const Row rows[] = {{"square 2048^3", 2048, 2048, 2048},
+                      {"MiniLM QKV 1024x1152x384", 1024, 1152, 384},
+                      {"MiniLM FFN up 1024x1536x384", 1024, 1536, 384},
+                      {"MiniLM FFN down 1024x384x1536", 1024, 384, 1536},
+                      {"decode 1x4096x4096", 1, 4096, 4096},
+                      {"decode 8x4096x4096", 8, 4096, 4096}};
+  const qkv::kernels::LowpPaths paths = qkv::kernels::lowp_paths();
+  std::printf("qkv linear at fp32 / bf16 / int8, %d repeats (median), isa %s\n  bf16: %s\n  int8: %s\n", repeats,
+              qkv::kernels::isa_name(qkv::kernels::active_isa()), paths.bf16, paths.int8);
+  std::string out = "{\"isa\": \"" + std::string(qkv::kernels::isa_name(qkv::kernels::active_isa())) + "\", \"rows\": [";
+  for (const Row& r : rows) {
+    const qkv::Tensor x = randn({r.m, r.k}, 1), w = randn({r.n, r.k}, 2), b = randn({r.n}, 3);
+    const qkv::LinearWeight w16(w, qkv::Precision::kBFloat16), w8(w, qkv::Precision::kInt8);
+    const double flop = 2.0 * r.m * r.n * r.k;
+    // Enough calls per timing for about 50 ms at 100 GF/s.
+    const int calls = std::max(1, static_cast<int>(5e9 / flop));
+    std::vector<double> t[3];
+    for (int rep = 0; rep <= repeats; ++rep) {
+      for (int side = 0; side < 3; ++side) {
+        const double t0 = now();
+        for (int c = 0; c < calls; ++c) {
+          qkv::Tensor y = side == 0 ? qkv::linear(x, w, b) : qkv::linear(x, side == 1 ? w16 : w8, b);
+          if (y.data()[0] == 12345.678f) std::printf(" ");
+        }
+        if (rep > 0) t[side].push_back((now() - t0) / calls);  // rep 0 warms up
+      }
+    }
+    double gf[3];
+    for (int side = 0; side < 3; ++side) {
+      std::sort(t[side].begin(), t[side].end());
+      gf[side] = flop / t[side][t[side].size() / 2] * 1e-9;
+    }
+    std::printf("  %-32s fp32 %7.1f GF/s   bf16 %7.1f GF/s (%.2fx fp32)   int8 %7.1f GF/s (%.2fx fp32, %.2fx bf16)\n",
+                r.what, gf[0], gf[1], gf[1] / gf[0], gf[2], gf[2] / gf[0], gf[2] / gf[1]);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"fp32_gflops\": %.2f, "
+                  "\"bf16_gflops\": %.2f, \"int8_gflops\": %.2f}",
+                  &r == rows ? "" : ", ", r.what, static_cast<long long>(r.m), static_cast<long long>(r.n),
+                  static_cast<long long>(r.k), gf[0], gf[1], gf[2]);
+    out += buf;
+  }
+  out += "]}\n";
+  if (json) {
+    FILE* f = std::fopen(json, "w");
+    if (!f) {
+      std::fprintf(stderr, "lowp_bench: cannot write %s\n", json);
+      return 1;
+    }
+    std::fputs(out.c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
