@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
                       {"MiniLM FFN up 1024x1536x384", 1024, 1536, 384},
                       {"MiniLM FFN down 1024x384x1536", 1024, 384, 1536},
                       {"decode 1x4096x4096", 1, 4096, 4096},
-                      {"decode 8x4096x4096", 8, 4096, 4096}};
+                      {"decode 8x4096x4096", 8, 4096, 4096},
+                      {"short sentence 16x384x384", 16, 384, 384},
+                      {"short sentence 16x1536x384", 16, 1536, 384},
+                      {"32x4096x4096", 32, 4096, 4096}};
   const qkv::kernels::LowpPaths paths = qkv::kernels::lowp_paths();
   std::printf("qkv linear at fp32 / bf16 / int8, %d repeats (median), isa %s\n  bf16: %s\n  int8: %s\n", repeats,
               qkv::kernels::isa_name(qkv::kernels::active_isa()), paths.bf16, paths.int8);
