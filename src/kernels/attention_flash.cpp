@@ -363,10 +363,10 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       kr.dot_scores(qt, bq, dk, kj, cx.k.rs, n, st, ld);
     } else if (bf16) {
       uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words)
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t d2 = 0; d2 < dk2; ++d2)
-          k2[j * dk2 + d2] =
-              bf16_pair(kj[j * cx.k.rs + 2 * d2], 2 * d2 + 1 < dk ? kj[j * cx.k.rs + 2 * d2 + 1] : 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        kr.pairs_of_adjacent(kj + j * cx.k.rs, dk / 2, k2 + j * dk2);
+        if (dk % 2) k2[j * dk2 + dk2 - 1] = bf16_pair(kj[j * cx.k.rs + dk - 1], 0.0f);
+      }
       GemmBf16 g;
       g.rows = n, g.cols = nc, g.depth = dk2;
       g.a = k2, g.a_rs = dk2, g.a_ks = 1;
@@ -407,9 +407,9 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       for (int64_t j2 = 0; j2 < n2; ++j2) {
         const float* s0 = st + 2 * j2 * ld;
         const bool odd = 2 * j2 + 1 >= n;
-        for (int64_t i = c0; i < qend; ++i) p2[j2 * ld + i] = bf16_pair(s0[i], odd ? 0.0f : s0[ld + i]);
+        kr.pairs_of_rows(s0 + c0, odd ? nullptr : s0 + ld + c0, qend - c0, p2 + j2 * ld + c0);
         const float* r0 = vj + 2 * j2 * cx.v.rs;
-        for (int64_t c = 0; c < dv; ++c) v2[j2 * dv + c] = bf16_pair(r0[c], odd ? 0.0f : r0[cx.v.rs + c]);
+        kr.pairs_of_rows(r0, odd ? nullptr : r0 + cx.v.rs, dv, v2 + j2 * dv);
       }
       GemmBf16 g;
       g.rows = qend - c0, g.cols = dv, g.depth = n2;

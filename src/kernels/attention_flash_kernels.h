@@ -65,6 +65,11 @@ struct Kernels {
   // The bf16 products (vdpbf16ps); nullptr where the set has none (the forward then runs float32 products on the
   // bf16-rounded inputs).
   void (*gemm_bf16)(const GemmBf16& g) = nullptr;
+  // Pair words for it, each half rounded to nearest even (qkv/kernels/lowp.h's rounding):
+  //   pairs_of_rows:     out[i] = (x0[i], x1[i])  for i < n  (x1 nullptr: 0)
+  //   pairs_of_adjacent: out[i] = (x[2i], x[2i+1]) for i < n
+  void (*pairs_of_rows)(const float* x0, const float* x1, int64_t n, uint32_t* out) = nullptr;
+  void (*pairs_of_adjacent)(const float* x, int64_t n, uint32_t* out) = nullptr;
 };
 
 const Kernels& portable_kernels();
