@@ -101,10 +101,8 @@ struct Bf16Op {
 };
 // The epilogues: one 16-lane half of a c row, lanes masked by m.
 struct Bf16Out {
-  const float* bias;  // at the panel's first column, or null (and null before the last block of k)
-  bool accumulate;    // a later block of k: add to c
+  const float* bias;  // at the panel's first column, or null
   void store(__m512 acc, int64_t /*row*/, int64_t lane0, float* c, __mmask16 m) const {
-    if (accumulate) acc = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), acc);
     if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, bias + lane0));
     _mm512_mask_storeu_ps(c, m, acc);
   }
@@ -233,45 +231,34 @@ void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t*
 }
 
 // Rows [m0, m1) of c over the view's columns [n0, n1): pack the activation rows (kMR at a time), then for each
-// panel every row tile. kblock > 0 cuts k into blocks of about that many words (balanced), each packed and run in
-// turn, later ones adding to c, so that a panel's block stays in L1 (bf16; int8 runs whole rows). make_out(p, r0,
-// bias, accumulate) is the epilogue of the tile at panel p (counted from the view's first panel) and row r0, with
-// `bias` at the panel's lane 0 or null. pack_a(r0, rows, g0, g1, dst) packs words [g0, g1) of the rows.
+// panel every row tile. make_out(p, r0, bias) is the epilogue of the tile at panel p (counted from the view's
+// first panel) and row r0, with `bias` at the panel's lane 0 or null.
 template <class Tile, class PackA, class MakeOut>
 void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t n0,
-               int64_t n1, int64_t kblock, Tile tile, PackA pack_a, MakeOut make_out) {
+               int64_t n1, Tile tile, PackA pack_a, MakeOut make_out) {
   if (m0 >= m1 || n0 >= n1) return;
   const int64_t groups = w.groups, tiles = (m1 - m0 + kMR - 1) / kMR;
-  const int64_t nkb = kblock > 0 ? std::max<int64_t>(1, (groups + kblock - 1) / kblock) : 1;
-  const int64_t kb_size = (groups + nkb - 1) / nkb;
-  uint32_t* pa = scratch.get(tiles * kb_size * kMR);
+  uint32_t* pa = scratch.get(tiles * groups * kMR);
+  for (int64_t t = 0; t < tiles; ++t) pack_a(m0 + t * kMR, std::min(kMR, m1 - m0 - t * kMR), pa + t * groups * kMR);
   // View column j is lane col0 + j of the panels counted from w.data.
   const int64_t l_begin = w.col0 + n0, l_end = w.col0 + n1;
   alignas(64) float edge[kMR * kPanel];
-  for (int64_t kb = 0; kb < nkb; ++kb) {
-    const int64_t g0 = kb * kb_size, gw = std::min(groups, g0 + kb_size) - g0;
-    const bool accumulate = kb > 0, last = kb + 1 == nkb;
-    for (int64_t t = 0; t < tiles; ++t)
-      pack_a(m0 + t * kMR, std::min(kMR, m1 - m0 - t * kMR), g0, g0 + gw, pa + t * gw * kMR);
-    for (int64_t p = l_begin / kPanel; p * kPanel < l_end; ++p) {
-      const int64_t lo = std::max(l_begin, p * kPanel) - p * kPanel,
-                    hi = std::min(l_end, (p + 1) * kPanel) - p * kPanel;
-      const int64_t j0 = p * kPanel - w.col0;  // the view column of the panel's lane 0 (< 0 only when lo > 0)
-      const uint32_t* b = w.data + (p * groups + g0) * kPanel;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t r0 = m0 + t * kMR, rows = std::min(kMR, m1 - r0);
-        if (lo == 0) {
-          tile(rows, gw, pa + t * gw * kMR, b, c + r0 * ldc + j0, ldc,
-               make_out(p, r0, bias && last ? bias + j0 : nullptr, accumulate), lanes(hi), lanes(hi - 16));
-        } else {  // a view that starts inside this panel: all 32 lanes into a buffer, then lanes [lo, hi) + bias
-          tile(rows, gw, pa + t * gw * kMR, b, edge, kPanel, make_out(p, r0, nullptr, false), lanes(16), lanes(16));
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t l = lo; l < hi; ++l) {
-              float* cv = &c[(r0 + r) * ldc + j0 + l];
-              const float v = accumulate ? *cv + edge[r * kPanel + l] : edge[r * kPanel + l];
-              *cv = bias && last ? v + bias[j0 + l] : v;
-            }
-        }
+  for (int64_t p = l_begin / kPanel; p * kPanel < l_end; ++p) {
+    const int64_t lo = std::max(l_begin, p * kPanel) - p * kPanel, hi = std::min(l_end, (p + 1) * kPanel) - p * kPanel;
+    const int64_t j0 = p * kPanel - w.col0;  // the view column of the panel's lane 0 (< 0 only when lo > 0)
+    const uint32_t* b = w.data + p * groups * kPanel;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t r0 = m0 + t * kMR, rows = std::min(kMR, m1 - r0);
+      if (lo == 0) {
+        tile(rows, groups, pa + t * groups * kMR, b, c + r0 * ldc + j0, ldc,
+             make_out(p, r0, bias ? bias + j0 : nullptr), lanes(hi), lanes(hi - 16));
+      } else {  // a view that starts inside this panel: all 32 lanes into a buffer, then lanes [lo, hi) + bias
+        tile(rows, groups, pa + t * groups * kMR, b, edge, kPanel, make_out(p, r0, nullptr), lanes(16), lanes(16));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t l = lo; l < hi; ++l) {
+            const float v = edge[r * kPanel + l];
+            c[(r0 + r) * ldc + j0 + l] = bias ? v + bias[j0 + l] : v;
+          }
       }
     }
   }
@@ -282,15 +269,12 @@ void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, i
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  // Blocks of 256 pairs (512 k): a panel's block of the weight is 32 KB.
   run_block(
-      w, bias, c, ldc, m0, m1, n0, n1, 256,
+      w, bias, c, ldc, m0, m1, n0, n1,
       [](int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, const Bf16Out& out,
          __mmask16 m0, __mmask16 m1) { micro_rows<Bf16Op>(rows, groups, a, b, c, ldc, out, m0, m1); },
-      [&](int64_t r0, int64_t rows, int64_t g0, int64_t g1, uint32_t* dst) {
-        pack_a_bf16(x + r0 * ldx + 2 * g0, ldx, rows, std::min(w.k - 2 * g0, 2 * (g1 - g0)), g1 - g0, dst);
-      },
-      [](int64_t, int64_t, const float* b, bool accumulate) { return Bf16Out{b, accumulate}; });
+      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_bf16(x + r0 * ldx, ldx, rows, w.k, w.groups, dst); },
+      [](int64_t, int64_t, const float* b) { return Bf16Out{b}; });
 }
 }  // namespace avx512bf16
 
@@ -299,13 +283,11 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int64_t blocks = a.groups();
   run_block(
-      w, bias, c, ldc, m0, m1, n0, n1, 0,
+      w, bias, c, ldc, m0, m1, n0, n1,
       [](int64_t rows, int64_t groups, const uint32_t* pa, const uint32_t* b, float* c, int64_t ldc,
          const Int8Out& out, __mmask16 m0, __mmask16 m1) { micro_rows(rows, groups, pa, b, c, ldc, out, m0, m1); },
-      [&](int64_t r0, int64_t rows, int64_t, int64_t, uint32_t* dst) {
-        pack_a_int8(a.q + r0 * a.ld, a.ld, rows, w.groups, dst);
-      },
-      [&](int64_t p, int64_t r0, const float* b, bool) {
+      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_int8(a.q + r0 * a.ld, a.ld, rows, w.groups, dst); },
+      [&](int64_t p, int64_t r0, const float* b) {
         return Int8Out{b, w.colsum + p * blocks * kPanel, w.scale + p * kPanel, a.scale + r0 * blocks, blocks};
       });
 }

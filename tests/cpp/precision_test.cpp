@@ -354,7 +354,7 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
   const bool bf16 = kernels::cpu_supports(Isa::kAvx512Bf16);
   std::cout << "[ paths    ] packed bf16: ran portable" << (bf16 ? ",avx512bf16" : "; not on this CPU: avx512bf16")
             << "\n";
-  // k past 512 runs in blocks of k (a later block adds to c): 1100 in three, 1537 in four, inside a panel too.
+  // Long k (1100, 1537), also in a view that starts inside a panel.
   for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 101, 3, 70}, Shp{29, 97, 384, 33, 96},
                       Shp{1, 384, 384, 0, 384}, Shp{40, 33, 2, 31, 33}, Shp{17, 45, 1100, 5, 45},
                       Shp{3, 64, 1537, 0, 64}}) {
