@@ -6,8 +6,10 @@
 
 #include <algorithm>
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 #include "attention_flash_kernels.h"
 
