@@ -11,6 +11,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include "attention_flash_blocks.h"
 #include "attention_flash_kernels.h"
 
 namespace qkv::kernels::flash {
@@ -88,22 +89,7 @@ inline void row_block(const GemmBf16& g, int64_t r0) {
 
 template <int R>
 inline void row_blocks(const GemmBf16& g) {
-  int64_t r = 0;
-  for (; r + R <= g.rows; r += R) row_block<R>(g, r);
-  switch (g.rows - r) {
-    case 11: if constexpr (R > 11) row_block<11>(g, r); break;
-    case 10: if constexpr (R > 10) row_block<10>(g, r); break;
-    case 9: if constexpr (R > 9) row_block<9>(g, r); break;
-    case 8: if constexpr (R > 8) row_block<8>(g, r); break;
-    case 7: if constexpr (R > 7) row_block<7>(g, r); break;
-    case 6: if constexpr (R > 6) row_block<6>(g, r); break;
-    case 5: row_block<5>(g, r); break;
-    case 4: row_block<4>(g, r); break;
-    case 3: row_block<3>(g, r); break;
-    case 2: row_block<2>(g, r); break;
-    case 1: row_block<1>(g, r); break;
-    default: break;
-  }
+  for_row_blocks<R>(g.rows, [&]<int RR>(int64_t r) { row_block<RR>(g, r); });
 }
 
 // Narrow products (head-dim wide: P·V) take 12 rows at a time, wide ones (score tiles) 6.
