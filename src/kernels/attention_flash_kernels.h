@@ -1,6 +1,6 @@
-// Private interface between the fused-attention algorithm (attention_flash.cpp) and its microkernels: one table of
-// function pointers per instruction set (attention_flash_portable.cpp, attention_flash_avx2.cpp,
-// attention_flash_avx512.cpp, attention_flash_avx512bf16.cpp).
+// Private interface between the fused-attention algorithm (attention_flash.cpp, attention_flash_tiles.cpp) and its
+// microkernels: one table of function pointers per instruction set (attention_flash_portable.cpp,
+// attention_flash_avx2.cpp, attention_flash_avx512.cpp, attention_flash_avx512bf16.cpp).
 #pragma once
 
 #include <cstdint>
