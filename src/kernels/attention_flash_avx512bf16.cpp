@@ -13,6 +13,7 @@
 
 #include "attention_flash_blocks.h"
 #include "attention_flash_kernels.h"
+#include "lowp_avx512_impl.h"
 
 namespace qkv::kernels::flash {
 namespace {
@@ -98,21 +99,11 @@ void gemm_bf16(const GemmBf16& g) {
   else row_blocks<6>(g);
 }
 
-// Rounded bf16 bits of 16 floats in the high halves of 16 words (low halves zero): bf16_round_bits's integer steps.
-inline __m512i round_hi(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
-  return _mm512_and_si512(_mm512_mask_blend_epi32(nan, r, quiet), _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-}
-
 void pairs_of_rows(const float* x0, const float* x1, int64_t n, uint32_t* out) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - i);
-    const __m512i lo = _mm512_srli_epi32(round_hi(_mm512_maskz_loadu_ps(m, x0 + i)), 16);
-    const __m512i hi = x1 ? round_hi(_mm512_maskz_loadu_ps(m, x1 + i)) : _mm512_setzero_si512();
+    const __m512i lo = _mm512_srli_epi32(detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m, x0 + i)), 16);
+    const __m512i hi = x1 ? detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m, x1 + i)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(out + i, m, _mm512_or_si512(lo, hi));
   }
 }
@@ -122,12 +113,9 @@ void pairs_of_adjacent(const float* x, int64_t n, uint32_t* out) {
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t w = std::min<int64_t>(16, n - i);
     const __mmask16 m0 = tail_mask(std::min<int64_t>(16, 2 * w)), m1 = 2 * w > 16 ? tail_mask(2 * w - 16) : 0;
-    const __m512i a = round_hi(_mm512_maskz_loadu_ps(m0, x + 2 * i));       // floats 0..15 of this block
-    const __m512i b = round_hi(_mm512_maskz_loadu_ps(m1, x + 2 * i + 16));  // floats 16..31
-    // word j takes float 2j (low half) and 2j + 1 (high half)
-    const __m512i even = _mm512_permutex2var_epi32(a, _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0), b);
-    const __m512i odd = _mm512_permutex2var_epi32(a, _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1), b);
-    _mm512_mask_storeu_epi32(out + i, tail_mask(w), _mm512_or_si512(_mm512_srli_epi32(even, 16), odd));
+    const __m512i a = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m0, x + 2 * i));       // floats 0..15 of this block
+    const __m512i b = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m1, x + 2 * i + 16));  // floats 16..31
+    _mm512_mask_storeu_epi32(out + i, tail_mask(w), detail::bf16_adjacent_pairs(a, b));
   }
 }
 

@@ -7,37 +7,27 @@
 
 namespace qkv::kernels::flash {
 
-// One small matrix product on strided operands (all strides in floats):
+// One small matrix product on strided operands (all strides in elements of E):
 //   A(r, k) = a[r*a_rs + k*a_ks]   B(k, c) = b[k*b_ks + c]   C(r, c) = c[r*c_rs + c]
 //   C = (accumulate ? row_scale[r] * C : 0) + sum_k A(r, k) * B(k, c)      for r < rows, c < cols, k < depth
 // row_scale may be nullptr (= 1). B's rows and C's rows are contiguous; A is read by broadcasts, so either of its
 // strides may be 1 (A or Aᵀ). Summation order over k is fixed: results never depend on threads.
-struct Gemm {
+// Gemm: float32 operands. GemmBf16 (the precision kBFloat16 forward): a and b hold 32-bit words of two bfloat16
+// along k (low half: the even k), depth counts pairs, and A(r, k)·B(k, c) is the pair's two products; C stays float32.
+template <class E>
+struct GemmOf {
   int64_t rows = 0, cols = 0, depth = 0;
-  const float* a = nullptr;
+  const E* a = nullptr;
   int64_t a_rs = 0, a_ks = 0;
-  const float* b = nullptr;
+  const E* b = nullptr;
   int64_t b_ks = 0;
   float* c = nullptr;
   int64_t c_rs = 0;
   const float* row_scale = nullptr;
   bool accumulate = false;
 };
-
-// The same product on bfloat16 pairs (the precision kBFloat16 forward): a and b hold 32-bit words of two
-// bfloat16 along k (low half: the even k), depth counts pairs, strides count words; C stays float32:
-//   C = (accumulate ? row_scale[r] * C : 0) + sum_k' A(r, k') · B(k', c)  with A·B the pair's two products.
-struct GemmBf16 {
-  int64_t rows = 0, cols = 0, depth = 0;
-  const uint32_t* a = nullptr;
-  int64_t a_rs = 0, a_ks = 0;
-  const uint32_t* b = nullptr;
-  int64_t b_ks = 0;
-  float* c = nullptr;
-  int64_t c_rs = 0;
-  const float* row_scale = nullptr;
-  bool accumulate = false;
-};
+using Gemm = GemmOf<float>;
+using GemmBf16 = GemmOf<uint32_t>;
 
 struct Kernels {
   const char* name;

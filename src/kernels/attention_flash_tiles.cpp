@@ -6,6 +6,7 @@
 
 #include "attention_flash_impl.h"
 #include "attention_flash_kernels.h"
+#include "lowp_impl.h"
 
 namespace qkv::kernels::flash {
 namespace {
@@ -45,13 +46,7 @@ bool build_bias(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j0, in
 
 // A bf16 pair word: x0 in the low half, x1 in the high half, each rounded to nearest even.
 inline uint32_t bf16_pair(float x0, float x1) {
-  auto bits = [](float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u | 0x00400000u) >> 16) & 0xffffu;
-    return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;
-  };
-  return bits(x0) | (bits(x1) << 16);
+  return (detail::bf16_round_bits(x0) >> 16) | detail::bf16_round_bits(x1);
 }
 
 }  // namespace

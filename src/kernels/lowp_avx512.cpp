@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "lowp_avx512_impl.h"
 #include "qkv/kernels/lowp.h"
 
 // GCC 12 flags the _mm512_undefined_*() inside its own shift intrinsics (a known false positive).
@@ -43,16 +44,6 @@ struct Scratch {
 };
 thread_local Scratch scratch;
 
-// Rounded bf16 bits of 16 floats in the low halves of 16 words (the integer steps of bf16_round_bits).
-inline __m512i bf16_bits16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
-  return _mm512_srli_epi32(_mm512_mask_blend_epi32(nan, r, quiet), 16);
-}
-
 // Rows [0, rows) of x (row stride ldx, k columns) as [group][kMR] words of bf16 pairs (low half: even k).
 void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
   alignas(64) uint32_t pairs[16];
@@ -62,14 +53,9 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t g
       // 32 floats (k = 2 g0 ..) -> 16 words; past k zero.
       const int64_t k0 = 2 * g0;
       const __mmask16 m0 = lanes(k - k0), m1 = lanes(k - k0 - 16);
-      const __m512i lo = bf16_bits16(_mm512_maskz_loadu_ps(m0, xr + k0));
-      const __m512i hi = bf16_bits16(_mm512_maskz_loadu_ps(m1, xr + k0 + 16));
-      // Words are (even, odd) neighbours: word w = bits[2w] | bits[2w + 1] << 16.
-      const __m512i idx_even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-      const __m512i idx_odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-      const __m512i even = _mm512_permutex2var_epi32(lo, idx_even, hi);
-      const __m512i odd = _mm512_permutex2var_epi32(lo, idx_odd, hi);
-      _mm512_store_si512(pairs, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+      const __m512i lo = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m0, xr + k0));
+      const __m512i hi = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m1, xr + k0 + 16));
+      _mm512_store_si512(pairs, detail::bf16_adjacent_pairs(lo, hi));
       const int64_t gn = std::min<int64_t>(16, groups - g0);
       for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = pairs[g];
     }

@@ -54,14 +54,10 @@ void gemm(const float* a, const MatLayout& la, const float* b, const MatLayout& 
                  std::max<int64_t>(n, 1));
 }
 
-// The same product on the AVX512-BF16 kernel: B packed (rounded to bf16) for this product, A row-major
-// (la.trans is never passed here).
-void gemm_bf16(const float* a, const MatLayout& la, const float* b, const MatLayout& lb, float* c, int64_t m,
-               int64_t n, int64_t k) {
-  kernels::PackedB w;  // W(j, p) = B(p, j)
+// B (k, n) rounded to bf16 and packed for the AVX512-BF16 kernel: W(j, p) = B(p, j).
+void pack_b_bf16(const float* b, const MatLayout& lb, int64_t n, int64_t k, kernels::PackedB& w) {
   if (lb.trans) kernels::pack_bf16(b, n, k, lb.ld, 1, w);
   else kernels::pack_bf16(b, n, k, 1, lb.ld, w);
-  kernels::gemm_bf16_packed(a, m, la.ld, w.view(), nullptr, c, std::max<int64_t>(n, 1));
 }
 
 // Returns `t` (or a contiguous copy when its last two dims are not a BLAS-able matrix) and its layout.
@@ -132,15 +128,24 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
   bool a_tall = !la.trans && nb > 1 && m * nb <= INT_MAX;
   for (int64_t i = 1; a_tall && i < nb; ++i) a_tall = oa[i] == oa[0] + i * m * la.ld;
   if (nb == 1 || (b_shared && a_tall)) {
-    if (packed_bf16) gemm_bf16(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k);
-    else gemm(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k, false);
+    if (packed_bf16) {
+      kernels::PackedB w;
+      pack_b_bf16(B.data() + ob[0], lb, n, k, w);
+      kernels::gemm_bf16_packed(A.data() + oa[0], m * nb, la.ld, w.view(), nullptr, out.data(), n);
+    } else {
+      gemm(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k, false);
+    }
     return out;
   }
   const float* pa = A.data();
   const float* pb = B.data();
   float* pc = out.data();
-  if (packed_bf16) {  // each product packs its B (allocations stay outside parallel regions)
-    for (int64_t i = 0; i < nb; ++i) gemm_bf16(pa + oa[i], la, pb + ob[i], lb, pc + i * m * n, m, n, k);
+  if (packed_bf16) {  // B packed once per distinct batch matrix (allocations stay outside parallel regions)
+    kernels::PackedB w;
+    for (int64_t i = 0; i < nb; ++i) {
+      if (i == 0 || ob[i] != ob[i - 1]) pack_b_bf16(pb + ob[i], lb, n, k, w);
+      kernels::gemm_bf16_packed(pa + oa[i], m, la.ld, w.view(), nullptr, pc + i * m * n, n);
+    }
     return out;
   }
   // Many small products: spread the batch over threads (OpenBLAS runs one thread inside the region).
