@@ -26,7 +26,7 @@ constexpr double kLn2 = 0.6931471805599453;
 constexpr int64_t kFwdQ = 480;
 constexpr int64_t kFwdK = 96;
 constexpr int64_t kSmallQ = 8;     // query tiles this small score by dot products (decode) instead of the packed GEMM
-constexpr int64_t kSmallQK = 512;  // ... and take keys in tiles this long (the buffers hold fk x fq floats)
+constexpr int64_t kSmallQK = 512;  // ... and take keys in tiles this long (at most fk x fq / 8 of them)
 constexpr int64_t kSmallPV = 32;   // ... and, with several rows, P·V in blocks of this many keys (see fwd_tile)
 constexpr int64_t kBwdQ = 48;
 constexpr int64_t kBwdK = 96;
@@ -94,6 +94,11 @@ struct Ctx {
   // run Q·Kᵀ and P·V on bf16 pairs, P rounded to bf16 after the float32 softmax.
   bool bf16 = false;
   int64_t fq = kFwdQ, fk = kFwdK, bq = kBwdQ, bk = kBwdK;  // tile sizes
+  // Query rows a forward tile holds: fq, or fewer when the whole query is shorter (decoding: a few rows), so that the
+  // work buffers of a decoding step stay small (no large zero-filled allocation per call).
+  int64_t fwd_rows() const { return std::min(fq, round_up(std::max<int64_t>(tq, 1), 8)); }
+  // Key tile of a few-query (decoding) tile: longer tiles switch less often between streaming K and V.
+  int64_t small_fk() const { return std::max(fk, std::min<int64_t>(kSmallQK, fk * fq / 8)); }
   KeyRange keys(int64_t i) const { return visible_keys(bounds, i / qdiv, tq / qdiv, tk); }
   // Keys [key_begin(i0), key_end(i_last)) hold every key visible to query rows i0..i_last (bounds are monotone).
   int64_t key_begin(int64_t i0) const { return bounded ? keys(i0).begin : 0; }
@@ -123,19 +128,24 @@ struct Ctx {
 };
 
 struct FwdWork {
+  // A score (or bias) tile: fk keys x the tile's rows, or a few-query tile's small_fk() keys x 8.
+  static int64_t tile_floats(const Ctx& cx) {
+    const int64_t rows = round_up(cx.fwd_rows(), 8);
+    return std::max(cx.fk * rows, rows <= kSmallQ ? cx.small_fk() * rows : 0);
+  }
   std::vector<float> qt, st, bias, o, m, l, alpha;
   // bf16: Qᵀ, the K tile, P and the V tile as pair words (Qᵀ and P pair along k / keys, K along d, V along keys).
   std::vector<uint32_t> q2, k2, p2, v2;
   explicit FwdWork(const Ctx& cx)
-      : qt(static_cast<size_t>(cx.dk * cx.fq)),
-        st(static_cast<size_t>(cx.fk * cx.fq)),
-        bias(cx.mask.kind != MaskKind::kNone ? static_cast<size_t>(cx.fk * cx.fq) : 0),
-        o(static_cast<size_t>(cx.fq * cx.dv)),
-        m(static_cast<size_t>(cx.fq)),
-        l(static_cast<size_t>(cx.fq)),
-        alpha(static_cast<size_t>(cx.fq)) {
+      : qt(static_cast<size_t>(cx.dk * cx.fwd_rows())),
+        st(static_cast<size_t>(tile_floats(cx))),
+        bias(cx.mask.kind != MaskKind::kNone ? static_cast<size_t>(tile_floats(cx)) : 0),
+        o(static_cast<size_t>(cx.fwd_rows() * cx.dv)),
+        m(static_cast<size_t>(cx.fwd_rows())),
+        l(static_cast<size_t>(cx.fwd_rows())),
+        alpha(static_cast<size_t>(cx.fwd_rows())) {
     if (cx.bf16) {
-      const int64_t dk2 = ceil_div(cx.dk, 2), fk2 = ceil_div(cx.fk, 2), ld = round_up(cx.fq, 8);
+      const int64_t dk2 = ceil_div(cx.dk, 2), fk2 = ceil_div(cx.fk, 2), ld = round_up(cx.fwd_rows(), 8);
       q2.resize(static_cast<size_t>(dk2 * ld));
       k2.resize(static_cast<size_t>(cx.fk * dk2));
       p2.resize(static_cast<size_t>(fk2 * ld));

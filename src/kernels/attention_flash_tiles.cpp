@@ -89,7 +89,7 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
   const bool has_mask = cx.mask.kind != MaskKind::kNone;
   float* st = w.st.data();
   // A few queries (decoding) stream K and V from memory: longer key tiles switch less often between the two.
-  const int64_t fk = small ? std::max(cx.fk, std::min<int64_t>(kSmallQK, cx.fk * cx.fq / 8)) : cx.fk;
+  const int64_t fk = small ? cx.small_fk() : cx.fk;
   int64_t n = 0;
   for (int64_t j0 = j_begin; j0 < j_end; j0 += n) {
     n = cx.k.run(j0, std::min(fk, j_end - j0));  // a tile never crosses a cache block
