@@ -199,6 +199,9 @@ def main():
         times = {name: {"first": [], "total": []} for name in engines}
         for _ in range(args.repeats):
             for name, e in engines.items():
+                # The other engine's threads may still be spin-waiting for work (OpenMP's and ggml's pools poll
+                # for a while after a call): let them go idle, so that neither side times the other's spinning.
+                time.sleep(0.5)
                 # qkv's generate(prompt, n) repeats the prefill: its decode time is total - first either way.
                 _, first, total = timed(e, prompt, n)
                 if name == "qkv":

@@ -24,6 +24,7 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool t
 
 void tanh_forward(const float* x, float* y, int64_t n) { tanh_fwd(x, y, n); }
 void sigmoid_forward(const float* x, float* y, int64_t n) { sigmoid_fwd(x, y, n); }
+void silu_forward(const float* x, float* y, int64_t n) { silu_fwd(x, y, n); }
 
 }  // namespace portable
 
@@ -60,26 +61,32 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool t
   }
 }
 
-void tanh_forward(const float* x, float* y, int64_t n) {
-  const bool v = use_avx2();
+namespace {
+
+// y = f(x) in chunks of kChunk over the threads, each chunk on the AVX2 or the portable build of f.
+void unary_chunks(const float* x, float* y, int64_t n, void (*fast)(const float*, float*, int64_t),
+                  void (*plain)(const float*, float*, int64_t)) {
+  const auto f = use_avx2() ? fast : plain;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t s = c * kChunk, len = std::min(kChunk, n - s);
-    if (v) avx2::tanh_forward(x + s, y + s, len);
-    else portable::tanh_forward(x + s, y + s, len);
+    const int64_t s = c * kChunk;
+    f(x + s, y + s, std::min(kChunk, n - s));
   }
 }
 
+}  // namespace
+
+void tanh_forward(const float* x, float* y, int64_t n) {
+  unary_chunks(x, y, n, avx2::tanh_forward, portable::tanh_forward);
+}
+
 void sigmoid_forward(const float* x, float* y, int64_t n) {
-  const bool v = use_avx2();
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t s = c * kChunk, len = std::min(kChunk, n - s);
-    if (v) avx2::sigmoid_forward(x + s, y + s, len);
-    else portable::sigmoid_forward(x + s, y + s, len);
-  }
+  unary_chunks(x, y, n, avx2::sigmoid_forward, portable::sigmoid_forward);
+}
+
+void silu_forward(const float* x, float* y, int64_t n) {
+  unary_chunks(x, y, n, avx2::silu_forward, portable::silu_forward);
 }
 
 void add_bias_gelu_rows(float* x, const float* bias, int64_t rows, int64_t f, bool tanh_approx) {

@@ -19,5 +19,6 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool t
 
 void tanh_forward(const float* x, float* y, int64_t n) { tanh_fwd(x, y, n); }
 void sigmoid_forward(const float* x, float* y, int64_t n) { sigmoid_fwd(x, y, n); }
+void silu_forward(const float* x, float* y, int64_t n) { silu_fwd(x, y, n); }
 
 }  // namespace qkv::kernels::avx2

@@ -1,4 +1,4 @@
-// Private (not installed): branch-free float32 GELU forward/backward, tanh, sigmoid and RNN gate loops written
+// Private (not installed): branch-free float32 GELU forward/backward, tanh, sigmoid, SiLU and RNN gate loops written
 // once over GCC/Clang vector extensions and plain float (the tail), included by activations.cpp (baseline ISA,
 // 4 lanes) and activations_avx2.cpp (-mavx2 -mfma, 8 lanes: define QKV_ACT_LANES 8 first; GCC contracts a*b+c
 // into FMA there, so the two builds differ in the last bits).
@@ -121,6 +121,15 @@ void tanh_fwd(const float* x, float* y, int64_t n) {
 
 void sigmoid_fwd(const float* x, float* y, int64_t n) {
   for_lanes(n, [&]<class T>(int64_t i) { store(y + i, sigmoid_poly<T>(load<T>(x + i))); });
+}
+
+// y = x·σ(x). Below -88 σ underflows (the clamped exp would leave ~5e-39): x·0 there, so -inf gives NaN as in the
+// reference and in PyTorch.
+void silu_fwd(const float* x, float* y, int64_t n) {
+  for_lanes(n, [&]<class T>(int64_t i) {
+    const T v = load<T>(x + i);
+    store(y + i, v < -88.0f ? v * 0.0f : v * sigmoid_poly<T>(v));
+  });
 }
 
 // GRU gates of one batch row (qkv/kernels/rnn_cells.h; only the 4-lane build uses them):

@@ -171,6 +171,15 @@ Tensor sigmoid(const Tensor& x) {
 }
 
 Tensor silu(const Tensor& x) {
+  if (x.defined() && x.is_contiguous()) {
+    Tensor y = Tensor::empty(x.shape());
+    kernels::silu_forward(x.data(), y.data(), x.numel());
+    return y;
+  }
+  return silu_reference(x);
+}
+
+Tensor silu_reference(const Tensor& x) {
   return unary(x, "silu", [](float v) { return v * stable_sigmoid(v); });
 }
 

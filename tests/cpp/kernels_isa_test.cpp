@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,7 @@
 #include "qkv/kernels/lowp.h"
 #include "qkv/kernels/rnn_cells.h"
 #include "qkv/kernels/sgemm.h"
+#include "qkv/ops/elementwise.h"
 
 namespace qkv {
 namespace {
@@ -350,12 +352,13 @@ TEST(ActivationKernels, EveryPathMatchesFloat64Oracle) {
     void (*gelu_bwd)(const float*, const float*, float*, int64_t, bool);
     void (*tanh)(const float*, float*, int64_t);
     void (*sigmoid)(const float*, float*, int64_t);
+    void (*silu)(const float*, float*, int64_t);
   };
   const std::vector<Path> all{
       {Isa::kPortable, kernels::portable::gelu_forward, kernels::portable::gelu_backward,
-       kernels::portable::tanh_forward, kernels::portable::sigmoid_forward},
+       kernels::portable::tanh_forward, kernels::portable::sigmoid_forward, kernels::portable::silu_forward},
       {Isa::kAvx2, kernels::avx2::gelu_forward, kernels::avx2::gelu_backward, kernels::avx2::tanh_forward,
-       kernels::avx2::sigmoid_forward}};
+       kernels::avx2::sigmoid_forward, kernels::avx2::silu_forward}};
   const std::vector<Isa> paths = runnable({Isa::kPortable, Isa::kAvx2}, "activations");
   const double k = 0.7978845608028654, c = 0.044715;  // sqrt(2/pi), the tanh form's cubic coefficient
   uint32_t seed = 350;
@@ -364,7 +367,7 @@ TEST(ActivationKernels, EveryPathMatchesFloat64Oracle) {
     for (int64_t n : kWidths) {
       SCOPED_TRACE(std::string(kernels::isa_name(p.isa)) + " n " + std::to_string(n));
       const std::vector<float> x = random_floats(n, ++seed, -8.0f, 8.0f), dy = random_floats(n, ++seed);
-      std::vector<double> ge(n), gt(n), dge(n), dgt(n), th(n), sg(n);
+      std::vector<double> ge(n), gt(n), dge(n), dgt(n), th(n), sg(n), sl(n);
       for (int64_t i = 0; i < n; ++i) {
         const double v = x[i], t = std::tanh(k * (v + c * v * v * v));
         ge[i] = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
@@ -374,6 +377,7 @@ TEST(ActivationKernels, EveryPathMatchesFloat64Oracle) {
         dgt[i] = dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * c * v * v));
         th[i] = std::tanh(v);
         sg[i] = 1.0 / (1.0 + std::exp(-v));
+        sl[i] = v * sg[i];
       }
       std::vector<float> y(n);
       p.gelu(x.data(), y.data(), n, false);
@@ -388,8 +392,31 @@ TEST(ActivationKernels, EveryPathMatchesFloat64Oracle) {
       EXPECT_TRUE(Close(y, th, kPolynomial, "tanh"));
       p.sigmoid(x.data(), y.data(), n);
       EXPECT_TRUE(Close(y, sg, kPolynomial, "sigmoid"));
+      p.silu(x.data(), y.data(), n);
+      EXPECT_TRUE(Close(y, sl, kPolynomial, "silu"));
     }
+    // Far tails and infinities: as the libm reference (ops silu_reference) and PyTorch: -inf gives NaN, +inf inf,
+    // and below -88 the product underflows to (minus) zero instead of keeping the clamped exp's ~5e-39.
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> x{-inf, -1000.0f, -100.0f, -88.5f, -87.0f, 0.0f, 90.0f, inf, 3.0f};
+    std::vector<float> y(x.size());
+    p.silu(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    EXPECT_TRUE(std::isnan(y[0])) << kernels::isa_name(p.isa);
+    for (size_t i = 1; i < 5; ++i) EXPECT_LE(std::abs(y[i]), 1e-30f) << x[i];
+    EXPECT_EQ(y[5], 0.0f);
+    EXPECT_FLOAT_EQ(y[6], 90.0f);
+    EXPECT_EQ(y[7], inf);
   }
+}
+
+TEST(ActivationKernels, SiluOpMatchesItsReferenceOnContiguousAndStridedInput) {
+  const Tensor x = Tensor::from_vector({6, 37}, random_floats(6 * 37, 77, -12.0f, 12.0f));
+  const Tensor fast = silu(x), ref = silu_reference(x);
+  const Tensor strided = silu(x.transpose(0, 1)).contiguous();  // a view: the reference loop
+  for (int64_t i = 0; i < x.numel(); ++i)
+    EXPECT_NEAR(fast.data()[i], ref.data()[i], 1e-6f + 1e-6f * std::abs(ref.data()[i]));
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 37; ++c) EXPECT_EQ(strided.data()[c * 6 + r], ref.data()[r * 37 + c]);
 }
 
 // --- bias + GELU ------------------------------------------------------------------------------------------------

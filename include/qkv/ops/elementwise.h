@@ -21,7 +21,8 @@ Tensor gelu_reference(const Tensor& x, GeluApprox approx = GeluApprox::kNone);  
 void add_bias_gelu_(Tensor& x, const Tensor& bias, GeluApprox approx = GeluApprox::kNone);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
-Tensor silu(const Tensor& x);  // x·sigmoid(x) (SiLU / swish, torch.nn.functional.silu)
+Tensor silu(const Tensor& x);  // x·sigmoid(x) (SiLU / swish, torch.nn.functional.silu); contiguous x: the kernel
+Tensor silu_reference(const Tensor& x);  // libm exp per element
 
 // --- backward halves: dy has the forward output's shape ----------------------------------------------------
 
