@@ -139,11 +139,12 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       const float* bias = w.bias.data();
       for (int64_t j = 0; j < n; ++j)
         for (int64_t i = c0; i < qend; ++i) st[j * ld + i] += bias[j * ld + i];
-    } else if (diag) {  // causal and window only: query i sees the keys of its range
+    } else if (diag) {  // causal and window only: query i sees the keys of its range; only the others are written
       for (int64_t i = c0; i < qend; ++i) {
         const KeyRange r = cx.keys(i0 + i);
-        for (int64_t j = 0; j < n; ++j)
-          if (j0 + j < r.begin || j0 + j >= r.end) st[j * ld + i] = kNegInf;
+        const int64_t lo = std::clamp<int64_t>(r.begin - j0, 0, n), hi = std::clamp<int64_t>(r.end - j0, lo, n);
+        for (int64_t j = 0; j < lo; ++j) st[j * ld + i] = kNegInf;
+        for (int64_t j = hi; j < n; ++j) st[j * ld + i] = kNegInf;
       }
     }
     kr.softmax_cols(sc, ld, n, nc, w.m.data() + c0, w.l.data() + c0, w.alpha.data() + c0);
