@@ -216,8 +216,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
   }
   if (m == 1) {  // one row (decoding): a GEMV reads op(B) once, where a GEMM would first pack all of it
     if (std::strcmp(sgemm_backend(), "avx512") == 0) {
-      // qkv's own GEMV, threaded over fixed blocks of columns: the same bits for any thread count (OpenBLAS's
-      // threaded GEMV sums an output differently depending on where its split falls).
+      // qkv's own GEMV, threaded over blocks of columns: each output is summed by one thread in an order fixed by
+      // k, so the bits are the same for any thread count and block size (OpenBLAS's threaded GEMV sums an output
+      // differently depending on where its split falls). Blocks of 64 columns keep two threads even on 768-wide
+      // projections (256-column blocks split them 2 + 1).
       std::vector<float> a_row;
       const float* av = a;
       if (trans_a && lda != 1) {  // op(A) is column 0 of the (k, 1) A: strided
@@ -225,7 +227,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
         for (int64_t p = 0; p < k; ++p) a_row[static_cast<size_t>(p)] = a[p * lda];
         av = a_row.data();
       }
-      constexpr int64_t kGemvBlock = 256;
+      constexpr int64_t kGemvBlock = 64;
       const int64_t blocks = ceil_div(n, kGemvBlock);
       const bool par = !omp_in_parallel() && blocks > 1 && double(n) * double(k) >= double(1 << 17);
 #pragma omp parallel for schedule(static) if (par)
