@@ -13,6 +13,7 @@
 #include "qkv/ops/attention.h"
 #include "qkv/ops/attention_varlen.h"
 #include "qkv/ops/functional.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/nn/serialize.h"
 
 namespace qkv::models {
@@ -220,7 +221,9 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
     QKV_CHECK_ARG(cache->ready() && cache->rows() == b && cache->length() == offset, "[llama] the KV cache holds ",
                   cache->rows(), " rows of length ", cache->length(), "; the input is ", str(x.shape()),
                   " at position ", offset);
-    cache->append(kk.value, v.value);
+    // bf16: the cache holds the rounded keys and values, as attention() would round them at every step.
+    const bool bf16 = o.precision == Precision::kBFloat16;
+    cache->append(bf16 ? round_to_bf16(kk.value) : kk.value, bf16 ? round_to_bf16(v.value) : v.value);
     if (cache->paged()) {  // the pages read in place; q (B, Hq, T, D) as (B, T, Hq, D), out (B, T, Hq, D)
       Tensor kp = cache->key_pages(), vp = cache->value_pages();
       const std::vector<int32_t> lens(static_cast<size_t>(b), static_cast<int32_t>(cache->length()));

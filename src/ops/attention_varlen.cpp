@@ -13,6 +13,7 @@
 #include "qkv/core/error.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv {
 namespace {
@@ -245,8 +246,9 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
     lens[static_cast<size_t>(b)] = cached + tnew;
   }
   // Append in place: the row of position p of sequence b is block table[b][p / bs], row p % bs.
+  const bool bf16 = options.precision == Precision::kBFloat16;
   if (append) {
-    const Tensor kc = k_new.contiguous(), vc = v_new.contiguous();
+    const Tensor kc = bf16 ? round_to_bf16(k_new) : k_new.contiguous(), vc = bf16 ? round_to_bf16(v_new) : v_new.contiguous();
     float* kd = k_cache.data();
     float* vd = v_cache.data();
     for (int64_t b = 0; b < B; ++b)
@@ -268,6 +270,7 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
   Tensor lse = Tensor::empty({B, hq, tq});
   float* out = r.out.data();
   float* lp = lse.data();
+  const Tensor qr = bf16 ? round_to_bf16(q) : q;
   for_each_sequence(B, [&](int64_t b, const kernels::FlashConfig& cfg) {
     const int64_t tk = lens[static_cast<size_t>(b)];
     if (tk == 0) {  // nothing cached: zeros, lse -inf
@@ -280,7 +283,7 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
     kv.block_table = block_table.data() + b * max_blocks;
     kv.tk = tk;
     const AttentionResult s =
-        kernels::attention_flash_forward_paged(q.select(0, b).transpose(0, 1), kv, o, scale, cfg);
+        kernels::attention_flash_forward_paged(qr.select(0, b).transpose(0, 1), kv, o, scale, cfg);
     const float* so = s.out.data();  // (Hq, Tq, Dv)
     for (int64_t h = 0; h < hq; ++h)
       for (int64_t i = 0; i < tq; ++i)

@@ -514,6 +514,37 @@ TEST(LlamaDecoding, CachedStepsEqualTheFullForward) {
     }
 }
 
+// At bf16 the paged cache holds and reads what the contiguous one does (the rounded keys and values, the rounded
+// queries): the same logits at every step up to the key tiling's float32 order; fp32 ones are visibly different.
+TEST(LlamaDecoding, PagedCacheFollowsTheBf16Precision) {
+  for (bool gemma : {false, true}) {
+    Rng rng(6);
+    models::LlamaForCausalLM model(tiny_llama(gemma), rng);
+    const Ids prompt{{3, 7, 1, 19, 5, 2, 8, 0}, {2, 4}};
+    const std::vector<std::vector<int64_t>> steps{{4, 6}, {11, 1}, {2, 22}, {9, 3}, {5, 5}};
+    auto run = [&](Precision p, int64_t page) {
+      model.set_precision(p);
+      std::vector<nn::KvCache> caches = model.new_caches(2, 2, page);
+      std::vector<Tensor> out{model.forward(nn::Context(), prompt, &caches).value};
+      for (const auto& s : steps) out.push_back(model.forward(nn::Context(), Ids{s, {2, 1}}, &caches).value);
+      return out;
+    };
+    const std::vector<Tensor> flat = run(Precision::kBFloat16, 0), fp32 = run(Precision::kFloat32, 0);
+    double bf16_vs_fp32 = 0.0;
+    for (size_t i = 0; i < flat.size(); ++i) {
+      const std::vector<float> a = flat[i].to_vector(), b = fp32[i].to_vector();
+      for (size_t j = 0; j < a.size(); ++j) bf16_vs_fp32 = std::max(bf16_vs_fp32, std::abs(double{a[j]} - b[j]));
+    }
+    EXPECT_GT(bf16_vs_fp32, 1e-3) << "gemma " << gemma;  // bf16 is in effect
+    for (int64_t page : {1, 3}) {
+      const std::vector<Tensor> paged = run(Precision::kBFloat16, page);
+      for (size_t i = 0; i < flat.size(); ++i)
+        EXPECT_TRUE(AllClose(paged[i], flat[i], qkv::testing::Tol{2e-5, 2e-5}))
+            << "gemma " << gemma << " page " << page << " step " << i;
+    }
+  }
+}
+
 // logits_to_keep = n: the last n positions of the full logits (tied and untied heads, final soft-cap); 0 and n >= T
 // give them all; a negative n is named.
 TEST(LlamaDecoding, LogitsToKeepAreTheLastRowsOfTheFullLogits) {

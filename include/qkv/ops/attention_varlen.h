@@ -40,6 +40,8 @@ AttentionGrads attention_varlen_backward(const Tensor& q, const Tensor& k, const
 // Then each sequence attends over its cache_seqlens[b] + Tnew keys, read in place block by block.
 // options: causal (kBottomRight is FlashAttention's: the last query sees every key), window_*, softcap, scale;
 // no mask. Hq % Hkv == 0 (GQA). -> out (B, Tq, Hq, Dv); lse (B, Hq, Tq) when return_lse.
+// precision kBFloat16: q and the appended k_new / v_new are rounded to bf16 (what the cache then holds), as
+// attention() rounds its inputs; keys cached before are read as they are (append them at bf16 too).
 AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& k_new,
                                        const Tensor& v_new, std::span<const int32_t> cache_seqlens,
                                        std::span<const int32_t> block_table, int64_t max_blocks,
