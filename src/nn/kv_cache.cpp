@@ -40,7 +40,9 @@ void KvCache::reset(int64_t rows, int64_t heads, int64_t head_dim, int64_t capac
   page_ = page_size;
   if (page_ == 0) {
     table_.clear();
-    max_pages_ = used_pages_ = 0;
+    refs_.clear();
+    free_.clear();
+    max_pages_ = 0;
     k_ = Tensor::empty({rows, heads, capacity, head_dim});
     v_ = Tensor::empty({rows, heads, capacity, head_dim});
     return;
@@ -48,10 +50,36 @@ void KvCache::reset(int64_t rows, int64_t heads, int64_t head_dim, int64_t capac
   // Unused table entries hold page 0, a valid index (the attention reads only each row's first pages).
   max_pages_ = (capacity + page_ - 1) / page_;
   table_.assign(static_cast<size_t>(rows * max_pages_), 0);
-  used_pages_ = 0;
   const int64_t pool = std::max<int64_t>(1, rows * max_pages_);
   k_ = Tensor::empty({pool, page_, heads, head_dim});
   v_ = Tensor::empty({pool, page_, heads, head_dim});
+  refs_.assign(static_cast<size_t>(pool), 0);
+  free_.clear();
+  for (int64_t p = pool; p-- > 0;) free_.push_back(static_cast<int32_t>(p));  // page 0 is taken first
+}
+
+// A free pool page with one reference; the pool doubles when none is free (pages keep their indices).
+int32_t KvCache::take_page() {
+  if (free_.empty()) {
+    const int64_t old = k_.size(0), pool = 2 * old;
+    Tensor k = Tensor::empty({pool, page_, heads_, dim_});
+    Tensor v = Tensor::empty({pool, page_, heads_, dim_});
+    k.slice(0, 0, old).copy_from(k_);
+    v.slice(0, 0, old).copy_from(v_);
+    k_ = k;
+    v_ = v;
+    refs_.resize(static_cast<size_t>(pool), 0);
+    for (int64_t p = pool; p-- > old;) free_.push_back(static_cast<int32_t>(p));
+  }
+  const int32_t p = free_.back();
+  free_.pop_back();
+  refs_[static_cast<size_t>(p)] = 1;
+  return p;
+}
+
+void KvCache::release_page(int32_t page) {
+  QKV_ASSERT(refs_[static_cast<size_t>(page)] > 0);
+  if (--refs_[static_cast<size_t>(page)] == 0) free_.push_back(page);
 }
 
 void KvCache::grow(int64_t need) {
@@ -69,9 +97,20 @@ void KvCache::grow(int64_t need) {
 }
 
 // Pages for positions [len_, need) of every row, taken from the pool in the order rows reach them (so rows'
-// pages interleave); the table widens and the pool doubles (pages keep their indices) as needed.
+// pages interleave); the table widens and the pool doubles (pages keep their indices) as needed. A row's last,
+// partly filled page that other rows share is first copied into a page of its own (copy on write).
 void KvCache::grow_pages(int64_t need) {
   const int64_t have = (len_ + page_ - 1) / page_, want = (need + page_ - 1) / page_;
+  if (need > len_ && len_ % page_ != 0)
+    for (int64_t r = 0; r < rows_; ++r) {
+      int32_t& e = table_[static_cast<size_t>(r * max_pages_ + have - 1)];
+      if (refs_[static_cast<size_t>(e)] == 1) continue;
+      const int32_t own = take_page();  // may grow the pool: read k_ / v_ after it
+      k_.select(0, own).copy_from(k_.select(0, e));
+      v_.select(0, own).copy_from(v_.select(0, e));
+      release_page(e);
+      e = own;
+    }
   if (want <= have) return;
   if (want > max_pages_) {
     const int64_t wider = std::max(want, 2 * max_pages_);
@@ -81,20 +120,8 @@ void KvCache::grow_pages(int64_t need) {
     table_ = std::move(t);
     max_pages_ = wider;
   }
-  const int64_t total = used_pages_ + rows_ * (want - have);
-  if (total > k_.size(0)) {
-    const int64_t pool = std::max(total, 2 * k_.size(0));
-    Tensor k = Tensor::empty({pool, page_, heads_, dim_});
-    Tensor v = Tensor::empty({pool, page_, heads_, dim_});
-    if (used_pages_ > 0) {
-      k.slice(0, 0, used_pages_).copy_from(k_.slice(0, 0, used_pages_));
-      v.slice(0, 0, used_pages_).copy_from(v_.slice(0, 0, used_pages_));
-    }
-    k_ = k;
-    v_ = v;
-  }
   for (int64_t i = have; i < want; ++i)
-    for (int64_t r = 0; r < rows_; ++r) table_[static_cast<size_t>(r * max_pages_ + i)] = static_cast<int32_t>(used_pages_++);
+    for (int64_t r = 0; r < rows_; ++r) table_[static_cast<size_t>(r * max_pages_ + i)] = take_page();
 }
 
 void KvCache::append(const Tensor& k, const Tensor& v) {
@@ -133,24 +160,18 @@ void KvCache::reorder(const std::vector<int64_t>& rows) {
   for (int64_t r : rows)
     QKV_CHECK_ARG(r >= 0 && r < rows_, "[KvCache] reorder row ", r, " is outside [0, ", rows_, ")");
   const auto n = static_cast<int64_t>(rows.size());
-  if (paged()) {  // each new row copies its source row's pages into pages of its own
+  if (paged()) {  // each new row shares its source row's pages; the old rows' references go
     const int64_t have = (len_ + page_ - 1) / page_;
-    const int64_t pool = std::max<int64_t>(1, n * max_pages_);
-    Tensor k = Tensor::empty({pool, page_, heads_, dim_});
-    Tensor v = Tensor::empty({pool, page_, heads_, dim_});
     std::vector<int32_t> t(static_cast<size_t>(n * max_pages_), 0);
-    int64_t used = 0;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t p = 0; p < have; ++p) {
         const int32_t src = table_[static_cast<size_t>(rows[static_cast<size_t>(i)] * max_pages_ + p)];
-        k.select(0, used).copy_from(k_.select(0, src));
-        v.select(0, used).copy_from(v_.select(0, src));
-        t[static_cast<size_t>(i * max_pages_ + p)] = static_cast<int32_t>(used++);
+        ++refs_[static_cast<size_t>(src)];
+        t[static_cast<size_t>(i * max_pages_ + p)] = src;
       }
-    k_ = k;
-    v_ = v;
+    for (int64_t r = 0; r < rows_; ++r)
+      for (int64_t p = 0; p < have; ++p) release_page(table_[static_cast<size_t>(r * max_pages_ + p)]);
     table_ = std::move(t);
-    used_pages_ = used;
     rows_ = n;
     return;
   }

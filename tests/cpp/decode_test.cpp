@@ -274,6 +274,41 @@ TEST(KvCache, PagedHoldsWhatContiguousHolds) {
   }
 }
 
+// A beam fork copies no page: forked rows share their source's pages, an append copies only a shared partly filled
+// page (once per row that writes into it), and the pages of dropped rows go back to the pool and are reused.
+TEST(KvCache, ForkedRowsSharePagesUntilTheyWrite) {
+  KvCache c, flat;
+  c.reset(1, 2, 3, 4, 4);  // one row, pages of 4 positions
+  flat.reset(1, 2, 3, 4);
+  uint64_t seed = 70;
+  auto append = [&](int64_t rows, int64_t tn) {
+    const Tensor k = qkv::testing::randn({rows, 2, tn, 3}, ++seed), v = qkv::testing::randn({rows, 2, tn, 3}, ++seed);
+    c.append(k, v);
+    flat.append(k, v);
+  };
+  append(1, 10);  // pages: 4 + 4 + 2 of 4
+  EXPECT_EQ(c.pages_in_use(), 3);
+  c.reorder({0, 0, 0});
+  flat.reorder({0, 0, 0});
+  EXPECT_EQ(c.pages_in_use(), 3);  // shared, not copied
+  for (int64_t r = 1; r < 3; ++r)
+    for (int64_t p = 0; p < 3; ++p)
+      EXPECT_EQ(c.block_table()[static_cast<size_t>(r * c.max_pages() + p)], c.block_table()[static_cast<size_t>(p)]);
+  append(3, 1);  // writes into the shared third page: two rows copy it, the last keeps it
+  EXPECT_EQ(c.pages_in_use(), 5);
+  EXPECT_EQ(c.keys().to_vector(), flat.keys().contiguous().to_vector());
+  EXPECT_EQ(c.values().to_vector(), flat.values().contiguous().to_vector());
+  append(3, 2);  // the third pages fill up, each row takes a fourth page of its own
+  EXPECT_EQ(c.pages_in_use(), 8);
+  c.reorder({2});
+  flat.reorder({2});
+  EXPECT_EQ(c.pages_in_use(), 4);  // the two shared first pages and row 2's own two
+  append(1, 3);
+  EXPECT_EQ(c.keys().to_vector(), flat.keys().contiguous().to_vector());
+  EXPECT_EQ(c.values().to_vector(), flat.values().contiguous().to_vector());
+  EXPECT_LE(c.key_pages().size(0), 8);  // freed pages were reused: the pool never outgrew the peak
+}
+
 TEST(KvCache, BadShapesAndRowsAreNamed) {
   KvCache c;
   EXPECT_TRUE(ThrowsArg([&] { c.append(Tensor::zeros({1, 1, 1, 1}), Tensor::zeros({1, 1, 1, 1})); },

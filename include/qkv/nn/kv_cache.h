@@ -2,6 +2,9 @@
 // doubling; rows can be reordered (beam forks, finished rows dropped) without recomputation. Paged (page_size > 0):
 // the positions live in pages of page_size positions in one pool (num_pages, page_size, H, D), row r's logical
 // page i being pool page block_table()[r * max_pages() + i], the layout attention_with_kvcache reads in place.
+// A reorder copies no page: rows forked from one row share its pages (reference counts, as vLLM's block tables),
+// a shared page is copied only when an append writes into it (copy on write), and pages no row holds any more
+// return to the pool for reuse.
 #pragma once
 
 #include <cstdint>
@@ -36,15 +39,21 @@ class KvCache {
   const Tensor& value_pages() const { return v_; }
   std::span<const int32_t> block_table() const { return table_; }
   int64_t max_pages() const { return max_pages_; }
+  // Pool pages held by at least one row (a page shared by forked rows counts once).
+  int64_t pages_in_use() const { return static_cast<int64_t>(refs_.size() - free_.size()); }
 
  private:
   void grow(int64_t need);
   void grow_pages(int64_t need);
+  int32_t take_page();
+  void release_page(int32_t page);
   Tensor gather(const Tensor& pool) const;
   Tensor k_, v_;  // (N, H, capacity, D); paged: (num_pages, page_size, H, D)
   int64_t rows_ = 0, heads_ = 0, dim_ = 0, len_ = 0;
-  int64_t page_ = 0, max_pages_ = 0, used_pages_ = 0;
+  int64_t page_ = 0, max_pages_ = 0;
   std::vector<int32_t> table_;
+  std::vector<int32_t> refs_;  // per pool page: the table entries (of positions held) that name it
+  std::vector<int32_t> free_;  // pool pages with no reference, the next one taken last
 };
 
 // Row i of the result is x.select(0, rows[i]) (a copy); x: (R, ...)  ->  (N, ...). Indices in [0, R).
