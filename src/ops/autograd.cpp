@@ -3,6 +3,7 @@
 #include "qkv/ops/autograd.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
@@ -83,6 +84,19 @@ Var Tape::param(Parameter& p) {
   return Var(*p.value, this, new_slot(&p, true));
 }
 
+// The node about to be recorded reads v: the first such node of a parameter slot is remembered.
+void Tape::note_inputs(const Var* v) {
+  if (v == nullptr || v->slot < 0) return;
+  Slot& s = slots_[static_cast<size_t>(v->slot)];
+  if (s.param != nullptr && s.first_use < 0) s.first_use = static_cast<int32_t>(nodes_.size());
+}
+
+void Tape::check_not_final(const Slot& s) const {
+  QKV_CHECK_RUNTIME(s.ready_node <= running_node_ || running_node_ < 0, "[Tape.backward] node ", running_node_,
+                    " adds to the gradient of parameter '", s.param->name, "' after it was reported final (after node ",
+                    s.ready_node, "): its closure writes to a Var it did not record as an input");
+}
+
 Var Tape::record(const Tensor& value, std::initializer_list<const Var*> inputs, Backward fn) {
   bool any = false;
   for (const Var* v : inputs) {
@@ -92,6 +106,7 @@ Var Tape::record(const Tensor& value, std::initializer_list<const Var*> inputs, 
     }
   }
   if (!any) return Var(value);
+  for (const Var* v : inputs) note_inputs(v);
   const int32_t s = new_slot(nullptr, false);
   nodes_.push_back(Node{std::move(fn), s, 1});
   return Var(value, this, s);
@@ -117,6 +132,7 @@ std::vector<Var> Tape::record(const std::vector<Tensor>& values, const std::vect
     for (const Tensor& t : values) out.emplace_back(t);
     return out;
   }
+  for (const Var* v : inputs) note_inputs(v);
   const int32_t first = static_cast<int32_t>(slots_.size());
   for (const Tensor& t : values) out.emplace_back(t, this, new_slot(nullptr, false));
   nodes_.push_back(Node{std::move(fn), first, static_cast<int32_t>(values.size())});
@@ -129,6 +145,7 @@ void Tape::accumulate(const Var& v, const Tensor& g) {
   QKV_CHECK_ARG(g.shape() == v.value.shape(), "[Tape] gradient ", str(g.shape()), " does not match its value ",
                 str(v.value.shape()));
   if (s.param) {
+    check_not_final(s);
     kernels::add_into(s.param->grad, g, !s.param->has_grad);
     s.param->has_grad = true;
     return;
@@ -170,6 +187,7 @@ Tensor Tape::accumulator(const Var& v, bool& fresh) {
   if (v.slot < 0) return Tensor();
   Slot& s = slot_of(v);
   if (s.param) {
+    check_not_final(s);
     fresh = !s.param->has_grad;
     s.param->has_grad = true;
     return s.param->grad;
@@ -221,6 +239,9 @@ void Tape::backward(const Var& out, const Tensor& dout) {
   QKV_CHECK_ARG(!ran_, "[Tape.backward] already ran on this tape: clear() it and record the forward again");
   ran_ = true;
   accumulate(out, dout);
+  const bool hook = static_cast<bool>(on_param_ready_);
+  size_t next_ready = 0;
+  if (hook) plan_param_ready();
   std::vector<Tensor> douts;
   for (size_t n = nodes_.size(); n-- > 0;) {
     Node& node = nodes_[n];
@@ -232,9 +253,35 @@ void Tape::backward(const Var& out, const Tensor& dout) {
       any = any || s.grad.defined();
       if (!s.keep) s.grad = Tensor();  // released once consumed
     }
+    if (hook) running_node_ = static_cast<int64_t>(n);
     if (any) node.fn(*this, std::span<const Tensor>(douts));
     node.fn = nullptr;  // saved tensors go now, not at clear()
+    if (hook) {
+      running_node_ = -1;
+      for (; next_ready < ready_.size() && ready_[next_ready].first == static_cast<int32_t>(n); ++next_ready)
+        on_param_ready_(*ready_[next_ready].second, n);
+    }
   }
+}
+
+void Tape::plan_param_ready() {
+  std::unordered_map<Parameter*, int32_t> first;  // per parameter, the earliest node that reads any of its slots
+  for (const Slot& s : slots_)
+    if (s.param != nullptr && s.first_use >= 0) {
+      auto [it, added] = first.emplace(s.param, s.first_use);
+      if (!added) it->second = std::min(it->second, s.first_use);
+    }
+  for (Slot& s : slots_)
+    if (s.param != nullptr) {
+      auto it = first.find(s.param);
+      s.ready_node = it == first.end() ? -1 : it->second;
+    }
+  ready_.clear();
+  for (const auto& [p, node] : first) ready_.emplace_back(node, p);
+  // Latest node first (the order backward reaches them); parameters final after the same node in slot order.
+  std::sort(ready_.begin(), ready_.end(), [this](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second->name < b.second->name;
+  });
 }
 
 Tensor Tape::grad(const Var& v) const {

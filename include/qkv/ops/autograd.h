@@ -102,6 +102,11 @@ class Tape {
   // (for a single-output node the closure only runs when its output has a gradient). It adds its inputs'
   // gradients with accumulate() / accumulator().
   using Backward = std::function<void(Tape& tape, std::span<const Tensor> dout)>;
+  // Called during backward once a parameter's gradient is final: right after the closure of the earliest-recorded
+  // node that reads the parameter ran (or was skipped because no gradient reached it), since only the nodes that
+  // read a parameter add to its gradient, and they run in reverse order. `nodes_left`: the nodes whose backward has
+  // yet to run. Each parameter some node read is reported once per backward; one that no node read is never.
+  using ParamReady = std::function<void(Parameter& p, size_t nodes_left)>;
 
   Tape() = default;
   Tape(const Tape&) = delete;
@@ -147,6 +152,10 @@ class Tape {
   void backward(const Var& out);
   // Backward with an explicit upstream gradient of out's shape.
   void backward(const Var& out, const Tensor& dout);
+  // The hook of every later backward (an empty function: none, the default, which costs nothing). A parameter's
+  // gradient is written again after its report only by a closure that adds to a Var it did not record as an
+  // input, which throws std::logic_error.
+  void set_on_param_ready(ParamReady hook) { on_param_ready_ = std::move(hook); }
   // Gradient of a leaf (or of any slot still alive); undefined when none.
   Tensor grad(const Var& v) const;
   // Drops every node, saved tensor and gradient slot (parameter gradients stay in their Parameter).
@@ -161,6 +170,8 @@ class Tape {
     Parameter* param = nullptr;
     bool owned = false;  // grad is a private buffer that may be written in place
     bool keep = false;   // leaf: keep after backward
+    int32_t first_use = -1;   // parameter slot: the first node that read this slot (-1: none)
+    int32_t ready_node = -1;  // parameter slot, during a backward with a hook: the node after which it is final
   };
   struct Node {
     Backward fn;
@@ -169,9 +180,16 @@ class Tape {
   };
   int32_t new_slot(Parameter* p, bool keep);
   Slot& slot_of(const Var& v);
+  void note_inputs(const Var* v);
+  // The parameters in the order their gradients become final (only while a hook is set).
+  void plan_param_ready();
+  void check_not_final(const Slot& s) const;
 
   std::vector<Slot> slots_;
   std::vector<Node> nodes_;
+  ParamReady on_param_ready_;
+  std::vector<std::pair<int32_t, Parameter*>> ready_;  // (node after which it is final, parameter), node descending
+  int64_t running_node_ = -1;                            // the node whose closure runs (during backward)
   bool ran_ = false;
 };
 
