@@ -69,6 +69,7 @@ struct TrainArgs {
   RunConfig c;
   std::string out, resume;
   int64_t threads = 0;
+  bool no_overlap = false;
 };
 
 // An option whose value a resumed run may not change, with how to print its value from a config.
@@ -310,6 +311,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
     dropout_rng.set_state(st.dropout_rng_state);
   }
   train::DataParallel dp(comm, params);
+  dp.set_overlap(!a.no_overlap);
   if (nranks > 1) dp.broadcast_from_root(*opt);
   // Context parallel: every rank runs the whole batch on its positions of each sequence (ring attention), and its
   // loss is its share of the global token mean.
@@ -555,6 +557,8 @@ void add_train(CLI::App& app) {
   cmd->add_option("--out", a->out, "Run directory (config.json, vocab.txt, checkpoints/)");
   cmd->add_option("--resume", a->resume, "Continue the run in this directory from its latest checkpoint");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: OMP_NUM_THREADS)");
+  cmd->add_flag("--no-overlap", a->no_overlap,
+                "mpirun: all-reduce the gradients after the backward, not during it (for timing the overlap)");
 
   cmd->callback([a, locked, data_opts, model_opt, overrides]() {
     try {

@@ -220,6 +220,36 @@ void Communicator::wait(Request& request) {
 #endif
 }
 
+Request Communicator::iallreduce_sum(float* data, int64_t n) {
+  check_count(n, "iallreduce");
+  QKV_CHECK_ARG(n == 0 || data != nullptr, "[dist.iallreduce] null buffer of ", n, " floats");
+  Request r;
+  r.state_ = std::make_unique<RequestState>();
+  bytes_sent_ += n * static_cast<int64_t>(sizeof(float));
+#ifdef QKV_HAVE_MPI
+  if (uses_mpi_) {
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                             &r.state_->request),
+              "iallreduce");
+    r.state_->pending = true;
+  }
+#endif
+  return r;
+}
+
+bool Communicator::test(Request& request) {
+  if (!request.pending()) return true;
+#ifdef QKV_HAVE_MPI
+  int done = 0;
+  const int rc = MPI_Test(&request.state_->request, &done, MPI_STATUS_IGNORE);
+  if (done != 0 || rc != MPI_SUCCESS) request.state_->pending = false;  // a failed request is not waited for again
+  check_mpi(rc, "test");
+  return done != 0;
+#else
+  return true;
+#endif
+}
+
 void Communicator::check_same(uint64_t value, const std::string& what) {
   if (size_ == 1) return;
   std::vector<uint64_t> all(static_cast<size_t>(size_), 0);

@@ -1,4 +1,5 @@
-// Data parallelism: broadcast of the start state, the global loss and the bucketed gradient all-reduce.
+// Data parallelism: broadcast of the start state, the global loss and the bucketed gradient all-reduce, which
+// starts each bucket as soon as the backward has finished its gradients.
 #include "qkv/train/data_parallel.h"
 
 #include <algorithm>
@@ -14,6 +15,29 @@ namespace qkv::train {
 DataParallel::DataParallel(dist::Communicator& comm, ad::ParameterSet& params, int64_t bucket_floats)
     : comm_(&comm), params_(&params), bucket_floats_(bucket_floats) {
   QKV_CHECK_ARG(bucket_floats > 0, "[DataParallel] bucket_floats ", bucket_floats, " must be positive");
+  plan();
+}
+
+void DataParallel::plan() {
+  const size_t n = params_->size();
+  buckets_.clear();
+  bucket_of_.assign(n, 0);
+  ready_.assign(n, 0);
+  int64_t offset = 0;
+  for (size_t i = n; i-- > 0;) {
+    const int64_t size = (*params_)[i].value->numel();
+    if (buckets_.empty() || (buckets_.back().floats > 0 && buckets_.back().floats + size > bucket_floats_)) {
+      if (!buckets_.empty()) offset += buckets_.back().floats + static_cast<int64_t>(buckets_.back().params.size());
+      buckets_.emplace_back();
+      buckets_.back().offset = offset;
+    }
+    buckets_.back().params.push_back(i);
+    buckets_.back().floats += size;
+    bucket_of_[i] = buckets_.size() - 1;
+  }
+  if (!buckets_.empty()) offset += buckets_.back().floats + static_cast<int64_t>(buckets_.back().params.size());
+  buffer_.assign(static_cast<size_t>(offset), 0.0f);
+  next_ = done_ = 0;
 }
 
 namespace {
@@ -57,48 +81,67 @@ double DataParallel::global_loss(double local_loss) {
   return total_weight_ > 0.0 ? static_cast<double>(sums[1]) / total_weight_ : 0.0;
 }
 
-void DataParallel::reduce_gradients() {
-  dist::Communicator& c = *comm_;
-  const size_t n = params_->size();
-  // Which parameters got a gradient anywhere (a max over the ranks), so that every rank reduces the same set.
-  std::vector<float> has(n);
-  for (size_t i = 0; i < n; ++i) has[i] = (*params_)[i].has_grad ? 1.0f : 0.0f;
-  c.allreduce_max(has.data(), static_cast<int64_t>(n));
+// Packs bucket b (this rank's gradients times its share, zeros for a parameter without one, and the flags) and
+// starts its all-reduce. MPI_Iallreduce may run another algorithm than MPI_Allreduce, so the sum's bits may differ
+// from the blocking one's, but they are the same on every rank.
+void DataParallel::start(size_t b, bool during_backward) {
+  Bucket& k = buckets_[b];
   const float scale = shares_ ? 1.0f : total_weight_ > 0.0 ? static_cast<float>(weight_ / total_weight_) : 0.0f;
-  std::vector<float*> grads;
-  std::vector<int64_t> sizes;
-  for (size_t i = 0; i < n; ++i) {
-    if (has[i] == 0.0f) continue;
-    ad::Parameter& p = (*params_)[i];
-    if (!p.has_grad) {
-      if (!p.grad.defined()) p.grad = Tensor::zeros(p.value->shape());
-      p.grad.fill(0.0f);
-      p.has_grad = true;
+  float* out = buffer_.data() + k.offset;
+  float* flags = out + k.floats;
+  for (size_t j = 0; j < k.params.size(); ++j) {
+    const ad::Parameter& p = (*params_)[k.params[j]];
+    const int64_t size = p.value->numel();
+    if (p.has_grad) {
+      QKV_ASSERT(p.grad.is_contiguous() && p.grad.numel() == size);
+      const float* g = p.grad.data();
+      for (int64_t e = 0; e < size; ++e) out[e] = g[e] * scale;
+    } else {
+      std::fill(out, out + size, 0.0f);
     }
-    QKV_ASSERT(p.grad.is_contiguous());
-    grads.push_back(p.grad.data());
-    sizes.push_back(p.grad.numel());
+    flags[j] = p.has_grad ? 1.0f : 0.0f;
+    out += size;
   }
-  // Buckets in ParameterSet order: pack (scaled by this rank's share), sum over the ranks, unpack.
-  size_t first = 0;
-  while (first < grads.size()) {
-    size_t last = first;
-    int64_t total = 0;
-    while (last < grads.size() && (total == 0 || total + sizes[last] <= bucket_floats_)) total += sizes[last++];
-    bucket_.resize(static_cast<size_t>(total));
-    int64_t off = 0;
-    for (size_t j = first; j < last; ++j) {
-      for (int64_t e = 0; e < sizes[j]; ++e) bucket_[static_cast<size_t>(off + e)] = grads[j][e] * scale;
-      off += sizes[j];
+  k.request = comm_->iallreduce_sum(buffer_.data() + k.offset, k.floats + static_cast<int64_t>(k.params.size()));
+  if (during_backward) ++started_early_;
+}
+
+void DataParallel::parameter_ready(const ad::Parameter& p, size_t nodes_left) {
+  if (next_ == 0 && done_ == 0 && bucket_of_.size() != params_->size()) plan();  // parameters added since
+  const int64_t i = params_->index_of(p.value);
+  if (i < 0 || ready_[static_cast<size_t>(i)] != 0) return;  // another set's parameter, or reported already
+  ready_[static_cast<size_t>(i)] = 1;
+  ++buckets_[bucket_of_[static_cast<size_t>(i)]].ready;
+  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].params.size())
+    start(next_++, nodes_left > 0);
+  // Open MPI advances a non-blocking collective only inside MPI calls: test the oldest in flight.
+  while (done_ < next_ && comm_->test(buckets_[done_].request)) ++done_;
+}
+
+void DataParallel::reduce_gradients() {
+  if (next_ == 0 && done_ == 0 && bucket_of_.size() != params_->size()) plan();
+  while (next_ < buckets_.size()) start(next_++, false);  // the buckets no report completed, in order
+  for (Bucket& k : buckets_) comm_->wait(k.request);
+  for (const Bucket& k : buckets_) {
+    const float* in = buffer_.data() + k.offset;
+    const float* flags = in + k.floats;
+    for (size_t j = 0; j < k.params.size(); ++j) {
+      ad::Parameter& p = (*params_)[k.params[j]];
+      const int64_t size = p.value->numel();
+      if (flags[j] > 0.0f) {  // some rank had a gradient: the sum, with zeros from the ranks that had none
+        if (!p.grad.defined()) p.grad = Tensor::zeros(p.value->shape());
+        QKV_ASSERT(p.grad.is_contiguous() && p.grad.numel() == size);
+        std::memcpy(p.grad.data(), in, static_cast<size_t>(size) * sizeof(float));
+        p.has_grad = true;
+      }
+      in += size;
     }
-    c.allreduce_sum(bucket_.data(), total);
-    off = 0;
-    for (size_t j = first; j < last; ++j) {
-      std::memcpy(grads[j], bucket_.data() + off, static_cast<size_t>(sizes[j]) * sizeof(float));
-      off += sizes[j];
-    }
-    first = last;
   }
+  for (Bucket& k : buckets_) k.ready = 0;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_ = done_ = 0;
+  started_during_backward_ = started_early_;
+  started_early_ = 0;
   weight_ = 1.0;
 }
 

@@ -29,10 +29,16 @@ StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
       tape_.clear();
       return r;
     }
+    // Data parallel: each bucket of gradients starts its all-reduce as soon as the backward has finished it.
+    if (dp_ != nullptr && dp_->overlap())
+      tape_.set_on_param_ready([dp = dp_](ad::Parameter& p, size_t nodes_left) { dp->parameter_ready(p, nodes_left); });
+    else
+      tape_.set_on_param_ready(nullptr);
     tape_.backward(loss);
   }
   // Every parameter gradient of this step is complete here, before clipping, the schedule and the update.
-  if (dp_ != nullptr) dp_->reduce_gradients();  // clipping and the step see the global gradient
+  if (dp_ != nullptr) dp_->reduce_gradients();  // the rest of the all-reduce: clipping and the step see the global
+                                                // gradient
   if (clip_ > 0.0) clip_grad_norm(*params_, clip_);
   r.lr = schedule_->at(step);
   optimizer_->set_lr(r.lr);

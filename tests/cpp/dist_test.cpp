@@ -1,6 +1,7 @@
 // Tests of qkv::dist at any group size: ctest runs this binary as one process (the group of one) and again under
 // `mpirun -np 2/3/4` (CMakeLists.txt: dist_test_mpirun_np*). Every rank builds the same global inputs from one seed,
-// computes the one-process fused attention as the reference, and checks its own shard of the ring's results.
+// computes the one-process fused attention as the reference, and checks its own shard of the ring's results. Also
+// here: train::DataParallel's all-reduce overlapped with the backward against the blocking sum.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,8 +14,12 @@
 #include "qkv/core/rng.h"
 #include "qkv/dist/comm.h"
 #include "qkv/dist/ring_attention.h"
+#include "qkv/models/llama.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/functional.h"
+#include "qkv/train/data_parallel.h"
+#include "qkv/train/loss.h"
+#include "qkv/train/trainer.h"
 
 namespace qkv {
 namespace {
@@ -67,6 +72,33 @@ TEST(DistComm, CollectivesAgreeOnEveryRank) {
   c.broadcast_bytes(word, sizeof word, 0);
   EXPECT_EQ(std::string(word), "ranks");
   c.barrier();
+}
+
+TEST(DistComm, IallreduceSumIsTheSumOnEveryRankOnceTestSaysDone) {
+  Communicator& c = Communicator::world();
+  const int n = c.size(), r = c.rank();
+  std::vector<float> x(1000);  // integers: every summation order gives the same bits
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((r + 1) * static_cast<int>(i % 17) - 3 * r);
+  std::vector<float> blocking = x;
+  c.allreduce_sum(blocking.data(), static_cast<int64_t>(blocking.size()));
+  const int64_t sent = c.bytes_sent();
+  dist::Request req = c.iallreduce_sum(x.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(c.bytes_sent() - sent, static_cast<int64_t>(sizeof(float) * x.size()));
+  EXPECT_EQ(req.pending(), n > 1);
+  int polls = 0;
+  while (!c.test(req)) ++polls;  // test() alone drives MPI's progress to completion
+  EXPECT_FALSE(req.pending());
+  EXPECT_TRUE(c.test(req));
+  c.wait(req);  // a completed request waits for nothing
+  EXPECT_EQ(x, blocking) << "after " << polls << " polls";
+  EXPECT_EQ(x[5], static_cast<float>(5 * n * (n + 1) / 2 - 3 * n * (n - 1) / 2));
+  try {
+    c.iallreduce_sum(x.data(), -1);
+    ADD_FAILURE() << "a negative count passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[dist.iallreduce] count -1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c.iallreduce_sum(nullptr, 3), std::invalid_argument);
 }
 
 TEST(DistComm, RingOfNonBlockingMessages) {
@@ -261,6 +293,134 @@ TEST(RingAttentionErrors, RefusesWhatDoesNotShard) {
   EXPECT_THROW(dist::ring_attention(q, k_short, k_short, c, causal), std::invalid_argument);
   const AttentionResult f = dist::ring_attention(q, k, v, c);
   EXPECT_THROW(dist::ring_attention_backward(q, k, v, f.out, Tensor(), f.out, c), std::invalid_argument);
+}
+
+// --- data parallelism: the all-reduce overlapped with the backward ----------------------------------------------
+
+// A tiny Llama with tied embeddings (read by the first node and by the last) and grouped-query attention.
+models::LlamaConfig tiny_llama(int64_t vocab) {
+  models::LlamaConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.tie_word_embeddings = true;
+  c.layer_sliding.assign(2, false);
+  return c;
+}
+
+// This rank's batch: ids of its own seed.
+Ids rank_ids(int rank, int64_t b, int64_t t, int64_t vocab) {
+  Rng rng(100 + static_cast<uint64_t>(rank));
+  Ids ids{std::vector<int64_t>(static_cast<size_t>(b * t)), Shape{b, t}};
+  for (int64_t& x : ids.data) x = static_cast<int64_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return ids;
+}
+
+// Every rank: its own batch and loss weight (rank + 1 loss terms), a parameter that only rank 0's loss reads and
+// one that no rank's reads. The overlapped reduction must equal the blocking sum of the scaled gradients.
+TEST(DataParallelOverlap, ReducedGradientsEqualTheBlockingSum) {
+  Communicator& c = Communicator::world();
+  const int n = c.size(), r = c.rank();
+  const int64_t V = 13, B = 2, T = 6;
+  Rng init(9);
+  models::LlamaForCausalLM model(tiny_llama(V), init);
+  Tensor rank0_only = testing::randn({5}, 41), unused = testing::randn({3}, 42);
+  // First in the set, so last in the buckets' (reverse) order: a parameter no node reads holds back its bucket and
+  // every later one until reduce_gradients().
+  ad::ParameterSet params;
+  params.add("rank0_only", &rank0_only);
+  params.add("unused", &unused);
+  for (auto& [name, t] : model.named_parameters()) params.add(name, t);
+  const Ids ids = rank_ids(r, B, T, V);
+  std::vector<int64_t> targets(ids.data.begin() + 1, ids.data.end());
+  targets.push_back(0);
+  const auto backward = [&](ad::Tape& tape) {
+    params.zero_grad();
+    tape.clear();
+    nn::Context ctx(tape, params);
+    ad::Var loss = train::cross_entropy(model.forward(ctx, ids), targets);
+    if (r == 0) loss = ad::add(loss, ad::sum(ad::mul(ctx.param(rank0_only), ctx.param(rank0_only))));
+    tape.backward(loss);
+    return static_cast<double>(loss.value.item());
+  };
+  const double weight = r + 1, total = n * (n + 1) / 2.0;
+
+  // The reference: a plain backward, then every gradient scaled and summed with the blocking all-reduce.
+  ad::Tape plain;
+  backward(plain);
+  std::vector<std::vector<float>> ref(params.size());
+  std::vector<float> has(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ref[i] = params[i].has_grad ? params[i].grad.to_vector() : std::vector<float>(params[i].value->numel(), 0.0f);
+    for (float& g : ref[i]) g *= static_cast<float>(weight / total);
+    c.allreduce_sum(ref[i].data(), static_cast<int64_t>(ref[i].size()));
+    has[i] = params[i].has_grad ? 1.0f : 0.0f;
+  }
+  c.allreduce_max(has.data(), static_cast<int64_t>(has.size()));
+
+  train::DataParallel dp(c, params, 64);  // small buckets: many of them
+  ASSERT_GT(dp.num_buckets(), 3u);
+  ad::Tape tape;
+  tape.set_on_param_ready([&](ad::Parameter& p, size_t nodes_left) { dp.parameter_ready(p, nodes_left); });
+  dp.set_local_weight(weight);
+  EXPECT_TRUE(std::isfinite(dp.global_loss(1.0)));
+  backward(tape);
+  dp.reduce_gradients();
+  EXPECT_GE(dp.buckets_started_during_backward(), 1) << "no bucket started before the backward's last node";
+  EXPECT_LT(dp.buckets_started_during_backward(), static_cast<int64_t>(dp.num_buckets()))
+      << "the buckets of the embeddings, final after the first node only, cannot start earlier";
+  uint64_t h = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ad::Parameter& p = params[i];
+    EXPECT_EQ(p.has_grad, has[i] != 0.0f) << p.name;
+    if (!p.has_grad) continue;
+    EXPECT_LE(normwise_error(p.grad, Tensor::from_vector(p.value->shape(), ref[i])), 1e-6) << p.name;
+    h = dist::hash_floats(p.grad.data(), p.grad.numel(), h ^ i);
+  }
+  EXPECT_TRUE(params[0].has_grad) << "rank 0's gradient reaches every rank";
+  EXPECT_FALSE(params[1].has_grad);
+  EXPECT_NO_THROW(c.check_same(h, "the reduced gradients"));
+}
+
+// The trainer sets the hook: with overlap on, buckets start inside the backward; with it off, none does, and the
+// parameters after two steps are the same bits (the same all-reduces, in the same order, of the same buffers).
+TEST(DataParallelOverlap, TrainerOverlapsAndNoOverlapGivesTheSameBits) {
+  Communicator& c = Communicator::world();
+  const int r = c.rank();
+  const int64_t V = 13, B = 2, T = 6;
+  uint64_t hashes[2] = {0, 0};
+  for (int overlap = 0; overlap < 2; ++overlap) {
+    Rng init(10);
+    models::LlamaForCausalLM model(tiny_llama(V), init);
+    ad::ParameterSet params(model);
+    train::SgdOptions so;
+    so.lr = 0.1;
+    train::SGD opt(params, so);
+    train::LrSchedule schedule;
+    schedule.lr = 0.1;
+    Rng dropout(1);
+    train::Trainer trainer(params, opt, schedule, dropout);
+    train::DataParallel dp(c, params, 64);
+    dp.set_overlap(overlap != 0);
+    trainer.set_data_parallel(&dp);
+    for (int64_t step = 1; step <= 2; ++step) {
+      const Ids ids = rank_ids(r + 10 * static_cast<int>(step), B, T, V);
+      const std::vector<int64_t> targets(ids.data.rbegin(), ids.data.rend());
+      trainer.step(step, [&](nn::Context& ctx) { return train::cross_entropy(model.forward(ctx, ids), targets); });
+      EXPECT_NO_THROW(dp.check_replicas(step));
+      if (overlap != 0) {
+        EXPECT_GE(dp.buckets_started_during_backward(), 1);
+      } else {
+        EXPECT_EQ(dp.buckets_started_during_backward(), 0);
+      }
+    }
+    hashes[overlap] = dp.parameter_hash();
+  }
+  EXPECT_EQ(hashes[0], hashes[1]);
 }
 
 }  // namespace

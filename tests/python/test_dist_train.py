@@ -4,6 +4,7 @@
   Transformer copy task (variable lengths, so shards pad differently), with the parameters hash-checked identical on
   every rank after every step (the run fails otherwise) and only rank 0 printing;
 - --resume with the same N continues the uninterrupted N = 2 curve bit for bit;
+- --no-overlap (the gradient all-reduce after the backward instead of during it) changes no bit;
 - a global --batch-size that does not divide by N, and ranks started with different settings, are refused;
 - a SIGKILLed rank makes the others exit non-zero within 30 s with a message naming it, and the last checkpoint
   stays loadable;
@@ -78,6 +79,20 @@ def test_resume_with_the_same_ranks_continues_the_curve_exactly(tmp_path):
     resumed = ok(run(2, "train", "--resume", str(tmp_path / "part"), "--steps", "12"))
     assert "from step 3" in resumed.stdout
     assert losses(resumed.stdout) == {s: full[s] for s in range(4, 13)}
+
+
+def test_no_overlap_gives_the_same_bits(tmp_path):
+    """--no-overlap starts every bucket's all-reduce after the backward instead of during it: the same collectives
+    on the same buffers in the same order, so the same losses and weights, bit for bit."""
+    curves, weights = {}, {}
+    for name, extra in (("overlap", []), ("after", ["--no-overlap"])):
+        out = tmp_path / name
+        curves[name] = losses(ok(run(2, *TINY, *extra, "--steps", "10", "--out", str(out))).stdout)
+        weights[name] = read_safetensors(out / "checkpoints" / "step-00000010" / "model.safetensors")
+    assert sorted(curves["overlap"]) == list(range(1, 11))
+    assert curves["overlap"] == curves["after"]
+    for name, w in weights["overlap"].items():
+        assert np.array_equal(w, weights["after"][name]), name
 
 
 def test_batch_that_does_not_split_is_refused(tmp_path):

@@ -18,8 +18,8 @@ std::string mpi_library_version();
 
 struct RequestState;  // defined in src/dist/comm.cpp
 
-// One pending isend/irecv. Move-only; Communicator::wait completes it. One destroyed while pending is waited for
-// (its error, if any, is dropped: a destructor cannot throw).
+// One pending isend/irecv/iallreduce_sum. Move-only; Communicator::wait completes it. One destroyed while pending
+// is waited for (its error, if any, is dropped: a destructor cannot throw).
 class Request {
  public:
   Request();
@@ -57,6 +57,14 @@ class Communicator {
   Request isend(const float* data, int64_t n, int dest, int tag);
   Request irecv(float* data, int64_t n, int source, int tag);
   void wait(Request& request);
+  // Collective, non-blocking: the element-wise sum over the ranks of data[0, n), in place; `data` must stay valid
+  // and untouched until wait(). Every rank must start the same sequence of collectives (blocking or not) in the
+  // same order. MPI may run another algorithm than allreduce_sum's for it, so the sum's bits may differ from
+  // allreduce_sum's, but they are the same on every rank. A group of one: completes at once (data unchanged).
+  Request iallreduce_sum(float* data, int64_t n);
+  // Drives MPI's progress on `request` (MPI_Test) and says whether it has completed (true for a request that is
+  // not pending). A completed request needs no wait().
+  bool test(Request& request);
 
   // Collective: every rank passes its `value` (a hash of a configuration, of parameters, ...). Throws
   // std::runtime_error on every rank, naming `what` and the first rank whose value differs from rank 0's.

@@ -23,8 +23,9 @@ namespace qkv::train {
 
 class DataParallel {
  public:
-  // comm and params must outlive this. bucket_floats: the size of one all-reduce (gradients are packed in
-  // ParameterSet order into buckets of at most this many floats; the order never changes).
+  // comm and params must outlive this. bucket_floats: the gradient floats of one all-reduce. The buckets are fixed
+  // once, in REVERSE ParameterSet order (the order a backward finishes the gradients, as PyTorch's DDP), each of
+  // at most bucket_floats gradient floats (a larger parameter is a bucket of its own), and never change.
   DataParallel(dist::Communicator& comm, ad::ParameterSet& params, int64_t bucket_floats = 1 << 20);
 
   dist::Communicator& comm() { return *comm_; }
@@ -35,14 +36,32 @@ class DataParallel {
   // This rank's number of loss terms in the current batch shard (1 when never set: equal weights).
   void set_local_weight(double weight) { weight_ = weight; }
   // Each rank's loss is already its share of the global loss (context parallelism): global_loss() sums the ranks'
-  // losses and reduce_gradients() sums the gradients unscaled. Off by default (data parallelism).
+  // losses and the gradients are summed unscaled. Off by default (data parallelism).
   void set_loss_shares(bool on) { shares_ = on; }
 
-  // Collective: the global batch's loss from this rank's `local_loss` (non-finite when any rank's is).
+  // Collective: the global batch's loss from this rank's `local_loss` (non-finite when any rank's is). Call it
+  // before the backward: it fixes the scale of this rank's gradients.
   double global_loss(double local_loss);
-  // Collective, after backward: every gradient becomes the global batch's, identical on every rank. A parameter
-  // that received a gradient on some rank only gets zeros elsewhere first. Resets the weight to 1.
+
+  // The all-reduce overlaps the backward: Tape::set_on_param_ready with parameter_ready() (train::Trainer does so
+  // when overlap() is on, the default). Once every parameter of the next bucket in the fixed order is final, the
+  // bucket is packed (scaled by this rank's share) and its non-blocking all-reduce starts; buckets start strictly
+  // in bucket order on every rank, and each call drives MPI's progress on those in flight. A parameter that no
+  // node of this rank's backward reads is never reported: it holds back its bucket, and every later one, until
+  // reduce_gradients().
+  void parameter_ready(const ad::Parameter& p, size_t nodes_left);
+  void set_overlap(bool on) { overlap_ = on; }
+  bool overlap() const { return overlap_; }
+  // Collective, after backward: starts the buckets not started yet, waits for all, and every gradient becomes the
+  // global batch's, identical on every rank. Each bucket carries one has-a-gradient flag per parameter (summed):
+  // a parameter that received a gradient on some rank only gets the others' zeros; one that received none
+  // anywhere stays without a gradient. Resets the weight to 1. With no parameter_ready() calls this is the whole
+  // all-reduce, after the backward.
   void reduce_gradients();
+
+  size_t num_buckets() const { return buckets_.size(); }
+  // Of the last reduce_gradients()'s step: the buckets started while some node's backward had yet to run.
+  int64_t buckets_started_during_backward() const { return started_during_backward_; }
 
   // Collective: throws std::runtime_error naming the step and the first rank whose parameters differ from rank 0's.
   void check_replicas(int64_t step);
@@ -50,18 +69,34 @@ class DataParallel {
   uint64_t parameter_hash() const;
 
  private:
+  struct Bucket {
+    std::vector<size_t> params;  // ParameterSet indices, in bucket order
+    int64_t offset = 0;          // into buffer_: the gradients, then one flag per parameter
+    int64_t floats = 0;          // gradient floats
+    size_t ready = 0;            // parameters final so far in this step
+    dist::Request request;
+  };
+  void plan();  // the buckets, for the current ParameterSet
+  void start(size_t b, bool during_backward);
+
   dist::Communicator* comm_;
   ad::ParameterSet* params_;
   int64_t bucket_floats_;
   double weight_ = 1.0, total_weight_ = 1.0;
-  bool shares_ = false;
-  std::vector<float> bucket_;
+  bool shares_ = false, overlap_ = true;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;     // per parameter
+  std::vector<char> ready_;           // per parameter, this step
+  std::vector<float> buffer_;
+  size_t next_ = 0, done_ = 0;        // the next bucket to start; buckets [0, done_) completed
+  int64_t started_early_ = 0, started_during_backward_ = 0;
 };
 
 // Context parallelism over every rank of `comm`: each rank holds, of every sequence, the positions of the zigzag
 // layout of dist::ring_shard (T right-padded to a multiple of 2N, rank r holding chunks r and 2N-1-r), and every
 // attention is causal ring attention (dist::ring_attention). Set on the training Context
-// (nn::Context::set_sequence_shard) of a model forward that supports it (train::TextModel's decoder-only kind).
+// (nn::Context::set_sequence_shard) of a model forward that supports it (train::TextModel's decoder-only and
+// Llama kinds).
 class ContextParallel : public nn::SequenceShard {
  public:
   explicit ContextParallel(dist::Communicator& comm) : comm_(&comm) {}

@@ -45,7 +45,8 @@ class Trainer {
 
   ad::Tape& tape() { return tape_; }
   // Data parallelism (nullptr: off): the step's loss becomes the global batch's and the gradients are all-reduced
-  // between backward and clipping. `dp` must outlive the trainer.
+  // in buckets that start during the backward (dp->overlap(); else after it), complete before clipping. `dp`
+  // must outlive the trainer.
   void set_data_parallel(DataParallel* dp) { dp_ = dp; }
 
  private:
