@@ -133,8 +133,9 @@ void RunConfig::resolve_and_check() {
   QKV_CHECK_ARG(early_stop >= 0.0 && early_stop <= 1.0, "[train] --early-stop must be in [0, 1] (0 = off)");
   QKV_CHECK_ARG(ranks >= 1 && context_parallel >= 1, "[train] --context-parallel must be >= 1, got ",
                 context_parallel);
-  QKV_CHECK_ARG(context_parallel == 1 || model == "decoder", "[train] --context-parallel ", context_parallel,
-                " runs --model decoder only (its attention goes around the ring), not '", model, "'");
+  QKV_CHECK_ARG(context_parallel == 1 || model == "decoder" || model == "llama", "[train] --context-parallel ",
+                context_parallel, " runs --model decoder or llama only (their attention goes around the ring), not '",
+                model, "'");
   QKV_CHECK_ARG(context_parallel == 1 || dropout == 0.0, "[train] --context-parallel ", context_parallel,
                 " with --dropout ", dropout,
                 ": ring attention has no dropout on the attention weights; use --dropout 0");

@@ -177,7 +177,8 @@ class Progress {
 
 // Every rank must train the same run: refuses, on every rank, a configuration that differs, a layout that the
 // ranks do not match (data parallel: a global batch that does not split evenly; context parallel: other than
-// --context-parallel ranks, or sequences that the padding to 2N chunks takes past the learned positions).
+// --context-parallel ranks, or sequences that the padding to 2N chunks takes past the decoder's learned positions;
+// Llama's rotary positions have no table).
 void check_same_run(dist::Communicator& comm, const RunConfig& c, const RunData& d) {
   const int64_t n = comm.size();
   if (c.context_parallel > 1) {
@@ -188,9 +189,10 @@ void check_same_run(dist::Communicator& comm, const RunConfig& c, const RunData&
     for (const data::Example& e : d.train)
       longest = std::max<int64_t>(longest, static_cast<int64_t>(e.src.size() + e.tgt.size()) + 1);
     const int64_t padded = (longest + 2 * n - 1) / (2 * n) * (2 * n);
-    QKV_CHECK_ARG(padded <= c.max_positions, "[train] --context-parallel ", n, " pads the longest training sequence (",
-                  longest, " tokens) to ", padded, " positions (2 x ", n, " equal chunks), more than --max-positions ",
-                  c.max_positions, ": raise --max-positions to at least ", padded);
+    QKV_CHECK_ARG(c.model != "decoder" || padded <= c.max_positions, "[train] --context-parallel ", n,
+                  " pads the longest training sequence (", longest, " tokens) to ", padded, " positions (2 x ", n,
+                  " equal chunks), more than --max-positions ", c.max_positions, ": raise --max-positions to at least ",
+                  padded);
   } else {
     QKV_CHECK_ARG(c.batch_size % n == 0, "[train] --batch-size ", c.batch_size, " (the global batch) does not ",
                   "divide by the ", n, " ranks of mpirun");
@@ -527,8 +529,8 @@ void add_train(CLI::App& app) {
   lock(cmd->add_option("--batch-size", c.batch_size, "Examples per step")->capture_default_str(),
        i64(&RunConfig::batch_size));
   lock(cmd->add_option("--context-parallel", c.context_parallel,
-                       "mpirun -np N: the N ranks split every sequence (ring attention; --model decoder) instead of "
-                       "the batch")
+                       "mpirun -np N: the N ranks split every sequence (ring attention; --model decoder or llama) "
+                       "instead of the batch")
            ->capture_default_str()
            ->check(at_least(1)),
        i64(&RunConfig::context_parallel));

@@ -74,8 +74,15 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& 
                   " must be even (two zigzag chunks per rank), q ", str(q.shape()));
     p.half = p.tq / 2;
   }
+  QKV_CHECK_ARG(options.window_left < 0 && options.window_right < 0, "[", op, "] q ", str(q.shape()), " k ",
+                str(k.shape()), ": a sliding window (window_size (", options.window_left, ", ", options.window_right,
+                ")) does not run around the ring (the kernels' window is on local positions); use no window");
   p.base.scale = attention_scale(options, q.size(-1));
   p.base.return_lse = true;
+  // Per-score and per-head options pass through: every block's scores are capped alike (the merge and the
+  // backward see the capped scores' lse), and a query head reads kv head h / (Hq / Hkv) of every block.
+  p.base.softcap = options.softcap;
+  p.base.enable_gqa = options.enable_gqa;
   if (options.mask_kind != MaskKind::kNone) {
     const Tensor& m = options.mask;
     QKV_CHECK_ARG(m.defined() && m.dim() >= 1 && m.size(-1) == p.tk && (m.dim() < 2 || m.size(-2) == 1), "[", op,

@@ -202,7 +202,8 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
   register_module("o_proj", &o_proj);
 }
 
-ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache) const {
+ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
+                                const std::vector<int64_t>* positions) const {
   const LlamaConfig& k = config_;
   QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == k.hidden_size, "[llama] attention input ", str(x.shape()),
                 " must be (B, T, ", k.hidden_size, ")");
@@ -211,8 +212,15 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   ad::Var q = ad::permute(ad::reshape(q_proj.forward(c, x), {b, t, k.num_attention_heads, d}), {0, 2, 1, 3});
   ad::Var kk = ad::permute(ad::reshape(k_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
-  q = ad::rope(q, offset, k.rope_theta, RopeVariant::kHalfSplit);
-  kk = ad::rope(kk, offset, k.rope_theta, RopeVariant::kHalfSplit);
+  if (positions != nullptr) {
+    QKV_CHECK_ARG(static_cast<int64_t>(positions->size()) == t && !cache, "[llama] ", positions->size(),
+                  " positions for the attention input ", str(x.shape()), cache ? " with a KV cache" : "");
+    q = ad::rope(q, *positions, k.rope_theta, RopeVariant::kHalfSplit);
+    kk = ad::rope(kk, *positions, k.rope_theta, RopeVariant::kHalfSplit);
+  } else {
+    q = ad::rope(q, offset, k.rope_theta, RopeVariant::kHalfSplit);
+    kk = ad::rope(kk, offset, k.rope_theta, RopeVariant::kHalfSplit);
+  }
   const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
   AttentionOptions o =
       attention_options(scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping, attention_precision());
@@ -236,7 +244,10 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
     v = ad::Var(cache->values());
   }
   o.enable_gqa = q.size(1) != kk.size(1);
-  const ad::Var out = ad::attention(q, kk, v, o);
+  const nn::SequenceShard* shard = c.sequence_shard();
+  QKV_CHECK_ARG(shard == nullptr || !sliding_, "[llama] sliding_window ", k.sliding_window, " with the input ",
+                str(x.shape()), ": context parallelism (ring attention) has no sliding window; use sliding_window 0");
+  const ad::Var out = shard != nullptr ? shard->attention(q, kk, v, o) : ad::attention(q, kk, v, o);
   // (B, Hq, T, D) -> (B, T, Hq·D)
   return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 2, 1, 3}), {b, t, k.num_attention_heads * d}));
 }
@@ -280,9 +291,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, int64_t layer, Rng& r
   }
 }
 
-ad::Var LlamaDecoderLayer::forward(const nn::Context& c, const ad::Var& x, int64_t offset,
-                                   nn::KvCache* cache) const {
-  ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache);
+ad::Var LlamaDecoderLayer::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
+                                   const std::vector<int64_t>* positions) const {
+  ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions);
   if (sandwich_) {
     const ad::Var y = ad::add(x, post_attention_layernorm.forward(c, h));
     return ad::add(y, post_feedforward_layernorm->forward(c, mlp.forward(c, pre_feedforward_layernorm->forward(c, y))));
@@ -304,7 +315,8 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
   register_module("norm", &norm);
 }
 
-ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches) const {
+ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
+                            const std::vector<int64_t>* positions) const {
   QKV_CHECK_ARG(ids.shape.size() == 2 && ids.shape[0] > 0 && ids.shape[1] > 0 &&
                     static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1],
                 "[llama] ids ", str(ids.shape), " must be a non-empty (B, T) holding B·T values, got ",
@@ -315,10 +327,13 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
                   " is outside [0, vocab_size = ", v, ")");
   QKV_CHECK_ARG(!caches || caches->size() == layers.size(), "[llama] ", caches ? caches->size() : 0,
                 " caches for ", layers.size(), " layers");
+  QKV_CHECK_ARG(c.sequence_shard() == nullptr || (positions != nullptr && !caches), "[llama] ids ", str(ids.shape),
+                ": context parallelism needs the ids' global positions and no KV caches");
   const int64_t offset = caches && !caches->empty() ? (*caches)[0].length() : 0;
   ad::Var x = embed_tokens.forward(c, ids);
   if (embed_scale_ != 1.0f) x = ad::scale(x, embed_scale_);
-  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr);
+  for (size_t i = 0; i < layers.size(); ++i)
+    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions);
   return norm.forward(c, x);
 }
 
@@ -331,9 +346,9 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Rng& rng) : model(c, rn
 }
 
 ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
-                                  int64_t logits_to_keep) const {
+                                  int64_t logits_to_keep, const std::vector<int64_t>* positions) const {
   QKV_CHECK_ARG(logits_to_keep >= 0, "[llama] logits_to_keep must be >= 0, got ", logits_to_keep);
-  ad::Var h = model.forward(c, ids, caches);
+  ad::Var h = model.forward(c, ids, caches, positions);
   const int64_t t = h.size(1);
   if (logits_to_keep > 0 && logits_to_keep < t) h = ad::slice(h, 1, t - logits_to_keep, t);
   ad::Var logits = lm_head ? lm_head->forward(c, h) : ad::linear(h, c.param(model.embed_tokens.weight));

@@ -252,16 +252,31 @@ Var add_sinusoidal(const Var& x, int64_t offset, float base) {
   return add(x, Var(sinusoidal_table(x.size(-2), x.size(-1), offset, base)));
 }
 
-Var rope(const Var& x, int64_t offset, float base, RopeVariant variant) {
+namespace {
+
+// The rotation of rows at `where` (an offset or a list of positions); its backward is the inverse rotation, the
+// same angles with the pair members negated around it.
+template <class Where>
+Var rope_at(const Var& x, const Where& where, float base, RopeVariant variant) {
   detail::check_defined(x, "rope", "x");
-  const Tensor y = rope_apply(x.value, offset, base, variant);
-  return record(y, {&x}, [x, offset, base, variant](Tape& t, Douts d) {
+  const Tensor y = rope_apply(x.value, where, base, variant);
+  return record(y, {&x}, [x, where, base, variant](Tape& t, Douts d) {
     Tensor g = d[0].clone();
     negate_pair_members(g, variant);
-    g = rope_apply(g, offset, base, variant);
+    g = rope_apply(g, where, base, variant);
     negate_pair_members(g, variant);
     t.accumulate_owned(x, g);
   });
+}
+
+}  // namespace
+
+Var rope(const Var& x, int64_t offset, float base, RopeVariant variant) {
+  return rope_at(x, offset, base, variant);
+}
+
+Var rope(const Var& x, const std::vector<int64_t>& positions, float base, RopeVariant variant) {
+  return rope_at(x, positions, base, variant);
 }
 
 Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_t max_distance,

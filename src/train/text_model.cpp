@@ -154,7 +154,8 @@ class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
 };
 
 // The Llama decoder on the LM batches of kDecoderOnly (right-padded: causal rows never see their padding);
-// decoding recomputes each row, since sources differ in length.
+// decoding recomputes each row, since sources differ in length. Under context parallelism the rotary angles are
+// the shard's global positions and every attention (GQA included) runs around the ring.
 class Llama : public LanguageModel<models::LlamaForCausalLM> {
  public:
   Llama(const TextModelConfig& c, Rng& rng) : LanguageModel(c, c.llama, rng) {}
@@ -168,9 +169,7 @@ class Llama : public LanguageModel<models::LlamaForCausalLM> {
 
  protected:
   ad::Var forward(const nn::Context& c, const Ids& ids, const std::vector<int64_t>* positions) override {
-    QKV_CHECK_ARG(positions == nullptr && c.sequence_shard() == nullptr, "[TextModel] llama ids ", str(ids.shape),
-                  ": context parallelism (the sequence split across processes) runs the decoder-only kind only");
-    return model_.forward(c, ids);
+    return model_.forward(c, ids, nullptr, 0, positions);
   }
 };
 

@@ -1,7 +1,8 @@
 // Tests of qkv::dist at any group size: ctest runs this binary as one process (the group of one) and again under
 // `mpirun -np 2/3/4` (CMakeLists.txt: dist_test_mpirun_np*). Every rank builds the same global inputs from one seed,
 // computes the one-process fused attention as the reference, and checks its own shard of the ring's results. Also
-// here: train::DataParallel's all-reduce overlapped with the backward against the blocking sum.
+// here: train::DataParallel's all-reduce overlapped with the backward against the blocking sum, and the Llama kind
+// under context parallelism against one process.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "ops_testing.h"
 #include "qkv/core/rng.h"
+#include "qkv/data/batch.h"
 #include "qkv/dist/comm.h"
 #include "qkv/dist/ring_attention.h"
 #include "qkv/models/llama.h"
@@ -19,6 +21,7 @@
 #include "qkv/ops/functional.h"
 #include "qkv/train/data_parallel.h"
 #include "qkv/train/loss.h"
+#include "qkv/train/text_model.h"
 #include "qkv/train/trainer.h"
 
 namespace qkv {
@@ -234,6 +237,44 @@ INSTANTIATE_TEST_SUITE_P(
                       RingCase{Causal::kTopLeft, MaskKind::kKeep}, RingCase{Causal::kNone, MaskKind::kBlock},
                       RingCase{Causal::kTopLeft, MaskKind::kAdditive}, RingCase{Causal::kNone, MaskKind::kAdditive}));
 
+// Grouped-query heads (k, v with Hkv < Hq heads, read in place) and soft-capped scores pass through the ring: the
+// same out, lse and gradients as one process's fused attention, causal and not.
+TEST(RingAttention, GqaAndSoftcapMatchOneProcess) {
+  Communicator& c = Communicator::world();
+  const int n = c.size(), r = c.rank();
+  const int64_t B = 2, Hq = 4, Hkv = 2, T = 24, D = 8;
+  for (Causal causal : {Causal::kNone, Causal::kTopLeft}) {
+    // Scores of several units, so that the cap at 2 changes them.
+    const Tensor q = ad::scale(ad::Var(testing::randn({B, Hq, T, D}, 31)), 3.0f).value;
+    const Tensor k = testing::randn({B, Hkv, T, D}, 32), v = testing::randn({B, Hkv, T, D}, 33);
+    const Tensor d_out = testing::randn({B, Hq, T, D}, 34);
+    AttentionOptions global;
+    global.causal = causal;
+    global.enable_gqa = true;
+    global.softcap = 2.0f;
+    global.return_lse = true;
+    const AttentionResult ref = attention_fused(q, k, v, global);
+    const AttentionGrads ref_g = attention_backward(q, k, v, ref.out, ref.lse, d_out, global);
+    AttentionOptions uncapped = global;
+    uncapped.softcap = 0.0f;
+    ASSERT_GT(normwise_error(attention_fused(q, k, v, uncapped).out, ref.out), 100 * kForwardRtol)
+        << "the cap must matter for this test";
+
+    const auto shard = [&](const Tensor& x, int64_t axis) { return dist::ring_shard(x, axis, r, n, causal); };
+    AttentionOptions local = global;
+    local.return_lse = false;
+    const Tensor ql = shard(q, -2), kl = shard(k, -2), vl = shard(v, -2);
+    const AttentionResult got = dist::ring_attention(ql, kl, vl, c, local);
+    EXPECT_LE(normwise_error(got.out, shard(ref.out, -2)), kForwardRtol);
+    EXPECT_LE(normwise_error(got.lse, shard(ref.lse, -1)), kForwardRtol);
+    const AttentionGrads g = dist::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
+    EXPECT_EQ(g.dk.shape(), kl.shape());
+    EXPECT_LE(normwise_error(g.dq, shard(ref_g.dq, -2)), kBackwardRtol);
+    EXPECT_LE(normwise_error(g.dk, shard(ref_g.dk, -2)), kBackwardRtol);
+    EXPECT_LE(normwise_error(g.dv, shard(ref_g.dv, -2)), kBackwardRtol);
+  }
+}
+
 // The tape form (what context-parallel training records): one node on strided head views, whose backward gives
 // the gradients of ring_attention_backward bit for bit, and so the one-process gradients within kBackwardRtol.
 TEST(RingAttentionTape, BackwardThroughTheTapeIsTheRingBackward) {
@@ -293,6 +334,18 @@ TEST(RingAttentionErrors, RefusesWhatDoesNotShard) {
   EXPECT_THROW(dist::ring_attention(q, k_short, k_short, c, causal), std::invalid_argument);
   const AttentionResult f = dist::ring_attention(q, k, v, c);
   EXPECT_THROW(dist::ring_attention_backward(q, k, v, f.out, Tensor(), f.out, c), std::invalid_argument);
+  AttentionOptions window = causal;
+  window.window_left = 3;
+  window.window_right = 0;
+  try {
+    dist::ring_attention(q, k, v, c, window);
+    ADD_FAILURE() << "a sliding window passed";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[ring_attention] q (1, 6, 4) k (1, 6, 4): a sliding window (window_size (3, 0))"),
+              std::string::npos)
+        << what;
+  }
 }
 
 // --- data parallelism: the all-reduce overlapped with the backward ----------------------------------------------
@@ -421,6 +474,85 @@ TEST(DataParallelOverlap, TrainerOverlapsAndNoOverlapGivesTheSameBits) {
     hashes[overlap] = dp.parameter_hash();
   }
   EXPECT_EQ(hashes[0], hashes[1]);
+}
+
+// --- the Llama kind under context parallelism -------------------------------------------------------------------
+
+// Context parallelism's loss (each rank's share of the global token mean) and gradients (summed over the ranks)
+// against one process's, for a Llama with grouped-query attention and soft-capped scores: rotary angles of the
+// global positions, every attention around the ring.
+TEST(LlamaContextParallel, LossAndGradientsEqualOneProcess) {
+  Communicator& c = Communicator::world();
+  train::TextModelConfig tc;
+  tc.kind = train::TextModelKind::kLlama;
+  tc.llama = tiny_llama(12);
+  tc.llama.num_attention_heads = 4;
+  tc.llama.head_dim = 2;
+  tc.llama.num_key_value_heads = 2;
+  tc.llama.attn_logit_softcapping = 1.5f;
+  Rng data_rng(5);
+  std::vector<data::Example> examples;
+  for (int64_t len : {3, 7, 5}) {
+    data::Example e;
+    for (int64_t i = 0; i < len; ++i) e.src.push_back(4 + static_cast<int64_t>(data_rng.below(8)));
+    e.tgt = e.src;
+    examples.push_back(e);
+  }
+  std::vector<const data::Example*> batch;
+  for (const data::Example& e : examples) batch.push_back(&e);
+
+  const auto run = [&](const train::ContextParallel* cp, std::vector<std::vector<float>>& grads) {
+    Rng init(6);
+    std::unique_ptr<train::TextModel> m = train::make_text_model(tc, init);
+    ad::ParameterSet params(m->module());
+    ad::Tape tape;
+    nn::Context ctx(tape, params);
+    if (cp != nullptr) ctx.set_sequence_shard(cp);
+    const train::TeacherForced tf = m->teacher_forced(ctx, batch);
+    train::CrossEntropyOptions ce;
+    ce.ignore_index = 0;
+    ad::Var loss;
+    double value = 0.0;
+    if (cp == nullptr) {
+      loss = train::cross_entropy(tf.logits, tf.targets, ce);
+      value = loss.value.item();
+    } else {
+      ce.reduction = train::Reduction::kSum;
+      const double total = cp->global_sum(static_cast<double>(train::count_targets(tf.targets, 0)));
+      loss = ad::scale(train::cross_entropy(tf.logits, tf.targets, ce), static_cast<float>(1.0 / total));
+      value = cp->global_sum(loss.value.item());
+    }
+    tape.backward(loss);
+    grads.clear();
+    for (size_t i = 0; i < params.size(); ++i) {
+      grads.push_back(params[i].has_grad ? params[i].grad.to_vector()
+                                         : std::vector<float>(params[i].value->numel(), 0.0f));
+      if (cp != nullptr) c.allreduce_sum(grads.back().data(), static_cast<int64_t>(grads.back().size()));
+    }
+    return value;
+  };
+  std::vector<std::vector<float>> ref, got;
+  const double ref_loss = run(nullptr, ref);
+  const train::ContextParallel cp(c);
+  const double loss = run(&cp, got);
+  EXPECT_LE(std::fabs(loss - ref_loss), 1e-5 * std::fabs(ref_loss)) << loss << " vs " << ref_loss;
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const Shape s{static_cast<int64_t>(ref[i].size())};
+    EXPECT_LE(normwise_error(Tensor::from_vector(s, got[i]), Tensor::from_vector(s, ref[i])), kBackwardRtol)
+        << "parameter " << i;
+  }
+
+  // A sliding window has no ring form: refused, naming the option.
+  tc.llama.sliding_window = 4;
+  tc.llama.layer_sliding.assign(2, true);
+  try {
+    std::vector<std::vector<float>> unused;
+    run(&cp, unused);
+    ADD_FAILURE() << "a sliding window passed under context parallelism";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[llama] sliding_window 4"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -9,9 +9,9 @@
 - a SIGKILLed rank makes the others exit non-zero within 30 s with a message naming it, and the last checkpoint
   stays loadable;
 - a run resumed on another number of ranks is refused;
-- `--context-parallel N` (the N ranks split every sequence of a decoder-only model, ring attention) gives the
-  one-process losses and parameters within float32 rounding, writes its checkpoints from rank 0 alone, resumes bit
-  for bit on N ranks, and refuses the combinations it cannot run.
+- `--context-parallel N` (the N ranks split every sequence of a decoder-only or Llama model, ring attention) gives
+  the one-process losses and parameters within float32 rounding, writes its checkpoints from rank 0 alone, resumes
+  bit for bit on N ranks, and refuses the combinations it cannot run.
 
 The command is taken from $QKV_BIN, else <repo>/build/qkv; mpirun runs as root with --oversubscribe (2 cores)."""
 import os
@@ -25,6 +25,7 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 QKV = os.environ.get("QKV_BIN", str(REPO / "build" / "qkv"))
@@ -205,12 +206,19 @@ def read_safetensors(path):
     return out
 
 
-def test_context_parallel_equals_one_process(tmp_path):
+def with_model(args, model):
+    """DECODER with another --model (the Llama kind: RMSNorm, rotary positions, SwiGLU)."""
+    return [model if a == "decoder" and args[i - 1] == "--model" else a for i, a in enumerate(args)]
+
+
+@pytest.mark.parametrize("model", ["decoder", "llama"])
+def test_context_parallel_equals_one_process(tmp_path, model):
     curves, weights = {}, {}
     for np_ in (1, 2, 3):
         extra = ["--context-parallel", str(np_)] if np_ > 1 else []
         out = tmp_path / f"n{np_}"
-        r = ok(run(np_, *DECODER, *extra, "--steps", "8", "--checkpoint-every", "4", "--out", str(out)))
+        r = ok(run(np_, *with_model(DECODER, model), *extra, "--steps", "8", "--checkpoint-every", "4",
+                   "--out", str(out)))
         curves[np_] = {s: float(v) for s, v in losses(r.stdout).items()}
         assert sorted(curves[np_]) == list(range(1, 9)), r.stdout[-2000:]
         assert r.stdout.count("step 1/8 ") == 1, "only rank 0 logs"
@@ -229,8 +237,9 @@ def test_context_parallel_equals_one_process(tmp_path):
     assert curves[1][8] < curves[1][1], "the run did not learn at all"
 
 
-def test_context_parallel_resumes_exactly_on_the_same_ranks(tmp_path):
-    args = [*DECODER, "--context-parallel", "2", "--checkpoint-every", "3"]
+@pytest.mark.parametrize("model", ["decoder", "llama"])
+def test_context_parallel_resumes_exactly_on_the_same_ranks(tmp_path, model):
+    args = [*with_model(DECODER, model), "--context-parallel", "2", "--checkpoint-every", "3"]
     full = losses(ok(run(2, *args, "--steps", "6", "--out", str(tmp_path / "full"))).stdout)
     ok(run(2, *args, "--steps", "3", "--out", str(tmp_path / "part")))
     resumed = ok(run(2, "train", "--resume", str(tmp_path / "part"), "--steps", "6"))
@@ -250,7 +259,7 @@ def test_context_parallel_refuses_what_it_cannot_run(tmp_path):
          "[train] --context-parallel 2 pads the longest training sequence (17 tokens) to 20 positions (2 x 2 equal "
          "chunks), more than --max-positions 18: raise --max-positions to at least 20"),
         (2, ["--context-parallel", "2", "--model", "transformer"],
-         "[train] --context-parallel 2 runs --model decoder only"),
+         "[train] --context-parallel 2 runs --model decoder or llama only"),
         (2, ["--context-parallel", "2", "--dropout", "0.1"], "ring attention has no dropout on the attention weights"),
     ]
     for i, (np_, extra, message) in enumerate(cases):

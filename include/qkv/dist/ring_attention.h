@@ -32,7 +32,8 @@ std::vector<int64_t> ring_positions(int64_t t, int rank, int size, Causal causal
 //   mask: a per-key mask of this rank's keys, broadcastable to (batch..., 1, Tk) with its dim -2 equal to 1
 //         (key padding, a per-key additive bias), any MaskKind; it travels with its keys. A (Tq, Tk) mask
 //         does not shard along both axes and is refused;
-//   scale: as in attention(); return_weights must be false.
+//   scale, softcap and enable_gqa (k, v with Hkv heads dividing q's Hq; never copied) as in attention();
+//   return_weights must be false, and a sliding window (window_left / window_right) is refused.
 AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& comm,
                                const AttentionOptions& options = {});
 

@@ -73,7 +73,10 @@ class LlamaAttention : public nn::Module {
   LlamaAttention(const LlamaConfig& config, int64_t layer, Rng& rng);
   // x: (B, T, E), positions offset .. offset + T - 1  ->  (B, T, E). With a cache, the new keys and values are
   // appended to it (offset must equal cache->length()) and the queries attend to every cached position.
-  ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache) const;
+  // positions: T global positions of x's rows instead (context parallelism, c.sequence_shard(): the rotary angles
+  // are the global ones and the attention runs through the shard, across the processes; no cache then).
+  ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
+                  const std::vector<int64_t>* positions = nullptr) const;
 
   nn::Linear q_proj, k_proj, v_proj, o_proj;
 
@@ -101,7 +104,8 @@ class LlamaMlp : public nn::Module {
 class LlamaDecoderLayer : public nn::Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, int64_t layer, Rng& rng);
-  ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache) const;
+  ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
+                  const std::vector<int64_t>* positions = nullptr) const;
 
   LlamaAttention self_attn;
   LlamaMlp mlp;
@@ -119,7 +123,9 @@ class LlamaModel : public nn::Module {
  public:
   LlamaModel(const LlamaConfig& config, Rng& rng);
   // ids (B, T) -> final hidden states (B, T, E). caches: null, or one per layer (all of the same length).
-  ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches) const;
+  // positions: as LlamaAttention's (required under c.sequence_shard(), with no caches).
+  ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
+                  const std::vector<int64_t>* positions = nullptr) const;
 
   nn::Embedding embed_tokens;
   std::vector<std::unique_ptr<LlamaDecoderLayer>> layers;
@@ -140,8 +146,10 @@ class LlamaForCausalLM : public nn::Module {
   // Records its backward when `c` trains (caches are for inference only).
   // logits_to_keep (HF's name): 0 = logits at every position; n > 0 = at the last min(n, T) positions only, so a
   // prompt's prefill runs the (E x V) head on one row instead of T.
+  // positions: optional, the T global positions of the ids' columns under context parallelism (c.sequence_shard():
+  // ids hold this process's positions, and every attention runs around the ring); default 0 .. T-1.
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr,
-                  int64_t logits_to_keep = 0) const;
+                  int64_t logits_to_keep = 0, const std::vector<int64_t>* positions = nullptr) const;
   Tensor logits(const Ids& ids) const { return forward(nn::Context(), ids).value; }
   // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
   // attention reads in place through attention_with_kvcache's block table.

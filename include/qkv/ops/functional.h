@@ -105,6 +105,9 @@ Var add_learned_positions(const Var& x, const Var& table, int64_t offset = 0);
 Var add_sinusoidal(const Var& x, int64_t offset = 0, float base = 10000.0f);
 // x: (..., T, D)  ->  rope_apply(x, ...). Backward is the inverse rotation (same angles).
 Var rope(const Var& x, int64_t offset = 0, float base = 10000.0f, RopeVariant variant = RopeVariant::kHalfSplit);
+// Same, row t at positions[t] (T entries, each >= 0): the global positions of a shard under context parallelism.
+Var rope(const Var& x, const std::vector<int64_t>& positions, float base = 10000.0f,
+         RopeVariant variant = RopeVariant::kHalfSplit);
 // table: (num_buckets, H)  ->  (1, H, Tq, Tk) as qkv::t5_relative_bias; the gradient scatter-adds into table.
 Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_t max_distance = 128,
             int64_t query_offset = 0);
