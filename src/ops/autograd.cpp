@@ -278,7 +278,8 @@ void Tape::plan_param_ready() {
     }
   ready_.clear();
   for (const auto& [p, node] : first) ready_.emplace_back(node, p);
-  // Latest node first (the order backward reaches them); parameters final after the same node in slot order.
+  // Latest node first (the order backward reaches them); parameters final after the same node by name, so that
+  // every process reports them in the same order.
   std::sort(ready_.begin(), ready_.end(), [this](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second->name < b.second->name;
   });
