@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "grad_testing.h"
+#include "tiny_llama.h"
 #include "qkv/models/llama.h"
 #include "qkv/models/transformer.h"
 #include "qkv/nn/positional/relative.h"
@@ -174,16 +175,7 @@ TEST(TapeParamReady, AWeightReadByTwoNodesAndTiedEmbeddingsAreReportedOnceFinal)
 }
 
 TEST(TapeParamReady, EveryParameterOfALlamaWithTiedEmbeddingsAndGqa) {
-  models::LlamaConfig c;
-  c.vocab_size = 13;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.tie_word_embeddings = true;
-  c.layer_sliding.assign(2, false);
+  const models::LlamaConfig c = qkv::testing::tiny_tied_gqa_llama(13);
   Rng rng(7);
   models::LlamaForCausalLM model(c, rng);
   ad::ParameterSet params(model);

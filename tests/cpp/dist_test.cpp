@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops_testing.h"
+#include "tiny_llama.h"
 #include "qkv/core/rng.h"
 #include "qkv/data/batch.h"
 #include "qkv/dist/comm.h"
@@ -350,20 +351,7 @@ TEST(RingAttentionErrors, RefusesWhatDoesNotShard) {
 
 // --- data parallelism: the all-reduce overlapped with the backward ----------------------------------------------
 
-// A tiny Llama with tied embeddings (read by the first node and by the last) and grouped-query attention.
-models::LlamaConfig tiny_llama(int64_t vocab) {
-  models::LlamaConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.tie_word_embeddings = true;
-  c.layer_sliding.assign(2, false);
-  return c;
-}
+using qkv::testing::tiny_tied_gqa_llama;
 
 // This rank's batch: ids of its own seed.
 Ids rank_ids(int rank, int64_t b, int64_t t, int64_t vocab) {
@@ -380,7 +368,7 @@ TEST(DataParallelOverlap, ReducedGradientsEqualTheBlockingSum) {
   const int n = c.size(), r = c.rank();
   const int64_t V = 13, B = 2, T = 6;
   Rng init(9);
-  models::LlamaForCausalLM model(tiny_llama(V), init);
+  models::LlamaForCausalLM model(tiny_tied_gqa_llama(V), init);
   Tensor rank0_only = testing::randn({5}, 41), unused = testing::randn({3}, 42);
   // First in the set, so last in the buckets' (reverse) order: a parameter no node reads holds back its bucket and
   // every later one until reduce_gradients().
@@ -448,7 +436,7 @@ TEST(DataParallelOverlap, TrainerOverlapsAndNoOverlapGivesTheSameBits) {
   uint64_t hashes[2] = {0, 0};
   for (int overlap = 0; overlap < 2; ++overlap) {
     Rng init(10);
-    models::LlamaForCausalLM model(tiny_llama(V), init);
+    models::LlamaForCausalLM model(tiny_tied_gqa_llama(V), init);
     ad::ParameterSet params(model);
     train::SgdOptions so;
     so.lr = 0.1;
@@ -485,7 +473,7 @@ TEST(LlamaContextParallel, LossAndGradientsEqualOneProcess) {
   Communicator& c = Communicator::world();
   train::TextModelConfig tc;
   tc.kind = train::TextModelKind::kLlama;
-  tc.llama = tiny_llama(12);
+  tc.llama = tiny_tied_gqa_llama(12);
   tc.llama.num_attention_heads = 4;
   tc.llama.head_dim = 2;
   tc.llama.num_key_value_heads = 2;
