@@ -125,6 +125,7 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   cx.cap2 = static_cast<float>(cx.cap * kLog2e);
   cx.c2 = cx.cap > 0.0f ? static_cast<float>(double{scale} / cx.cap) : static_cast<float>(scale * kLog2e);
   cx.bf16 = options.precision == Precision::kBFloat16 && cx.kr->gemm_bf16 != nullptr;
+  cx.bf16_grads = options.precision == Precision::kBFloat16;
   const int64_t tiles[4] = {config.fwd_q_tile, config.fwd_k_tile, config.bwd_q_tile, config.bwd_k_tile};
   for (int64_t t : tiles)
     QKV_CHECK_ARG(t == 0 || (t > 0 && t % 8 == 0), "[attention] tile size ", t,

@@ -93,6 +93,10 @@ struct Ctx {
   // Precision kBFloat16 on a set with bf16 products: the forward's query tiles (all but decoding's few-query ones)
   // run Q·Kᵀ and P·V on bf16 pairs, P rounded to bf16 after the float32 softmax.
   bool bf16 = false;
+  // Precision kBFloat16 in the backward (every set): P and dS rounded to bf16 before the dV, dK and dQ products,
+  // as a bf16 FlashAttention backward does (its inputs are rounded by attention_flash_backward; scores, LSE,
+  // delta and every accumulation stay float32).
+  bool bf16_grads = false;
   int64_t fq = kFwdQ, fk = kFwdK, bq = kBwdQ, bk = kBwdK;  // tile sizes
   // Query rows a forward tile holds: fq, or fewer when the whole query is shorter (decoding: a few rows), so that the
   // work buffers of a decoding step stay small (no large zero-filled allocation per call).

@@ -271,6 +271,10 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
       for (int64_t i = 0; i < bq; ++i)
         for (int64_t j = 0; j < n; ++j) dp[i * ld + j] *= dc[i * ld + j];
     }
+    if (cx.bf16_grads) {  // P and dS as the bf16 operands of the three products below
+      bf16_round(w.s.data(), w.s.data(), bq * ld);
+      bf16_round(w.dp.data(), w.dp.data(), bq * ld);
+    }
     Gemm gv;  // dV += Pᵀ·dO
     gv.rows = n, gv.cols = dv, gv.depth = bq;
     gv.a = w.s.data(), gv.a_rs = 1, gv.a_ks = ld;

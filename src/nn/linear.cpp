@@ -29,11 +29,10 @@ ad::Var Linear::forward(const Context& c, const ad::Var& x, bool with_bias) cons
   QKV_CHECK_ARG(x.defined(), "[Linear] input is undefined");
   QKV_CHECK_ARG(x.dim() >= 1 && x.size(-1) == in_features_, "[Linear] input ", str(x.shape()),
                 " must have last dim in_features = ", in_features_);
-  if (precision() == Precision::kFloat32)
-    return ad::linear(x, c.param(weight), with_bias ? c.param(bias) : ad::Var());  // c.param: the member itself
-  QKV_CHECK_ARG(c.tape() == nullptr, "[Linear] precision ", precision_name(precision()),
-                " is for inference; set_precision(fp32) to train (input ", str(x.shape()), ")");
-  return ad::Var(linear_at(x.value, weight, with_bias ? bias : Tensor()));
+  if (uses_prepared_weights(c.tape() != nullptr, "Linear", x.shape()))
+    return ad::Var(linear_at(x.value, weight, with_bias ? bias : Tensor()));
+  // fp32, or bf16 on the live weight (training, or evaluating between training steps); c.param: the member itself
+  return ad::linear(x, c.param(weight), with_bias ? c.param(bias) : ad::Var(), precision());
 }
 
 }  // namespace qkv::nn

@@ -87,6 +87,7 @@ void Module::register_linear_weight(Tensor* weight) {
 void Module::prepare_linear_weights() {
   for (auto& [w, prepared] : linear_weights_)
     prepared = precision_ == Precision::kFloat32 || !w->defined() ? LinearWeight() : LinearWeight(*w, precision_);
+  weights_live_.store(false, std::memory_order_relaxed);
   for (auto& [name, m] : children_) m->prepare_linear_weights();
 }
 
@@ -115,7 +116,19 @@ const LinearWeight& Module::linear_weight(const Tensor& weight) const {
 
 Tensor Module::linear_at(const Tensor& x, const Tensor& weight, const Tensor& bias) const {
   if (precision_ == Precision::kFloat32) return qkv::linear(x, weight, bias);
+  if (weights_live_.load(std::memory_order_relaxed)) return qkv::linear(x, LinearWeight(weight, precision_), bias);
   return qkv::linear(x, linear_weight(weight), bias);
+}
+
+bool Module::uses_prepared_weights(bool recording, const char* op, const Shape& x) const {
+  if (precision_ == Precision::kFloat32) return false;
+  if (recording) {
+    QKV_CHECK_ARG(precision_ == Precision::kBFloat16, "[", op, "] precision ", precision_name(precision_),
+                  " is for inference; train in fp32 or bf16 (input ", str(x), ")");
+    weights_live_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  return !weights_live_.load(std::memory_order_relaxed);
 }
 
 void Module::train(bool on) {

@@ -108,21 +108,21 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng
 // ones serve n = 1 (which 0, 1, 2 = q, k, v).
 ad::Var MultiheadAttention::project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const {
   const int64_t E = embed_dim_;
-  if (precision() != Precision::kFloat32) {
-    QKV_CHECK_ARG(c.tape() == nullptr, "[MultiheadAttention] precision ", precision_name(precision()),
-                  " is for inference; set_precision(fp32) to train (input ", str(x.shape()), ")");
+  if (uses_prepared_weights(c.tape() != nullptr, "MultiheadAttention", x.shape())) {
     const Tensor& w = packed_ ? in_proj_weight : which == 0 ? q_proj_weight : which == 1 ? k_proj_weight : v_proj_weight;
     const LinearWeight lw = packed_ ? linear_weight(w).rows(which * E, (which + n) * E) : linear_weight(w);
     const Tensor b = in_proj_bias.defined() ? in_proj_bias.slice(0, which * E, (which + n) * E) : Tensor();
     return ad::Var(linear(x.value, lw, b));
   }
-  if (packed_ && which == 0 && n == 3) return ad::linear(x, c.param(in_proj_weight), c.param(in_proj_bias));
+  // fp32, or bf16 on the live weights (see Module::set_precision)
+  const Precision p = precision();
+  if (packed_ && which == 0 && n == 3) return ad::linear(x, c.param(in_proj_weight), c.param(in_proj_bias), p);
   const ad::Var bias = in_proj_bias.defined() ? ad::slice(c.param(in_proj_bias), 0, which * E, (which + n) * E)
                                               : ad::Var();
-  if (packed_) return ad::linear(x, ad::slice(c.param(in_proj_weight), 0, which * E, (which + n) * E), bias);
+  if (packed_) return ad::linear(x, ad::slice(c.param(in_proj_weight), 0, which * E, (which + n) * E), bias, p);
   QKV_ASSERT(n == 1);
   const Tensor& w = which == 0 ? q_proj_weight : which == 1 ? k_proj_weight : v_proj_weight;
-  return ad::linear(x, c.param(w), bias);
+  return ad::linear(x, c.param(w), bias, p);
 }
 
 // (B, T, n·E) projections -> n head views (B, H, T, D). Several pieces come from one split node (its backward
@@ -398,7 +398,7 @@ MhaResult MultiheadAttention::forward_packed(const Context& c, const ad::Var& qu
   // bf16 attention: q, k and v rounded once here, for every sequence (scores and softmax stay float32).
   auto proj = [&](const ad::Var& x, int64_t which, int64_t n) {
     ad::Var p = project(c, x, which, n);
-    return attention_precision() == Precision::kBFloat16 ? ad::Var(round_to_bf16(p.value)) : p;
+    return attention_precision() == Precision::kBFloat16 ? ad::round_to_bf16(p) : p;
   };
   ad::Var qh, kh, vh;  // (N, H, D) views of the projections
   if (packed_ && self) {

@@ -38,10 +38,14 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   QKV_CHECK_ARG(!lse.defined() || lse.shape() == lse_shape, "[", op, "] lse ", str(lse.shape()),
                 " must have shape (batch..., Tq) = ", str(lse_shape));
   const float scale = attention_scale(options, q.size(-1));
+  // bf16: q, k, v and d_out rounded as the forward rounded q, k and v; the kernel rounds P and dS.
+  const bool bf16 = options.precision == Precision::kBFloat16;
+  const Tensor qr = bf16 ? round_to_bf16(q) : q, kr = bf16 ? round_to_bf16(k) : k, vr = bf16 ? round_to_bf16(v) : v;
+  const Tensor gr = bf16 ? round_to_bf16(d_out) : d_out;
   if (out.defined() && lse.defined())
-    return kernels::attention_flash_backward(q, k, v, out, lse, d_out, options, batch, scale);
-  const AttentionResult f = kernels::attention_flash_forward(q, k, v, options, batch, scale);
-  return kernels::attention_flash_backward(q, k, v, f.out, f.lse, d_out, options, batch, scale);
+    return kernels::attention_flash_backward(qr, kr, vr, out, lse, gr, options, batch, scale);
+  const AttentionResult f = kernels::attention_flash_forward(qr, kr, vr, options, batch, scale);
+  return kernels::attention_flash_backward(qr, kr, vr, f.out, f.lse, gr, options, batch, scale);
 }
 
 }  // namespace qkv

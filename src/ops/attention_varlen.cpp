@@ -20,6 +20,15 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The packed operands as the kernel reads them: rounded to bf16 at precision kBFloat16 (as attention_fused rounds
+// its inputs), else the tensors themselves.
+struct Rounded {
+  std::vector<Tensor> t;
+  Rounded(const AttentionOptions& o, std::initializer_list<const Tensor*> xs) {
+    for (const Tensor* x : xs) t.push_back(o.precision == Precision::kBFloat16 ? round_to_bf16(*x) : *x);
+  }
+};
+
 std::string offsets_str(std::span<const int32_t> cu) {
   std::string s = "[";
   for (size_t i = 0; i < cu.size() && i < 8; ++i) s += (i ? ", " : "") + std::to_string(cu[i]);
@@ -104,13 +113,15 @@ AttentionOptions kernel_options(const AttentionOptions& o, const Packed& p) {
 
 }  // namespace
 
-AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+AttentionResult attention_varlen(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                  std::span<const int32_t> cu_q, std::span<const int32_t> cu_k, int64_t max_q,
                                  int64_t max_k, const AttentionOptions& options) {
   const char* op = "attention_varlen";
-  const Packed p = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, options, op);
+  const Packed p = check_varlen(q_in, k_in, v_in, cu_q, cu_k, max_q, max_k, options, op);
   const AttentionOptions o = kernel_options(options, p);
   const float scale = attention_scale(options, p.dk);
+  const Rounded in(options, {&q_in, &k_in, &v_in});
+  const Tensor &q = in.t[0], &k = in.t[1], &v = in.t[2];
   AttentionResult r;
   r.out = Tensor::empty({p.total_q, p.hq, p.dv});  // every row is written below: no zero-fill pass
   Tensor lse = Tensor::empty({p.hq, p.total_q});
@@ -139,12 +150,13 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
   return r;
 }
 
-AttentionGrads attention_varlen_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                         const Tensor& lse, const Tensor& d_out, std::span<const int32_t> cu_q,
+AttentionGrads attention_varlen_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                         const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                                         std::span<const int32_t> cu_q,
                                          std::span<const int32_t> cu_k, int64_t max_q, int64_t max_k,
                                          const AttentionOptions& options) {
   const char* op = "attention_varlen_backward";
-  const Packed p = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, options, op);
+  const Packed p = check_varlen(q_in, k_in, v_in, cu_q, cu_k, max_q, max_k, options, op);
   const Shape out_shape{p.total_q, p.hq, p.dv}, lse_shape{p.hq, p.total_q};
   QKV_CHECK_ARG(out.defined() && out.shape() == out_shape, "[", op, "] out ",
                 out.defined() ? str(out.shape()) : "(undefined)", " must be (total_q, Hq, Dv) = ", str(out_shape));
@@ -155,6 +167,9 @@ AttentionGrads attention_varlen_backward(const Tensor& q, const Tensor& k, const
                 lse.defined() ? str(lse.shape()) : "(undefined)", " must be (Hq, total_q) = ", str(lse_shape));
   const AttentionOptions o = kernel_options(options, p);
   const float scale = attention_scale(options, p.dk);
+  // bf16: the inputs and d_out rounded as the forward rounded its inputs; the kernel rounds P and dS.
+  const Rounded in(options, {&q_in, &k_in, &v_in, &d_out});
+  const Tensor &q = in.t[0], &k = in.t[1], &v = in.t[2], &g_out = in.t[3];
   AttentionGrads g;
   g.dq = Tensor::zeros(q.shape());
   g.dk = Tensor::zeros(k.shape());
@@ -168,7 +183,7 @@ AttentionGrads attention_varlen_backward(const Tensor& q, const Tensor& k, const
     if (tq == 0 || tk == 0) return;  // no pair: no gradient
     const AttentionGrads s = kernels::attention_flash_backward(
         seq_view(q, qa, qb), seq_view(k, ka, kb), seq_view(v, ka, kb), seq_view(out, qa, qb),
-        lse.slice(1, qa, qb), seq_view(d_out, qa, qb), o, batch, scale, cfg);
+        lse.slice(1, qa, qb), seq_view(g_out, qa, qb), o, batch, scale, cfg);
     // s.dq (Hq, tq, Dk), s.dk (Hkv, tk, Dk), s.dv (Hkv, tk, Dv): back into the packed rows of this sequence.
     const auto scatter = [](const Tensor& src, float* dst, int64_t a, int64_t heads, int64_t t, int64_t d) {
       const Tensor c = src.contiguous();

@@ -159,9 +159,12 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
       t.accumulate_owned(v, g.dv);
     });
   }
-  // Composed: scores -> soft cap -> bias -> mask -> softmax -> dropout -> weights·v.
+  // Composed: scores -> soft cap -> bias -> mask -> softmax -> dropout -> weights·v. At bf16 q, k, v and the
+  // weights are rounded to bf16 (gradients pass through the rounding); the products accumulate in float32.
+  const bool bf16 = options.precision == Precision::kBFloat16;
+  const auto at_precision = [bf16](const Var& x) { return bf16 ? round_to_bf16(x) : x; };
   const float sc = attention_scale(options, q.size(-1));
-  Var kk = k, vv = v;
+  Var kk = at_precision(k), vv = at_precision(v);
   if (options.enable_gqa && k.size(-3) != q.size(-3)) {
     // GQA on the tape: each kv head repeated over its group (a broadcast view; the backward sums the group).
     const auto grouped = [&](const Var& x) {
@@ -172,17 +175,17 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
       merged[merged.size() - 3] = hkv * group;
       return reshape(expand(unsqueeze(x, x.dim() - 2), wide), merged);
     };
-    kk = grouped(k);
-    vv = grouped(v);
+    kk = grouped(kk);
+    vv = grouped(vv);
   }
-  Var s = scale(matmul(q, transpose(kk, -1, -2)), sc);
+  Var s = scale(matmul(at_precision(q), transpose(kk, -1, -2)), sc);
   if (options.softcap > 0.0f) s = scale(tanh(scale(s, 1.0f / options.softcap)), options.softcap);
   if (extras.bias.defined()) s = add(s, extras.bias);
   const Tensor m = additive_mask(options, tq, tk);
   if (m.defined()) s = add(s, Var(m));
   Var w = softmax(s, -1);
   if (extras.dropout > 0.0f) w = dropout(w, extras.dropout, true, *extras.dropout_rng);
-  return matmul(w, vv);
+  return matmul(at_precision(w), vv);
 }
 
 Var relative_attention(const Var& q, const Var& k, const Var& v, const Var& rel_k, const Var& rel_v, int64_t clip,

@@ -11,6 +11,7 @@
 #include "qkv/kernels/layer_norm.h"
 #include "qkv/core/error.h"
 #include "qkv/ops/dropout.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/ops/matmul.h"
 #include "qkv/ops/softmax.h"
 #include "qkv/ops/functional.h"
@@ -125,6 +126,38 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
       kernels::column_sums(dy.data(), rows, outf, gb.data(), fresh);
     }
   });
+}
+
+Var linear(const Var& x, const Var& weight, const Var& bias, Precision precision) {
+  if (precision == Precision::kFloat32) return linear(x, weight, bias);
+  detail::check_defined(x, "linear", "x");
+  detail::check_defined(weight, "linear", "weight");
+  QKV_CHECK_ARG(precision == Precision::kBFloat16, "[linear] precision ", precision_name(precision),
+                " is for inference (a LinearWeight); on a tape linear runs in fp32 or bf16 (x ", str(x.shape()),
+                ", weight ", str(weight.shape()), ")");
+  // The weight as it is now (a training step changes it in place): rounded or packed here, never cached.
+  const Tensor out = qkv::linear(x.value, LinearWeight(weight.value, precision), bias.value);
+  return record(out, {&x, &weight, &bias}, [x, weight, bias](Tape& t, Douts d) {
+    const int64_t in = weight.size(1), outf = weight.size(0);
+    const Tensor dy = d[0].contiguous();
+    const int64_t rows = outf ? dy.numel() / outf : 0;
+    const Tensor dy2 = dy.view({rows, outf});
+    if (t.needs(x))  // bf16(dy)·bf16(W): (rows, in)
+      t.accumulate_owned(x, qkv::matmul(dy2, weight.value, Precision::kBFloat16).view(x.shape()));
+    if (t.needs(weight))  // bf16(dy)ᵀ·bf16(x): (out, in)
+      t.accumulate_owned(weight,
+                         qkv::matmul(dy2.transpose(0, 1), x.value.reshape({rows, in}), Precision::kBFloat16));
+    if (t.needs(bias)) {
+      bool fresh = false;
+      Tensor gb = t.accumulator(bias, fresh);
+      kernels::column_sums(dy.data(), rows, outf, gb.data(), fresh);
+    }
+  });
+}
+
+Var round_to_bf16(const Var& x) {
+  detail::check_defined(x, "round_to_bf16", "x");
+  return record(qkv::round_to_bf16(x.value), {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0]); });
 }
 
 // --- elementwise -----------------------------------------------------------------------------------------------

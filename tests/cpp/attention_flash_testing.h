@@ -14,6 +14,7 @@
 #include "qkv/core/shape.h"
 #include "qkv/core/tensor.h"
 #include "qkv/kernels/attention_flash.h"
+#include "qkv/kernels/lowp.h"
 #include "qkv/ops/attention.h"
 
 namespace qkv::testing::flash {
@@ -66,7 +67,14 @@ struct Oracle {
   double dq_mag = 0.0, dk_mag = 0.0;          // largest sum of |terms| of one element of dq, dk
 };
 
-inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& d_out) {
+// bf16_grads: the bf16 backward's scheme in float64: P and dS rounded to bfloat16 before they multiply d_out, K and
+// Q (pass bf16-rounded q, k, v and d_out for the whole bf16 backward). fwd_out, when defined: the forward output
+// the backward is given, whose rows give delta = Σ d_out·out (as the kernel computes it), instead of Σ P·dP.
+inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& d_out,
+                     bool bf16_grads = false, const Tensor& fwd_out = {}) {
+  const auto rounded = [bf16_grads](double x) {
+    return bf16_grads ? double{kernels::bf16_round(static_cast<float>(x))} : x;
+  };
   const Shape batch = attention_check(q, k, v, o, "oracle");
   const int64_t nb = shape_numel(batch), tq = q.size(-2), tk = k.size(-2), dk = q.size(-1), dv = v.size(-1);
   const double scale = o.scale ? double{*o.scale} : 1.0 / std::sqrt(static_cast<double>(dk));
@@ -76,6 +84,7 @@ inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const At
   const bool has_mask = o.mask_kind != MaskKind::kNone;
   const Dense M = has_mask ? dense(o.mask, batch, tq, tk) : Dense{};
   const Dense G = d_out.defined() ? dense(d_out, batch, tq, dv) : Dense{};
+  const Dense O = fwd_out.defined() ? dense(fwd_out, batch, tq, dv) : Dense{};
   Oracle r;
   r.out.assign(static_cast<size_t>(nb * tq * dv), 0.0);
   r.lse.assign(static_cast<size_t>(nb * tq), -kInf);
@@ -127,8 +136,12 @@ inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const At
         wdw += w[j] * x;
         wdw_abs += w[j] * std::fabs(x);
       }
+      if (fwd_out.defined()) {
+        wdw = 0.0;
+        for (int64_t c = 0; c < dv; ++c) wdw += G.at(b, i, c) * O.at(b, i, c);
+      }
       for (int64_t j = 0; j < tk; ++j) {
-        const double ds = w[j] * (dw[j] - wdw) * scale * dcap[j];
+        const double ds = rounded(w[j] * (dw[j] - wdw) * scale * dcap[j]), wj = rounded(w[j]);
         const double ds_abs = w[j] * (std::fabs(dw[j]) + wdw_abs) * std::fabs(scale) * dcap[j];
         for (int64_t c = 0; c < dk; ++c) {
           dq[row * dk + c] += ds * K.at(b, j, c);
@@ -136,7 +149,7 @@ inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const At
           dq_abs[row * dk + c] += ds_abs * std::fabs(K.at(b, j, c));
           dk_abs[static_cast<size_t>((b * tk + j) * dk + c)] += ds_abs * std::fabs(Q.at(b, i, c));
         }
-        for (int64_t c = 0; c < dv; ++c) dvf[static_cast<size_t>((b * tk + j) * dv + c)] += w[j] * G.at(b, i, c);
+        for (int64_t c = 0; c < dv; ++c) dvf[static_cast<size_t>((b * tk + j) * dv + c)] += wj * G.at(b, i, c);
       }
     }
   if (d_out.defined()) {

@@ -503,15 +503,16 @@ TEST(PrecisionFronts, Fp32StaysBitForBitAndBf16IsRoundThenFp32) {
   EXPECT_TRUE(testing::AllClose(lin.forward(x), linear(x, LinearWeight(sd["weight"], Precision::kBFloat16), lin.bias),
                                 testing::kExact));
 
-  // A forward that records a tape refuses a non-fp32 precision.
+  // A forward that records a tape refuses int8 (bf16 trains: tests/cpp/bf16_training_test.cpp).
+  lin.set_precision(Precision::kInt8);
   ad::Tape tape;
   ad::ParameterSet params(lin);
   nn::Context train(tape, params);
   try {
     lin.forward(train, ad::Var(x));
-    FAIL() << "trained at bf16";
+    FAIL() << "trained at int8";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("[Linear] precision bf16", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("[Linear] precision int8 is for inference", 0), 0u) << e.what();
   }
 }
 

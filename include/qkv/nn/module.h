@@ -2,6 +2,7 @@
 // ("self_attn.in_proj_weight", "linear1.bias"), so a PyTorch state_dict loads with no renaming table.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <string>
 #include <utility>
@@ -42,8 +43,11 @@ class Module {
   // The precision of this module's linear products and attention (qkv/core/precision.h), set recursively. The
   // registered linear weights (nn::Linear's, MultiheadAttention's projections) are converted here, once, and again
   // by load_state_dict; never per call. kFloat32 (the default) is the float32 path bit for bit. kInt8 applies to the
-  // linear products; attention then stays float32. Other precisions than kFloat32 are for inference: a forward
-  // that records a tape throws. Weights changed in place after this call need set_precision again.
+  // linear products; attention then stays float32, and it is for inference: a forward that records a tape throws.
+  // kBFloat16 also trains: a forward that records a tape runs the products and their gradients at bf16 on the
+  // live weights (converted per call), and from then on this module's forwards without a tape (evaluation between
+  // steps) convert the live weights per call too, since an optimizer changes them in place; set_precision or
+  // load_state_dict prepares them once again. Weights changed in place by other means need set_precision again.
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   // The attention precision for this module's precision: kBFloat16 for kBFloat16, else kFloat32.
@@ -54,6 +58,10 @@ class Module {
   // not one), and x·weightᵀ + bias through it: at kFloat32 exactly linear(x, weight, bias).
   const LinearWeight& linear_weight(const Tensor& weight) const;
   Tensor linear_at(const Tensor& x, const Tensor& weight, const Tensor& bias = {}) const;
+  // Whether a forward at this precision reads the weights prepared by set_precision (false at kFloat32, and once a
+  // forward recorded a tape at kBFloat16: see set_precision). recording: this forward records a tape; kInt8 then
+  // throws std::invalid_argument naming `op` and the input shape x.
+  bool uses_prepared_weights(bool recording, const char* op, const Shape& x) const;
 
  protected:
   void register_parameter(const std::string& name, Tensor* param);
@@ -68,6 +76,7 @@ class Module {
   bool training_ = true;
   Precision precision_ = Precision::kFloat32;
   std::vector<std::pair<const Tensor*, LinearWeight>> linear_weights_;
+  mutable std::atomic<bool> weights_live_{false};  // a bf16 forward recorded a tape since the last preparation
   void prepare_linear_weights();  // every module below this one, at its own precision
 };
 

@@ -13,6 +13,7 @@
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/embedding.h"
 #include "qkv/ops/autograd.h"
+#include "qkv/core/precision.h"
 
 namespace qkv::ad {
 
@@ -26,6 +27,14 @@ Var matmul(const Var& a, const Var& b);
 // x: (..., in)  weight: (out, in)  bias: (out) or undefined  ->  (..., out). One sgemm forward; backward is one
 // sgemm for dx and one accumulating straight into weight's gradient (beta = 1), plus column sums for the bias.
 Var linear(const Var& x, const Var& weight, const Var& bias = {});
+// The same at `precision`: kFloat32 is linear(x, weight, bias); kBFloat16 rounds x and the live weight to bf16 per
+// call (the packed AVX512-BF16 product where the CPU has it, else the float32 product of the rounded operands;
+// float32 accumulation and bias), and its backward runs at bf16 too: dx = bf16(dy)·bf16(W) and
+// dW = bf16(dy)ᵀ·bf16(x) with float32 accumulation, the bias gradient float32 (as autocast's bf16 linear). kInt8
+// is for inference (qkv::linear with a LinearWeight) and throws here.
+Var linear(const Var& x, const Var& weight, const Var& bias, Precision precision);
+// x rounded to bfloat16 (qkv::round_to_bf16); the gradient passes through unchanged, as autocast's casts do.
+Var round_to_bf16(const Var& x);
 
 // --- elementwise (numpy broadcasting; gradients summed back to each operand's shape) --------------------------
 Var add(const Var& a, const Var& b);
