@@ -304,9 +304,10 @@ docs/PRECISION.md); "fp32" (the default) is the float32 path; "int8" raises Valu
       kSdpaBackward,
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& grad_out,
          const py::object& attn_mask, bool is_causal, std::optional<double> scale, bool enable_gqa,
-         std::pair<int64_t, int64_t> window_size, double softcap) {
+         std::pair<int64_t, int64_t> window_size, double softcap, const std::string& precision) {
         AttentionOptions o = sdpa_options(attn_mask, is_causal, scale, kSdpaBackward);
         set_variants(o, window_size, softcap, kSdpaBackward);
+        o.precision = parse_precision(precision);
         Tensor q = to_tensor(query, kSdpaBackward, "query");
         Tensor k = to_tensor(key, kSdpaBackward, "key");
         Tensor v = to_tensor(value, kSdpaBackward, "value");
@@ -340,6 +341,7 @@ docs/PRECISION.md); "fp32" (the default) is the float32 path; "int8" raises Valu
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("grad_out"), py::arg("attn_mask") = py::none(),
       py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("enable_gqa") = false,
       py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1}, py::arg("softcap") = 0.0,
+      py::arg("precision") = "fp32",
       R"doc(Gradients of scaled_dot_product_attention: (grad_query, grad_key, grad_value).
 
 query (..., Tq, D), key (..., Tk, D), value (..., Tk, Dv), grad_out (..., Tq, Dv) = dL/d(out) with the broadcast
@@ -347,7 +349,9 @@ leading dims -> grad_query, grad_key, grad_value with the shapes of query, key a
 was broadcast along, as autograd does). Masks, is_causal, scale, window_size and softcap as in scaled_dot_product_attention; no gradient
 flows to the mask, and a fully masked row contributes 0. enable_gqa as in the forward: grad_key and grad_value are
 summed over each group of query heads. Empty sequences give zero gradients. The fused kernel recomputes the forward
-block by block.)doc");
+block by block. precision="bf16" is the backward of the bf16 forward: query, key, value and grad_out rounded to
+bfloat16, and the probabilities P and dS rounded to bfloat16 before the products that form the gradients (scores,
+softmax, LSE and every accumulation in float32), as a bf16 FlashAttention backward; "int8" raises ValueError.)doc");
 }
 
 }  // namespace qkv::python

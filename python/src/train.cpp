@@ -146,9 +146,12 @@ Probe run_probe(const std::string& kind, const py::dict& config, const nn::State
   const std::vector<int64_t> lengths =
       options.contains("lengths") ? options["lengths"].cast<std::vector<int64_t>>() : std::vector<int64_t>{};
 
+  const Precision precision =
+      options.contains("precision") ? parse_precision(options["precision"].cast<std::string>()) : Precision::kFloat32;
   Probe p;
   py::gil_scoped_release nogil;
   module->load_state_dict(weights, true);
+  module->set_precision(precision);
   module->eval();
   ad::ParameterSet params(*module);
   params.zero_grad();
@@ -252,7 +255,7 @@ void bind_train(py::module_& m) {
       "from `config` (PyTorch's constructor arguments), loads `state_dict` (PyTorch names), runs the tape forward on\n"
       "`inputs` ({'query', 'key', 'value'} | {'src'} | {'tgt', 'memory'} | {'src', 'tgt'} | {'input', 'h0', 'c0'};\n"
       "MHA without 'key' is self-attention through the packed projection) with `options` (masks with PyTorch's\n"
-      "names and conventions, is_causal flags, RNN 'lengths'), and backpropagates sum(<output, grad>) for every\n"
+      "names and conventions, is_causal flags, RNN 'lengths', 'precision' fp32 | bf16), and backpropagates sum(<output, grad>) for every\n"
       "entry of `grad_outputs` ('output', 'h_n', 'c_n'). Returns (outputs, parameter_grads, input_grads) as dicts\n"
       "of float32 arrays.");
   ag.def(
