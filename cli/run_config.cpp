@@ -71,6 +71,7 @@ void visit(RunConfig& c, const FieldVisitor& v) {
   v.i64("warmup", c.warmup);
   v.f64("label_smoothing", c.label_smoothing);
   v.i64("batch_size", c.batch_size);
+  v.str("precision", c.precision);
   v.i64("steps", c.steps);
   v.u64("seed", c.seed);
   v.i64("eval_every", c.eval_every);
@@ -126,6 +127,8 @@ void RunConfig::resolve_and_check() {
                 "[train] --warmup must be >= 0 (>= 1 for inverse_sqrt)");
   QKV_CHECK_ARG(label_smoothing >= 0.0 && label_smoothing <= 1.0, "[train] --label-smoothing must be in [0, 1]");
   QKV_CHECK_ARG(batch_size >= 1, "[train] --batch-size must be >= 1");
+  QKV_CHECK_ARG(one_of(precision, {"fp32", "bf16"}), "[train] --precision '", precision,
+                "' is not fp32 or bf16 (int8 is for inference)");
   QKV_CHECK_ARG(steps >= 1, "[train] --steps must be >= 1, got ", steps);
   QKV_CHECK_ARG(eval_every >= 1 && eval_size >= 0 && checkpoint_every >= 1 && log_every >= 1,
                 "[train] --eval-every, --checkpoint-every and --log-every must be >= 1, --eval-size >= 0");
@@ -193,6 +196,7 @@ RunConfig RunConfig::from_json(const std::string& text, const std::string& name)
   kv.emplace("max_tokens", std::to_string(c.max_tokens));  // configs written before --max-tokens existed
   kv.emplace("ranks", "1");                                // ... and before the parallel layout was recorded
   kv.emplace("context_parallel", "1");
+  kv.emplace("precision", "fp32");  // ... and before --precision
   auto take = [&](const char* k) {
     auto it = kv.find(k);
     QKV_CHECK_ARG(it != kv.end(), "[config] ", name, ": missing key '", k, "'");

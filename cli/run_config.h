@@ -53,6 +53,9 @@ struct RunConfig {
   int64_t warmup = 0;
   double label_smoothing = 0.0;
   int64_t batch_size = 64;
+  // fp32 | bf16: the linears' and attention's compute precision (bf16: forward and backward products in bf16 with
+  // float32 accumulation, weights, optimizer state and everything else float32, as autocast)
+  std::string precision = "fp32";
   // --- run -----------------------------------------------------------------------------------------------------
   int64_t steps = 1000;
   uint64_t seed = 0;

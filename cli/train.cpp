@@ -344,6 +344,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   int64_t tokens = 0;
   const double elapsed_before = st.elapsed_s;
   model->module().train();
+  model->module().set_precision(parse_precision(c.precision));
   auto stopped = [&](bool saved) {
     const int sig = StopSignals::received();
     progress.finish();
@@ -526,6 +527,10 @@ void add_train(CLI::App& app) {
   lock(cmd->add_option("--warmup", c.warmup, "Warmup steps")->capture_default_str(), i64(&RunConfig::warmup));
   lock(cmd->add_option("--label-smoothing", c.label_smoothing, "Label smoothing")->capture_default_str(),
        f64(&RunConfig::label_smoothing));
+  lock(cmd->add_option("--precision", c.precision,
+                       "fp32 | bf16: compute precision of the linears and attention, forward and backward")
+           ->capture_default_str(),
+       s(&RunConfig::precision));
   lock(cmd->add_option("--batch-size", c.batch_size, "Examples per step")->capture_default_str(),
        i64(&RunConfig::batch_size));
   lock(cmd->add_option("--context-parallel", c.context_parallel,

@@ -30,6 +30,8 @@ KINDS = {
     "rnn-attn": (["--lr", "3e-3"], 600),
     "transformer": (["--lr", "3e-3", "--layers", "1", "--heads", "2"], 600),
     "decoder": (["--lr", "3e-3"], 600),
+    # The same decoder with its linears and attention at bf16, forward and backward (docs/PRECISION.md).
+    "decoder@bf16": (["--lr", "3e-3", "--precision", "bf16"], 600),
 }
 
 
@@ -68,7 +70,7 @@ def test_every_model_kind_learns_copy_at_length_10(tmp_path):
         extra, bound = KINDS[kind]
         out = tmp_path / kind
         t0 = time.time()
-        r = ok(qkv("train", "--model", kind, *COPY10, *extra, "--steps", str(bound), "--eval-every", "100",
+        r = ok(qkv("train", "--model", kind.split("@")[0], *COPY10, *extra, "--steps", str(bound), "--eval-every", "100",
                    "--eval-size", "200", "--early-stop", "0.99", "--log-every", "100", "--threads", "1",
                    "--out", str(out)))
         seconds = time.time() - t0
@@ -95,6 +97,7 @@ def test_every_model_kind_learns_copy_at_length_10(tmp_path):
     ("decoder", ["--dropout", "0.1", "--d-model", "32", "--heads", "2", "--layers", "1", "--optimizer", "adamw",
                  "--weight-decay", "0.01"]),
     ("llama", ["--d-model", "32", "--heads", "2", "--layers", "1"]),
+    ("llama", ["--d-model", "32", "--heads", "2", "--layers", "1", "--precision", "bf16"]),
 ])
 def test_resume_reproduces_the_uninterrupted_loss_curve_bit_exactly(tmp_path, kind, extra):
     common = ["train", "--model", kind, "--task", "reverse", "--min-len", "3", "--max-len", "8", "--train-size", "300",
@@ -222,6 +225,8 @@ def test_checkpoint_from_another_model_kind(tmp_path):
 
 def test_other_bad_inputs_are_one_line(tmp_path):
     one_line_error(qkv("train", "--task", "copy", "--steps", "1"), "--out DIR is required")
+    one_line_error(qkv("train", "--task", "copy", "--steps", "1", "--precision", "int8", "--out", str(tmp_path / "p")),
+                   "--precision 'int8' is not fp32 or bf16")
     one_line_error(qkv("train", "--out", str(tmp_path / "x"), "--steps", "1"), "exactly one of --task")
     one_line_error(qkv("train", "--task", "nope", "--out", str(tmp_path / "y")), "unknown task 'nope'")
     one_line_error(qkv("eval", str(tmp_path)), "is not a training run")
