@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "lowp_avx512_impl.h"
+#include "lowp_packed_impl.h"
 #include "qkv/kernels/lowp.h"
 
 // GCC 12 flags the _mm512_undefined_*() inside its own shift intrinsics (a known false positive).
@@ -21,28 +22,12 @@
 namespace qkv::kernels {
 namespace {
 
-constexpr int64_t kMR = 14;  // rows of c per microkernel: 28 accumulators + 2 weight registers + 1 broadcast
+constexpr int64_t kMR = detail::kPackedRows;  // rows of c per microkernel: 28 accumulators + 2 weights + 1 broadcast
 
 inline __mmask16 lanes(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF)
                      : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
 }
-
-// A per-thread scratch buffer for the packed activation rows, grown with malloc (never freed before exit).
-struct Scratch {
-  uint32_t* p = nullptr;
-  int64_t size = 0;
-  uint32_t* get(int64_t words) {
-    if (words > size) {
-      std::free(p);
-      p = static_cast<uint32_t*>(std::malloc(static_cast<size_t>(words) * sizeof(uint32_t)));
-      size = p ? words : 0;
-      if (!p) std::abort();  // inside a parallel region nothing may throw; a few KB that cannot be had
-    }
-    return p;
-  }
-};
-thread_local Scratch scratch;
 
 // Rows [0, rows) of x (row stride ldx, k columns) as [group][kMR] words of bf16 pairs (low half: even k).
 void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
@@ -218,49 +203,15 @@ void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t*
   table[rows](groups, a, b, c, ldc, out, m0, m1);
 }
 
-// Rows [m0, m1) of c over the view's columns [n0, n1): pack the activation rows (kMR at a time), then for each
-// panel every row tile. make_out(p, r0, bias) is the epilogue of the tile at panel p (counted from the view's
-// first panel) and row r0, with `bias` at the panel's lane 0 or null.
-template <class Tile, class PackA, class MakeOut>
-void run_block(const PackedBView& w, const float* bias, float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t n0,
-               int64_t n1, Tile tile, PackA pack_a, MakeOut make_out) {
-  if (m0 >= m1 || n0 >= n1) return;
-  const int64_t groups = w.groups, tiles = (m1 - m0 + kMR - 1) / kMR;
-  uint32_t* pa = scratch.get(tiles * groups * kMR);
-  for (int64_t t = 0; t < tiles; ++t) pack_a(m0 + t * kMR, std::min(kMR, m1 - m0 - t * kMR), pa + t * groups * kMR);
-  // View column j is lane col0 + j of the panels counted from w.data.
-  const int64_t l_begin = w.col0 + n0, l_end = w.col0 + n1;
-  alignas(64) float edge[kMR * kPanel];
-  for (int64_t p = l_begin / kPanel; p * kPanel < l_end; ++p) {
-    const int64_t lo = std::max(l_begin, p * kPanel) - p * kPanel, hi = std::min(l_end, (p + 1) * kPanel) - p * kPanel;
-    const int64_t j0 = p * kPanel - w.col0;  // the view column of the panel's lane 0 (< 0 only when lo > 0)
-    const uint32_t* b = w.data + p * groups * kPanel;
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t r0 = m0 + t * kMR, rows = std::min(kMR, m1 - r0);
-      if (lo == 0) {
-        tile(rows, groups, pa + t * groups * kMR, b, c + r0 * ldc + j0, ldc,
-             make_out(p, r0, bias ? bias + j0 : nullptr), lanes(hi), lanes(hi - 16));
-      } else {  // a view that starts inside this panel: all 32 lanes into a buffer, then lanes [lo, hi) + bias
-        tile(rows, groups, pa + t * groups * kMR, b, edge, kPanel, make_out(p, r0, nullptr), lanes(16), lanes(16));
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t l = lo; l < hi; ++l) {
-            const float v = edge[r * kPanel + l];
-            c[(r0 + r) * ldc + j0 + l] = bias ? v + bias[j0 + l] : v;
-          }
-      }
-    }
-  }
-}
-
 }  // namespace
 
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  run_block(
+  detail::run_packed_block(
       w, bias, c, ldc, m0, m1, n0, n1,
       [](int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, const Bf16Out& out,
-         __mmask16 m0, __mmask16 m1) { micro_rows<Bf16Op>(rows, groups, a, b, c, ldc, out, m0, m1); },
+         int64_t n) { micro_rows<Bf16Op>(rows, groups, a, b, c, ldc, out, lanes(n), lanes(n - 16)); },
       [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_bf16(x + r0 * ldx, ldx, rows, w.k, w.groups, dst); },
       [](int64_t, int64_t, const float* b) { return Bf16Out{b}; });
 }
@@ -270,10 +221,10 @@ namespace avx512vnni {
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int64_t blocks = a.groups();
-  run_block(
+  detail::run_packed_block(
       w, bias, c, ldc, m0, m1, n0, n1,
       [](int64_t rows, int64_t groups, const uint32_t* pa, const uint32_t* b, float* c, int64_t ldc,
-         const Int8Out& out, __mmask16 m0, __mmask16 m1) { micro_rows(rows, groups, pa, b, c, ldc, out, m0, m1); },
+         const Int8Out& out, int64_t n) { micro_rows(rows, groups, pa, b, c, ldc, out, lanes(n), lanes(n - 16)); },
       [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_int8(a.q + r0 * a.ld, a.ld, rows, w.groups, dst); },
       [&](int64_t p, int64_t r0, const float* b) {
         return Int8Out{b, w.colsum + p * blocks * kPanel, w.scale + p * kPanel, a.scale + r0 * blocks, blocks};
