@@ -51,11 +51,12 @@ const Kernels& pick(FlashIsa isa) {
                       "[attention] the AVX512-BF16 kernels were requested but this CPU lacks them");
     return flash::avx512bf16_kernels();
   }
-  // kAuto: the widest path QKV_ISA allows (AVX512-VNNI adds nothing here; AVX512-BF16 adds the bf16 products).
+  // kAuto: the widest path QKV_ISA allows (AVX512-VNNI and AVX-VNNI add nothing here: avx2vnni runs the AVX2 set;
+  // AVX512-BF16 adds the bf16 products).
   const Isa active = active_isa();
   if (active >= Isa::kAvx512Bf16) return flash::avx512bf16_kernels();
   if (active >= Isa::kAvx512) return flash::avx512_kernels();
-  if (active == Isa::kAvx2) return flash::avx2_kernels();
+  if (active >= Isa::kAvx2) return flash::avx2_kernels();
   return flash::portable_kernels();
 }
 

@@ -16,26 +16,31 @@ const CpuFeatures& cpu_features() {
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     c.avx512_vnni = c.avx512 && __builtin_cpu_supports("avx512vnni");
     c.avx512_bf16 = c.avx512_vnni && __builtin_cpu_supports("avx512bf16");
+    c.avx_vnni = c.avx2 && __builtin_cpu_supports("avxvnni");
     return c;
   }();
   return f;
 }
 
-bool cpu_supports(Isa isa) {
+bool cpu_supports(Isa isa, const CpuFeatures& f) {
   switch (isa) {
     case Isa::kPortable: return true;
-    case Isa::kAvx2: return cpu_features().avx2;
-    case Isa::kAvx512: return cpu_features().avx512;
-    case Isa::kAvx512Vnni: return cpu_features().avx512_vnni;
-    case Isa::kAvx512Bf16: return cpu_features().avx512_bf16;
+    case Isa::kAvx2: return f.avx2;
+    case Isa::kAvx2Vnni: return f.avx2 && f.avx_vnni;
+    case Isa::kAvx512: return f.avx512;
+    case Isa::kAvx512Vnni: return f.avx512_vnni;
+    case Isa::kAvx512Bf16: return f.avx512_bf16;
   }
   return false;
 }
+
+bool cpu_supports(Isa isa) { return cpu_supports(isa, cpu_features()); }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kPortable: return "portable";
     case Isa::kAvx2: return "avx2";
+    case Isa::kAvx2Vnni: return "avx2vnni";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Vnni: return "avx512vnni";
     case Isa::kAvx512Bf16: return "avx512bf16";
@@ -44,24 +49,30 @@ const char* isa_name(Isa isa) {
 }
 
 Isa resolve_isa(const char* env_value, const CpuFeatures& f) {
-  const Isa widest = f.avx512_bf16 ? Isa::kAvx512Bf16
-                     : f.avx512_vnni ? Isa::kAvx512Vnni
-                     : f.avx512      ? Isa::kAvx512
-                     : f.avx2        ? Isa::kAvx2
-                                     : Isa::kPortable;
+  // The AVX-512 ladder where there is AVX-512 (its int8 build is the zmm one), else the AVX2 side branch.
+  const Isa widest = f.avx512_bf16                 ? Isa::kAvx512Bf16
+                     : f.avx512_vnni               ? Isa::kAvx512Vnni
+                     : f.avx512                    ? Isa::kAvx512
+                     : f.avx2 && f.avx_vnni        ? Isa::kAvx2Vnni
+                     : f.avx2                      ? Isa::kAvx2
+                                                   : Isa::kPortable;
   if (env_value == nullptr || *env_value == '\0') return widest;
   const std::string v(env_value);
   Isa want;
   if (v == "portable") want = Isa::kPortable;
   else if (v == "avx2") want = Isa::kAvx2;
+  else if (v == "avx2vnni") want = Isa::kAvx2Vnni;
   else if (v == "avx512") want = Isa::kAvx512;
   else if (v == "avx512vnni") want = Isa::kAvx512Vnni;
   else if (v == "avx512bf16") want = Isa::kAvx512Bf16;
   else
-    throw std::runtime_error("[cpu] QKV_ISA='" + v + "' is not one of portable, avx2, avx512, avx512vnni, avx512bf16");
-  if (static_cast<int>(want) > static_cast<int>(widest))
-    throw std::runtime_error("[cpu] QKV_ISA=" + v + " asks for " + isa_name(want) + " kernels but this CPU has only " +
-                             isa_name(widest));
+    throw std::runtime_error("[cpu] QKV_ISA='" + v +
+                             "' is not one of portable, avx2, avx2vnni, avx512, avx512vnni, avx512bf16");
+  // By feature, not by order: avx2vnni is no rung of the AVX-512 ladder (an AVX-512 CPU may lack AVX-VNNI, and
+  // an AVX-VNNI CPU AVX-512).
+  if (!cpu_supports(want, f))
+    throw std::runtime_error("[cpu] QKV_ISA=" + v + " asks for " + isa_name(want) +
+                             " kernels but this CPU lacks them (its widest path is " + isa_name(widest) + ")");
   return want;
 }
 

@@ -10,7 +10,7 @@ namespace qkv::kernels {
 
 // Which microkernels run. kAuto picks the widest set active_isa() allows (qkv/kernels/cpu.h: AVX512-BF16, which is
 // the AVX-512 set plus the bf16 products that precision kBFloat16 runs on vdpbf16ps, else AVX-512 F/BW/DQ/VL, else
-// AVX2+FMA, else portable; QKV_ISA caps it). A named set runs whatever QKV_ISA says, and throws
+// AVX2+FMA (avx2vnni included), else portable; QKV_ISA caps it). A named set runs whatever QKV_ISA says, and throws
 // std::runtime_error when the CPU lacks it.
 enum class FlashIsa { kAuto, kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 
