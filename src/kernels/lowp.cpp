@@ -302,11 +302,19 @@ void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias
                 ") must have the same k; ldc ", ldc);
   QKV_CHECK_ARG(a.group == kInt8Group, "[gemm_int8] the packed product takes activations in blocks of ", kInt8Group,
                 " (group ", a.group, ")");
-  QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Vnni, "[gemm_int8] the packed int8 product needs AVX512-VNNI (",
-                    isa_name(active_isa()), " is active)");
+  const Isa isa = active_isa();
+  QKV_CHECK_RUNTIME(isa >= Isa::kAvx512Vnni || isa == Isa::kAvx2Vnni,
+                    "[gemm_int8] the packed int8 product needs AVX512-VNNI or AVX-VNNI (", isa_name(isa),
+                    " is active)");
+  const auto block = isa >= Isa::kAvx512Vnni ? avx512vnni::gemm_int8_packed_block : avxvnni::gemm_int8_packed_block;
   run_packed(a.rows, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    avx512vnni::gemm_int8_packed_block(a, w, bias, c, ldc, i0, i1, j0, j1);
+    block(a, w, bias, c, ldc, i0, i1, j0, j1);
   });
+}
+
+bool gemm_int8_packed_runs() {
+  const Isa isa = active_isa();
+  return isa >= Isa::kAvx512Vnni || isa == Isa::kAvx2Vnni;
 }
 
 LowpPaths lowp_paths() {
@@ -329,9 +337,14 @@ LowpPaths lowp_paths() {
       isa >= Isa::kAvx512Vnni
           ? (amx ? "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; AMX kernels not written yet)"
                  : "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; no AMX on this CPU)")
+      : isa == Isa::kAvx2Vnni
+          ? (cpu_features().avx512
+                 ? "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; QKV_ISA caps AVX-512)"
+                 : "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; no AVX-512 on this CPU)")
       : isa >= Isa::kAvx2
-          ? (cpu_features().avx512_vnni ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; QKV_ISA caps VNNI)"
-                                        : "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; no VNNI on this CPU)")
+          ? (cpu_features().avx512_vnni || cpu_features().avx_vnni
+                 ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; QKV_ISA caps VNNI)"
+                 : "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; no VNNI on this CPU)")
           : "portable (exact int32 accumulation)";
   return {bf16, int8};
 }

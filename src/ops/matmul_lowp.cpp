@@ -39,7 +39,7 @@ LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precisio
       const Tensor c = weight.contiguous();
       auto q = std::make_shared<kernels::Int8Rows>();
       kernels::quantize_rows_int8(c.data(), end_, in_, in_, *q, /*per_row=*/true);
-      if (kernels::active_isa() >= kernels::Isa::kAvx512Vnni && in_ <= kernels::kInt8PackedMaxK) {
+      if (kernels::gemm_int8_packed_runs() && in_ <= kernels::kInt8PackedMaxK) {  // avx512vnni or avx2vnni
         auto p = std::make_shared<kernels::PackedB>();
         kernels::pack_int8(q->view(), *p);
         packed_ = std::move(p);

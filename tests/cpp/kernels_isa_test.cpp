@@ -26,6 +26,7 @@
 #include "qkv/kernels/rnn_cells.h"
 #include "qkv/kernels/sgemm.h"
 #include "qkv/ops/elementwise.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv {
 namespace {
@@ -111,6 +112,51 @@ TEST(CpuProbe, ResolveIsaCapsAtTheWidestPathTheCpuHas) {
   EXPECT_THROW(kernels::resolve_isa("avx512vnni", avx512), std::runtime_error);
 }
 
+// AVX-VNNI is a side branch: chosen only without AVX-512, and accepted by QKV_ISA wherever the CPU has it.
+TEST(CpuProbe, ResolveIsaTakesAvx2VnniByFeatureNotByOrder) {
+  kernels::CpuFeatures alder, zen4, zen5, avx2, vnni_only;
+  alder.avx2 = alder.avx_vnni = true;  // AVX2 + AVX-VNNI, no AVX-512 (Alder / Raptor / Meteor / Arrow Lake)
+  zen4.avx2 = zen4.avx512 = zen4.avx512_vnni = zen4.avx512_bf16 = true;  // AVX-512 with its VNNI, no AVX-VNNI
+  zen5 = zen4;
+  zen5.avx_vnni = true;  // both
+  avx2.avx2 = true;
+  vnni_only.avx_vnni = true;  // not a real CPU: AVX-VNNI kernels need AVX2 too
+  EXPECT_EQ(kernels::resolve_isa(nullptr, alder), Isa::kAvx2Vnni);
+  EXPECT_EQ(kernels::resolve_isa("avx2vnni", alder), Isa::kAvx2Vnni);
+  EXPECT_EQ(kernels::resolve_isa("avx2", alder), Isa::kAvx2);
+  EXPECT_EQ(kernels::resolve_isa("portable", alder), Isa::kPortable);
+  for (const char* wider : {"avx512", "avx512vnni", "avx512bf16"})
+    EXPECT_THROW(kernels::resolve_isa(wider, alder), std::runtime_error) << wider;
+  EXPECT_EQ(kernels::resolve_isa(nullptr, zen4), Isa::kAvx512Bf16);
+  EXPECT_THROW(kernels::resolve_isa("avx2vnni", zen4), std::runtime_error);
+  EXPECT_EQ(kernels::resolve_isa(nullptr, zen5), Isa::kAvx512Bf16);  // the AVX-512 ladder, not the side branch
+  EXPECT_EQ(kernels::resolve_isa("avx2vnni", zen5), Isa::kAvx2Vnni);
+  EXPECT_EQ(kernels::resolve_isa("avx512vnni", zen5), Isa::kAvx512Vnni);
+  EXPECT_THROW(kernels::resolve_isa("avx2vnni", avx2), std::runtime_error);
+  EXPECT_EQ(kernels::resolve_isa(nullptr, vnni_only), Isa::kPortable);
+  EXPECT_THROW(kernels::resolve_isa("avx2vnni", vnni_only), std::runtime_error);
+  EXPECT_TRUE(kernels::cpu_supports(Isa::kAvx2Vnni, zen5));
+  EXPECT_FALSE(kernels::cpu_supports(Isa::kAvx2Vnni, zen4));
+  EXPECT_FALSE(kernels::cpu_supports(Isa::kAvx512, alder));
+  EXPECT_EQ(std::string(kernels::isa_name(Isa::kAvx2Vnni)), "avx2vnni");
+  // The refusal names what was asked for and says the CPU lacks it, in one line.
+  try {
+    kernels::resolve_isa("avx2vnni", zen4);
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("[cpu] QKV_ISA=avx2vnni asks for avx2vnni kernels but this CPU lacks them", 0), 0u) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  try {
+    kernels::resolve_isa("avx2vni", zen5);
+    ADD_FAILURE() << "QKV_ISA='avx2vni' was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("portable, avx2, avx2vnni, avx512, avx512vnni, avx512bf16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CpuProbeErrors, QkvIsaAboveTheCpuOrUnknownThrowsNamingCpu) {
   kernels::CpuFeatures avx2;
   avx2.avx2 = true;
@@ -132,12 +178,14 @@ TEST(CpuProbe, FeaturesAreConsistent) {
   EXPECT_EQ(kernels::cpu_supports(Isa::kAvx512), f.avx512);
   EXPECT_EQ(kernels::cpu_supports(Isa::kAvx512Vnni), f.avx512_vnni);
   EXPECT_EQ(kernels::cpu_supports(Isa::kAvx512Bf16), f.avx512_bf16);
+  EXPECT_EQ(kernels::cpu_supports(Isa::kAvx2Vnni), f.avx2 && f.avx_vnni);
   EXPECT_TRUE(!f.avx512 || f.avx2);  // every AVX-512 kernel also uses AVX2 + FMA
+  EXPECT_TRUE(!f.avx_vnni || f.avx2);
   EXPECT_TRUE(!f.avx512_vnni || f.avx512);
   EXPECT_TRUE(!f.avx512_bf16 || f.avx512_vnni);
   EXPECT_EQ(kernels::sgemm_avx512_supported(), f.avx512);
   std::cout << "[ cpu      ] avx2+fma " << f.avx2 << ", avx512 f/bw/dq/vl " << f.avx512 << ", avx512-vnni "
-            << f.avx512_vnni << ", avx512-bf16 " << f.avx512_bf16 << "\n";
+            << f.avx512_vnni << ", avx512-bf16 " << f.avx512_bf16 << ", avx-vnni " << f.avx_vnni << "\n";
 }
 
 // Run once plainly and, from CMake, again under QKV_ISA=portable / avx2 / a bad value: the dispatchers of every
@@ -153,7 +201,16 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   }
   std::vector<float> x(16, 0.5f), y(16);
   if (!env_ok) {
-    EXPECT_THROW(kernels::active_isa(), std::runtime_error);
+    try {  // one line that names the value asked for
+      kernels::active_isa();
+      ADD_FAILURE() << "QKV_ISA='" << env << "' was accepted";
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("[cpu] QKV_ISA=", 0), 0u) << msg;
+      EXPECT_NE(msg.find(env), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+    EXPECT_THROW(kernels::gemm_int8_packed_runs(), std::runtime_error);
     EXPECT_THROW(kernels::gelu_forward(x.data(), y.data(), 16, false), std::runtime_error);
     EXPECT_THROW(kernels::add_layer_norm_rows(y.data(), nullptr, 16, nullptr, nullptr, nullptr, 1, 16, 1e-5f),
                  std::runtime_error);
@@ -164,8 +221,9 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
     return;
   }
   EXPECT_EQ(kernels::active_isa(), want);
-  // The fused attention's sets: AVX512-VNNI adds nothing there (its set is avx512's), AVX512-BF16 the bf16 products.
-  const Isa flash = want == Isa::kAvx512Vnni ? Isa::kAvx512 : want;
+  // The fused attention's sets: AVX512-VNNI and AVX-VNNI add nothing there (their sets are avx512's and avx2's),
+  // AVX512-BF16 adds the bf16 products.
+  const Isa flash = want == Isa::kAvx512Vnni ? Isa::kAvx512 : want == Isa::kAvx2Vnni ? Isa::kAvx2 : want;
   EXPECT_EQ(std::string(kernels::flash_isa_name(kernels::FlashIsa::kAuto)), kernels::isa_name(flash));
   if (want < Isa::kAvx512) {
     EXPECT_EQ(std::string(kernels::sgemm_backend()), "openblas");
@@ -175,7 +233,34 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   if (want >= Isa::kAvx512Bf16) EXPECT_EQ(bf16.rfind("avx512bf16 vdpbf16ps", 0), 0u) << bf16;
   else EXPECT_NE(bf16.find(avx2 ? "float32 avx2 kernels" : "float32 portable kernels"), std::string::npos) << bf16;
   if (want >= Isa::kAvx512Vnni) EXPECT_EQ(int8.rfind("avx512vnni vpdpbusd", 0), 0u) << int8;
+  else if (want == Isa::kAvx2Vnni) EXPECT_EQ(int8.rfind("avx2vnni vpdpbusd ymm", 0), 0u) << int8;
   else EXPECT_EQ(int8.rfind(avx2 ? "avx2 vpmaddwd" : "portable", 0), 0u) << int8;
+  // The packed int8 product runs on its two builds' paths (the same bits as the unpacked product there) and refuses
+  // every other; an int8 linear gives those bits whichever it takes.
+  {
+    const bool packed_runs = want >= Isa::kAvx512Vnni || want == Isa::kAvx2Vnni;
+    EXPECT_EQ(kernels::gemm_int8_packed_runs(), packed_runs);
+    const int64_t m = 5, n = 19, k = 70;
+    const std::vector<float> xv = random_floats(static_cast<size_t>(m * k), 21);
+    const std::vector<float> wv = random_floats(static_cast<size_t>(n * k), 22);
+    const std::vector<float> bv = random_floats(static_cast<size_t>(n), 23);
+    kernels::Int8Rows a, b;
+    kernels::quantize_rows_int8(xv.data(), m, k, k, a, false);
+    kernels::quantize_rows_int8(wv.data(), n, k, k, b, true);
+    std::vector<float> want_c(static_cast<size_t>(m * n)), c(want_c.size(), NAN);
+    kernels::gemm_int8_nt(a.view(), b.view(), bv.data(), want_c.data(), n);
+    kernels::PackedB pw;
+    kernels::pack_int8(b.view(), pw);
+    if (packed_runs) {
+      kernels::gemm_int8_packed(a.view(), pw.view(), bv.data(), c.data(), n);
+      EXPECT_EQ(c, want_c) << "packed int8 under " << kernels::isa_name(want);
+    } else {
+      EXPECT_THROW(kernels::gemm_int8_packed(a.view(), pw.view(), bv.data(), c.data(), n), std::runtime_error);
+    }
+    const Tensor x = Tensor::from_vector({m, k}, xv), w = Tensor::from_vector({n, k}, wv),
+                 bias = Tensor::from_vector({n}, bv);
+    EXPECT_EQ(linear(x, LinearWeight(w, Precision::kInt8), bias).to_vector(), want_c) << "int8 linear";
+  }
   // The packed products refuse to run below their level instead of picking another path.
   if (want < Isa::kAvx512Bf16) {
     kernels::PackedB w;

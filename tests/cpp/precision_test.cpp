@@ -283,64 +283,127 @@ std::vector<float> rounded(const std::vector<float>& v) {
   return r;
 }
 
-// The packed int8 product (the layout of vpdpbusd) against the exact integer product on its reference and, where
-// the CPU has AVX512-VNNI, its kernel: the same bits as the unpacked kernels, on views that start inside a panel.
+// The packed int8 builds this CPU runs, by name (the portable reference runs everywhere and is not listed).
+struct PackedInt8Build {
+  const char* name;
+  Isa isa;
+  void (*block)(const kernels::Int8View&, const kernels::PackedBView&, const float*, float*, int64_t, int64_t, int64_t,
+                int64_t, int64_t);
+};
+std::vector<PackedInt8Build> packed_int8_builds() {
+  const PackedInt8Build all[] = {{"avx512vnni", Isa::kAvx512Vnni, kernels::avx512vnni::gemm_int8_packed_block},
+                                 {"avx2vnni", Isa::kAvx2Vnni, kernels::avxvnni::gemm_int8_packed_block}};
+  std::vector<PackedInt8Build> out;
+  std::string ran = "portable", not_run;
+  for (const PackedInt8Build& b : all) {
+    if (kernels::cpu_supports(b.isa)) {
+      out.push_back(b);
+      ran += std::string(",") + b.name;
+    } else {
+      not_run += std::string(not_run.empty() ? "" : ",") + b.name;
+    }
+  }
+  std::cout << "[ paths    ] packed int8: ran " << ran << (not_run.empty() ? "" : "; not on this CPU: ") << not_run
+            << "\n";
+  return out;
+}
+
+// The packed int8 product (the layout of vpdpbusd) against the exact integer product on its reference and on every
+// vpdpbusd build the CPU has (zmm, ymm): the same bits as the unpacked kernels, with and without bias, on odd m, n
+// and k, row counts across the register blocks, and views that start or end inside a panel.
 TEST(Int8Kernels, PackedProductIsTheUnpackedOneBitForBitOnEveryPath) {
   struct Shp {
     int64_t m, n, k, begin, end;  // the view: weight rows [begin, end)
   };
-  const bool vnni = kernels::cpu_supports(Isa::kAvx512Vnni);
-  std::cout << "[ paths    ] packed int8: ran portable" << (vnni ? ",avx512vnni" : "; not on this CPU: avx512vnni")
-            << "\n";
+  const std::vector<PackedInt8Build> builds = packed_int8_builds();
   for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 100, 3, 70}, Shp{29, 97, 385, 33, 96},
-                      Shp{14, 64, 64, 0, 64}, Shp{2, 40, 3, 31, 33}}) {
-    SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " view [" +
-                 std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
-    kernels::Int8Rows a = quantized(s.m, s.k, 41 + s.m, false), b = quantized(s.n, s.k, 43 + s.n, true);
-    a.q[0] = -127;  // the extremes of the offset activations (q + 128 = 1 and 255)
-    a.q[static_cast<size_t>(a.ld - 1 < s.k ? a.ld - 1 : s.k - 1)] = 127;
-    const Tensor bias = testing::randn({s.n}, 7);
-    const int64_t nv = s.end - s.begin;
-    std::vector<float> want(static_cast<size_t>(s.m * nv));
-    kernels::portable::gemm_int8_block(a.view(), b.view(s.begin, s.end), bias.data() + s.begin, want.data(), nv, 0,
-                                       s.m, 0, nv);
-    kernels::PackedB packed;
-    kernels::pack_int8(b.view(), packed);
-    const kernels::PackedBView v = packed.view(s.begin, s.end);
-    std::vector<float> c(want.size(), NAN);
-    kernels::portable::gemm_int8_packed_block(a.view(), v, bias.data() + s.begin, c.data(), nv, 0, s.m, 0, nv);
-    EXPECT_EQ(c, want) << "portable packed";
-    if (vnni) {
-      std::fill(c.begin(), c.end(), NAN);
-      // Two tiles that split rows and columns unevenly, as the threaded driver does.
-      const int64_t mh = s.m / 2, nh = nv / 3;
-      for (auto [m0, m1] : {std::pair{int64_t{0}, mh}, std::pair{mh, s.m}})
-        for (auto [n0, n1] : {std::pair{int64_t{0}, nh}, std::pair{nh, nv}})
-          kernels::avx512vnni::gemm_int8_packed_block(a.view(), v, bias.data() + s.begin, c.data(), nv, m0, m1, n0,
-                                                      n1);
-      EXPECT_EQ(c, want) << "avx512vnni";
-      if (kernels::active_isa() >= Isa::kAvx512Vnni) {
-        std::fill(c.begin(), c.end(), NAN);
-        kernels::gemm_int8_packed(a.view(), v, bias.data() + s.begin, c.data(), nv);
-        EXPECT_EQ(c, want) << "threaded";
+                      Shp{14, 64, 64, 0, 64}, Shp{2, 40, 3, 31, 33}, Shp{13, 20, 130, 0, 20}, Shp{7, 45, 64, 5, 44},
+                      Shp{20, 9, 200, 0, 9}, Shp{6, 57, 65, 17, 57}})
+    for (const bool with_bias : {true, false}) {
+      SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
+                   " view [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ")" +
+                   (with_bias ? " bias" : " no bias"));
+      kernels::Int8Rows a = quantized(s.m, s.k, 41 + s.m, false), b = quantized(s.n, s.k, 43 + s.n, true);
+      a.q[0] = -127;  // the extremes of the offset activations (q + 128 = 1 and 255)
+      a.q[static_cast<size_t>(a.ld - 1 < s.k ? a.ld - 1 : s.k - 1)] = 127;
+      const Tensor bias_t = testing::randn({s.n}, 7);
+      const float* bias = with_bias ? bias_t.data() + s.begin : nullptr;
+      const int64_t nv = s.end - s.begin;
+      std::vector<float> want(static_cast<size_t>(s.m * nv));
+      kernels::portable::gemm_int8_block(a.view(), b.view(s.begin, s.end), bias, want.data(), nv, 0, s.m, 0, nv);
+      kernels::PackedB packed;
+      kernels::pack_int8(b.view(), packed);
+      const kernels::PackedBView v = packed.view(s.begin, s.end);
+      // c rows padded past the view's columns: the padding must keep its marker (no lane stored past n).
+      const int64_t ldc = nv + 5;
+      const float marker = -12345.0f;
+      std::vector<float> c;
+      const auto expect_c = [&](const std::string& what) {
+        std::vector<float> got(want.size());
+        for (int64_t i = 0; i < s.m; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            if (j < nv) got[static_cast<size_t>(i * nv + j)] = c[static_cast<size_t>(i * ldc + j)];
+            else
+              EXPECT_EQ(c[static_cast<size_t>(i * ldc + j)], marker) << what << ": stored past n at " << i << "," << j;
+          }
+        EXPECT_EQ(got, want) << what;
+      };
+      c.assign(static_cast<size_t>(s.m * ldc), marker);
+      kernels::portable::gemm_int8_packed_block(a.view(), v, bias, c.data(), ldc, 0, s.m, 0, nv);
+      expect_c("portable packed");
+      for (const PackedInt8Build& build : builds) {
+        c.assign(static_cast<size_t>(s.m * ldc), marker);
+        // Tiles that split rows and columns unevenly, as the threaded driver does.
+        const int64_t mh = s.m / 2, nh = nv / 3;
+        for (auto [m0, m1] : {std::pair{int64_t{0}, mh}, std::pair{mh, s.m}})
+          for (auto [n0, n1] : {std::pair{int64_t{0}, nh}, std::pair{nh, nv}}) {
+            // Each tile alone first: it must write its own columns only.
+            std::vector<float> before = c;
+            build.block(a.view(), v, bias, c.data(), ldc, m0, m1, n0, n1);
+            for (int64_t i = 0; i < s.m; ++i)
+              for (int64_t j = 0; j < ldc; ++j)
+                if (i < m0 || i >= m1 || j < n0 || j >= n1)
+                  ASSERT_EQ(c[static_cast<size_t>(i * ldc + j)], before[static_cast<size_t>(i * ldc + j)])
+                      << build.name << ": tile [" << m0 << ", " << m1 << ") x [" << n0 << ", " << n1
+                      << ") wrote " << i << "," << j;
+          }
+        expect_c(build.name);
+      }
+      if (kernels::gemm_int8_packed_runs()) {
+        c.assign(static_cast<size_t>(s.m * ldc), marker);
+        kernels::gemm_int8_packed(a.view(), v, bias, c.data(), ldc);
+        expect_c(std::string("threaded, ") + kernels::isa_name(kernels::active_isa()));
       }
     }
-  }
-  // A NaN activation row stays NaN through the packed product.
-  std::vector<float> x(8, 1.0f);
-  x[3] = NAN;
+}
+
+// Rows with NaN, +inf or -inf give NaN rows through the packed product on every build (their scales are NaN); the
+// other rows keep the portable bits.
+TEST(Int8Kernels, PackedProductNonFiniteRowsAreNaNRowsOnEveryPath) {
+  const int64_t m = 9, n = 19, k = 70;
+  std::vector<float> x = testing::randn({m, k}, 3).to_vector();
+  x[2 * k + 5] = NAN;
+  x[5 * k + 69] = INFINITY;
+  x[7 * k] = -INFINITY;
   kernels::Int8Rows a;
-  kernels::quantize_rows_int8(x.data(), 1, 8, 8, a, false);
-  const kernels::Int8Rows b = quantized(3, 8, 5, true);
+  kernels::quantize_rows_int8(x.data(), m, k, k, a, false);
+  const kernels::Int8Rows b = quantized(n, k, 5, true);
+  const Tensor bias = testing::randn({n}, 9);
   kernels::PackedB packed;
   kernels::pack_int8(b.view(), packed);
-  std::vector<float> c(3, 0.0f);
-  kernels::portable::gemm_int8_packed_block(a.view(), packed.view(), nullptr, c.data(), 3, 0, 1, 0, 3);
-  for (float y : c) EXPECT_TRUE(std::isnan(y));
-  if (vnni) {
-    std::fill(c.begin(), c.end(), 0.0f);
-    kernels::avx512vnni::gemm_int8_packed_block(a.view(), packed.view(), nullptr, c.data(), 3, 0, 1, 0, 3);
-    for (float y : c) EXPECT_TRUE(std::isnan(y));
+  std::vector<float> want(static_cast<size_t>(m * n));
+  kernels::portable::gemm_int8_block(a.view(), b.view(), bias.data(), want.data(), n, 0, m, 0, n);
+  std::vector<PackedInt8Build> builds = packed_int8_builds();
+  builds.insert(builds.begin(), {"portable", Isa::kPortable, kernels::portable::gemm_int8_packed_block});
+  for (const PackedInt8Build& build : builds) {
+    std::vector<float> c(want.size(), 0.0f);
+    build.block(a.view(), packed.view(), bias.data(), c.data(), n, 0, m, 0, n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const float y = c[i * n + j];
+        if (i == 2 || i == 5 || i == 7) EXPECT_TRUE(std::isnan(y)) << build.name << " row " << i << " col " << j;
+        else EXPECT_TRUE(same_value(y, want[i * n + j])) << build.name << " row " << i << " col " << j;
+      }
   }
 }
 

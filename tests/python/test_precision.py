@@ -92,8 +92,13 @@ def test_cpu_info_names_the_low_precision_paths():
     assert set(info) == {"isa", "attention", "sgemm", "bf16", "int8"}
     # AVX512-BF16 runs vdpbf16ps (weights packed once); elsewhere the bf16 products convert to the float32 kernels.
     assert info["bf16"].startswith("avx512bf16 vdpbf16ps" if info["isa"] == "avx512bf16" else "converting")
-    assert info["int8"].startswith("avx512vnni vpdpbusd" if info["isa"] in ("avx512vnni", "avx512bf16")
-                                   else ("avx2 vpmaddwd", "portable"))
+    # vpdpbusd on packed weights: zmm on the AVX-512 VNNI levels, ymm on avx2vnni (AVX-VNNI without AVX-512, or
+    # forced by QKV_ISA); vpmaddwd or portable loops below.
+    packed = {"avx512vnni": "avx512vnni vpdpbusd", "avx512bf16": "avx512vnni vpdpbusd",
+              "avx2vnni": "avx2vnni vpdpbusd ymm"}
+    assert info["int8"].startswith(packed.get(info["isa"], ("avx2 vpmaddwd", "portable")))
+    if info["isa"] == "avx2vnni":
+        assert info["attention"] == "avx2" and info["bf16"].endswith("float32 avx2 kernels")
     assert "int32" in info["int8"]
     r = run("info")
     assert r.returncode == 0 and f"bf16: {info['bf16']}" in r.stdout and f"int8: {info['int8']}" in r.stdout

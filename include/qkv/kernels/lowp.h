@@ -6,8 +6,9 @@
 // stays ±inf, and a finite value past bfloat16's largest rounds to ±inf, as PyTorch's and the hardware's
 // conversions do. Where the CPU has AVX512-BF16 (Isa::kAvx512Bf16), the bf16 product runs vdpbf16ps on weights
 // packed once (PackedB below); elsewhere it is "round the operands, then the float32 kernel". Where it has
-// AVX512-VNNI (Isa::kAvx512Vnni), the int8 product runs vpdpbusd on packed weights; elsewhere vpmaddwd (AVX2) or
-// portable loops. Both int8 builds give the same bits (exact int32 sums, the same float epilogue).
+// AVX512-VNNI (Isa::kAvx512Vnni), the int8 product runs vpdpbusd zmm on packed weights, where it has AVX2 and
+// AVX-VNNI but no AVX-512 (Isa::kAvx2Vnni) vpdpbusd ymm on the same packed weights; elsewhere vpmaddwd (AVX2) or
+// portable loops. Every int8 build gives the same bits (exact int32 sums, the same float epilogue).
 //
 // Packed products (gemm_bf16_packed, gemm_int8_packed). The weight W (n, k) is packed once into panels of
 // kPanel = 32 output columns: panel p holds columns [32p, 32p + 32) as k-groups of 4 bytes per column,
@@ -118,12 +119,16 @@ inline constexpr int64_t kInt8PackedMaxK = 65536;
 // Threaded over blocks of c; the same bits for every thread count.
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                       int64_t ldc);
-// The int8 product of gemm_int8_nt over a packed weight, avx512vnni build (throws std::runtime_error when
-// active_isa() is below it). The same bits as gemm_int8_nt on the unpacked rows.
+// The int8 product of gemm_int8_nt over a packed weight: the avx512vnni build when active_isa() >= kAvx512Vnni,
+// // the avxvnni one when active_isa() == kAvx2Vnni; throws std::runtime_error on any other path
+// (gemm_int8_packed_runs() says whether it runs: where it does, int8 linear weights are packed). The same bits as
+// gemm_int8_nt on the unpacked rows.
 void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc);
+bool gemm_int8_packed_runs();
 
 // One tile of the packed products by name, for tests: rows [m0, m1) of c over the view's columns [n0, n1)
-// (the portable builds are the plain references; avx512bf16:: needs Isa::kAvx512Bf16, avx512vnni:: kAvx512Vnni).
+// (the portable builds are the plain references; avx512bf16:: needs Isa::kAvx512Bf16, avx512vnni:: kAvx512Vnni,
+// avxvnni:: cpu_supports(Isa::kAvx2Vnni)).
 namespace portable {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
@@ -138,10 +143,15 @@ namespace avx512vnni {
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 }  // namespace avx512vnni
+namespace avxvnni {
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace avxvnni
 
 // What the bf16 and int8 products run on this CPU under the QKV_ISA cap, for `qkv info` and qkv.cpu_info():
 //   bf16 "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
-//   int8 "avx2 vpmaddwd (int16 pairs, int32 accumulation; no VNNI/AMX on this CPU)"
+//   int8 "avx2 vpmaddwd (int16 pairs, int32 accumulation; no VNNI/AMX on this CPU)", or on an AVX-VNNI CPU without
+//        AVX-512 "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; no AVX-512 on this CPU)"
 struct LowpPaths {
   const char* bf16;
   const char* int8;

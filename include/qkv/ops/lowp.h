@@ -18,8 +18,9 @@ Tensor round_to_bf16(const Tensor& x);
 //   kFloat32:  the weight itself (shared storage), so linear() gives the float32 bits exactly.
 //   kBFloat16: with AVX512-BF16 (qkv/kernels/cpu.h Isa::kAvx512Bf16), bfloat16 packed for vdpbf16ps; otherwise a
 //              bf16-rounded float32 copy for the float32 kernels.
-//   kInt8:     int8 values per output channel (symmetric scale max|row| / 127); with AVX512-VNNI packed for
-//              vpdpbusd (in <= 65536), otherwise rows for the vpmaddwd / portable kernel. Both give the same bits.
+//   kInt8:     int8 values per output channel (symmetric scale max|row| / 127); with AVX512-VNNI, or AVX-VNNI
+//              on the avx2vnni path, packed for vpdpbusd (in <= 65536), otherwise rows for the vpmaddwd / portable
+//              kernel. All give the same bits.
 // rows(begin, end) is the weight of output channels [begin, end) without copying (a packed Q/K/V projection).
 class LinearWeight {
  public:
@@ -36,8 +37,8 @@ class LinearWeight {
   friend Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias);
   Precision precision_ = Precision::kFloat32;
   Tensor weight_;                                  // kFloat32, converting kBFloat16: (out, in) over [begin_, end_)
-  std::shared_ptr<const kernels::Int8Rows> int8_;  // kInt8 without VNNI: every row; [begin_, end_) of them are used
-  std::shared_ptr<const kernels::PackedB> packed_;  // AVX512-BF16 kBFloat16, AVX512-VNNI kInt8: every row
+  std::shared_ptr<const kernels::Int8Rows> int8_;  // kInt8 without a packed build: every row; [begin_, end_) used
+  std::shared_ptr<const kernels::PackedB> packed_;  // AVX512-BF16 kBFloat16, avx512vnni/avx2vnni kInt8: every row
   int64_t begin_ = 0, end_ = 0, in_ = -1;
 };
 
