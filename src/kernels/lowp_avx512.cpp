@@ -7,7 +7,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "lowp_avx512_impl.h"
 #include "lowp_packed_impl.h"
