@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <vector>
 
 #include "qkv/core/error.h"
 #include "qkv/core/storage_pool.h"
@@ -276,10 +277,24 @@ Tensor Tensor::clone() const {
   Tensor t = empty(shape_);
   float* dst = t.data();
   const float* src = data();
+  const int64_t n = numel();
+  if (n == 0) return t;
   if (is_contiguous()) {
-    std::memcpy(dst, src, static_cast<size_t>(numel()) * sizeof(float));
-  } else {
-    for_each_offset(shape_, strides_, [&](int64_t i, int64_t off) { dst[i] = src[off]; });
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return t;
+  }
+  // Rows of the last dim (their starts walked once); large copies split the rows over the threads.
+  const int64_t cols = shape_.back(), cs = strides_.back(), rows = cols > 0 ? n / cols : 0;
+  std::vector<int64_t> starts(static_cast<size_t>(rows));
+  const Shape outer(shape_.begin(), shape_.end() - 1), outer_strides(strides_.begin(), strides_.end() - 1);
+  for_each_offset(outer, outer_strides, [&](int64_t i, int64_t off) { starts[static_cast<size_t>(i)] = off; });
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 18))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + starts[static_cast<size_t>(r)];
+    float* d = dst + r * cols;
+    if (cs == 1) std::memcpy(d, s, static_cast<size_t>(cols) * sizeof(float));
+    else
+      for (int64_t j = 0; j < cols; ++j) d[j] = s[j * cs];
   }
   return t;
 }

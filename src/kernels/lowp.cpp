@@ -59,7 +59,7 @@ void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, fl
 
 // The plain references of the packed products: every entry by a loop over k in the packed layout.
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
-                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks) {
   for (int64_t j = n0; j < n1; ++j) {
     const int64_t l = w.col0 + j;
     const uint32_t* panel = w.data + (l / kPanel) * w.groups * kPanel;
@@ -73,7 +73,7 @@ void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, c
         std::memcpy(&wb[1], &b1, 4);
         for (int t = 0; t < 2; ++t) {
           const int64_t kk = 2 * g + t;
-          if (kk < w.k) acc += detail::bf16_round_one(x[i * ldx + kk]) * wb[t];
+          if (kk < w.k) acc += detail::bf16_round_one(x[i * ldx + kk * xks]) * wb[t];
         }
       }
       c[i * ldc + j] = bias ? acc + bias[j] : acc;
@@ -212,6 +212,11 @@ void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t s
   out.data.assign(static_cast<size_t>(panels * out.groups * kPanel), 0u);
   out.colsum.clear();
   out.scale.clear();
+  if (active_isa() >= Isa::kAvx512Bf16) {  // the vector packing: the same words, panels in parallel
+#pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
+    for (int64_t p = 0; p < panels; ++p) avx512bf16::pack_bf16_panels(w, n, k, stride_n, stride_k, p, p + 1, out.data.data());
+    return;
+  }
 #pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
   for (int64_t j = 0; j < n; ++j) {
     uint32_t* panel = out.data.data() + (j / kPanel) * out.groups * kPanel + j % kPanel;
@@ -286,13 +291,15 @@ void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block) {
 }  // namespace
 
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
-                      int64_t ldc) {
-  QKV_CHECK_ARG(m >= 0 && ldx >= w.k && ldc >= w.n && (m == 0 || w.n == 0 || (x && c)), "[gemm_bf16] m ", m,
-                ", ldx ", ldx, " (>= k = ", w.k, "), ldc ", ldc, " (>= n = ", w.n, ")");
+                      int64_t ldc, int64_t xks) {
+  QKV_CHECK_ARG(m >= 0 && xks >= 1 && ldx >= 1 && (xks == 1 ? ldx >= w.k : ldx == 1 ? xks >= m : true) &&
+                    ldc >= w.n && (m == 0 || w.n == 0 || (x && c)),
+                "[gemm_bf16] m ", m, ", ldx ", ldx, ", k stride ", xks, " (rows ldx >= k = ", w.k,
+                " apart, or k stride >= m when ldx is 1), ldc ", ldc, " (>= n = ", w.n, ")");
   QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Bf16, "[gemm_bf16] the packed bf16 product needs AVX512-BF16 (",
                     isa_name(active_isa()), " is active)");
   run_packed(m, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    avx512bf16::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1);
+    avx512bf16::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1, xks);
   });
 }
 

@@ -6,8 +6,6 @@
 // from the standard library, so nothing built here can stand in for another unit's copy on an older CPU.
 #include <immintrin.h>
 
-#include <algorithm>
-
 #include "lowp_avx512_impl.h"
 #include "lowp_packed_impl.h"
 #include "qkv/kernels/lowp.h"
@@ -25,11 +23,35 @@ constexpr int64_t kMR = detail::kPackedRows;  // rows of c per microkernel: 28 a
 
 inline __mmask16 lanes(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
+                     : static_cast<__mmask16>((1u << detail::max64(count, 0)) - 1u);
 }
 
-// Rows [0, rows) of x (row stride ldx, k columns) as [group][kMR] words of bf16 pairs (low half: even k).
-void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
+// The pair word of two rounded halves: even k low, odd k high.
+inline __m512i pair_words(__m512 even, __m512 odd) {
+  return _mm512_or_si512(_mm512_srli_epi32(detail::bf16_round16_hi(even), 16), detail::bf16_round16_hi(odd));
+}
+
+// Rows [0, rows) of x (x[r][p] at x[r * ldx + p * xks], k columns) as [group][kMR] words of bf16 pairs (low half:
+// even k). xks == 1: rows read along k; ldx == 1 (a transposed operand): the tile's rows of each k read at once.
+void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
+  if (xks != 1 && ldx == 1) {
+    const __mmask16 m = lanes(rows);  // rows <= kMR <= 16
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m512 even = _mm512_maskz_loadu_ps(m, x + 2 * g * xks);
+      const __m512 odd = 2 * g + 1 < k ? _mm512_maskz_loadu_ps(m, x + (2 * g + 1) * xks) : _mm512_setzero_ps();
+      _mm512_mask_storeu_epi32(dst + g * kMR, m, pair_words(even, odd));
+    }
+    return;
+  }
+  if (xks != 1) {  // any other layout: one element at a time
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const float e = x[r * ldx + 2 * g * xks], o = 2 * g + 1 < k ? x[r * ldx + (2 * g + 1) * xks] : 0.0f;
+        dst[g * kMR + r] = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm512_castsi512_si128(
+            pair_words(_mm512_set1_ps(e), _mm512_set1_ps(o)))));
+      }
+    return;
+  }
   alignas(64) uint32_t pairs[16];
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * ldx;
@@ -40,7 +62,7 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t g
       const __m512i lo = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m0, xr + k0));
       const __m512i hi = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m1, xr + k0 + 16));
       _mm512_store_si512(pairs, detail::bf16_adjacent_pairs(lo, hi));
-      const int64_t gn = std::min<int64_t>(16, groups - g0);
+      const int64_t gn = detail::min64(16, groups - g0);
       for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = pairs[g];
     }
   }
@@ -58,7 +80,7 @@ void pack_a_int8(const int16_t* q, int64_t ld, int64_t rows, int64_t groups, uin
       const __m256i hi = _mm512_cvtepi16_epi8(_mm512_loadu_si512(qr + 4 * g0 + 32));
       const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       _mm512_store_si512(words, _mm512_xor_si512(bytes, offset));
-      const int64_t gn = std::min<int64_t>(16, groups - g0);
+      const int64_t gn = detail::min64(16, groups - g0);
       for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = words[g];
     }
   }
@@ -171,7 +193,7 @@ inline void micro_rows(int64_t rows, int64_t /*groups*/, const uint32_t* a, cons
   using Fn = void (*)(const uint32_t*, const uint32_t*, float*, int64_t, const Int8Out&, __mmask16, __mmask16);
   static constexpr Fn table[8] = {nullptr,       micro_int8<1>, micro_int8<2>, micro_int8<3>,
                                   micro_int8<4>, micro_int8<5>, micro_int8<6>, micro_int8<7>};
-  const int64_t first = std::min<int64_t>(rows, 7);
+  const int64_t first = detail::min64(rows, 7);
   table[first](a, b, c, ldc, out, m0, m1);
   if (rows > 7) {
     Int8Out rest = out;
@@ -206,13 +228,49 @@ void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t*
 
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
-                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks) {
   detail::run_packed_block(
       w, bias, c, ldc, m0, m1, n0, n1,
       [](int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, const Bf16Out& out,
          int64_t n) { micro_rows<Bf16Op>(rows, groups, a, b, c, ldc, out, lanes(n), lanes(n - 16)); },
-      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_bf16(x + r0 * ldx, ldx, rows, w.k, w.groups, dst); },
+      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_bf16(x + r0 * ldx, ldx, xks, rows, w.k, w.groups, dst); },
       [](int64_t, int64_t, const float* b) { return Bf16Out{b}; });
+}
+
+void pack_bf16_panels(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t stride_k, int64_t p0,
+                      int64_t p1, uint32_t* data) {
+  const int64_t groups = (k + 1) / 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    uint32_t* panel = data + p * groups * kPanel;
+    const int64_t j0 = p * kPanel, cols = detail::min64(kPanel, n - j0);
+    if (stride_n == 1) {  // a (k, n) row-major B: each k's 32 columns are adjacent
+      const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* e = w + j0 + 2 * g * stride_k;
+        const float* o = e + stride_k;
+        const bool odd = 2 * g + 1 < k;
+        for (int h = 0; h < 2; ++h) {
+          const __mmask16 m = h ? m1 : m0;
+          const __m512 ev = _mm512_maskz_loadu_ps(m, e + 16 * h);
+          const __m512 ov = odd ? _mm512_maskz_loadu_ps(m, o + 16 * h) : _mm512_setzero_ps();
+          _mm512_storeu_si512(panel + g * kPanel + 16 * h, pair_words(ev, ov));
+        }
+      }
+    } else {  // each column's k along stride_k: pack_a_bf16's row packing, 32 columns as rows of a kPanel tile
+      for (int64_t i = 0; i < groups * kPanel; ++i) panel[i] = 0u;  // lanes past n
+      for (int64_t l0 = 0; l0 < cols; l0 += kMR) {
+        alignas(64) uint32_t tile[16 * kMR];
+        const int64_t rows = detail::min64(kMR, cols - l0);
+        for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+          const int64_t gn = detail::min64(16, groups - g0);
+          pack_a_bf16(w + (j0 + l0) * stride_n + 2 * g0 * stride_k, stride_n, stride_k, rows,
+                      detail::min64(k - 2 * g0, 32), gn, tile);
+          for (int64_t g = 0; g < gn; ++g)
+            for (int64_t r = 0; r < rows; ++r) panel[(g0 + g) * kPanel + l0 + r] = tile[g * kMR + r];
+        }
+      }
+    }
+  }
 }
 }  // namespace avx512bf16
 

@@ -115,7 +115,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
 
   MatLayout la, lb;
   Tensor A = blas_ready(a, la);
-  if (packed_bf16 && la.trans) A = blas_ready(a.contiguous(), la);  // the bf16 kernel reads rows of A
+  // The bf16 kernel reads A as rows (ld, 1) or transposed (1, ld)
+  const int64_t a_rs = packed_bf16 && la.trans ? 1 : la.ld, a_ks = packed_bf16 && la.trans ? la.ld : 1;
   const Tensor B = blas_ready(b, lb);
   check_blas_int(la.ld, "matmul", "leading dimension");
   check_blas_int(lb.ld, "matmul", "leading dimension");
@@ -131,7 +132,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
     if (packed_bf16) {
       kernels::PackedB w;
       pack_b_bf16(B.data() + ob[0], lb, n, k, w);
-      kernels::gemm_bf16_packed(A.data() + oa[0], m * nb, la.ld, w.view(), nullptr, out.data(), n);
+      kernels::gemm_bf16_packed(A.data() + oa[0], m * nb, a_rs, w.view(), nullptr, out.data(), n, a_ks);
     } else {
       gemm(A.data() + oa[0], la, B.data() + ob[0], lb, out.data(), m * nb, n, k, false);
     }
@@ -144,7 +145,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
     kernels::PackedB w;
     for (int64_t i = 0; i < nb; ++i) {
       if (i == 0 || ob[i] != ob[i - 1]) pack_b_bf16(pb + ob[i], lb, n, k, w);
-      kernels::gemm_bf16_packed(pa + oa[i], m, la.ld, w.view(), nullptr, pc + i * m * n, n);
+      kernels::gemm_bf16_packed(pa + oa[i], m, a_rs, w.view(), nullptr, pc + i * m * n, n, a_ks);
     }
     return out;
   }

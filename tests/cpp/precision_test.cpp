@@ -433,6 +433,20 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
     const double slack = static_cast<double>(s.k) * std::ldexp(1.0, -23) * abs_max + 1e-30;
     kernels::PackedB packed;
     kernels::pack_bf16(w.data(), s.n, s.k, s.k, 1, packed);
+    // Every packed word from the rounding oracle: panel p, group g, lane l holds column 32p + l's k = 2g (low half)
+    // and 2g + 1 (high half); lanes past n and the half past an odd k are zero.
+    {
+      const int64_t groups = (s.k + 1) / 2;
+      ASSERT_EQ(packed.data.size(), static_cast<size_t>((s.n + 31) / 32 * groups * 32));
+      const std::vector<float> wf = w.to_vector();
+      for (size_t i = 0; i < packed.data.size(); ++i) {
+        const int64_t p = static_cast<int64_t>(i) / (groups * 32), g = static_cast<int64_t>(i) / 32 % groups;
+        const int64_t j = p * 32 + static_cast<int64_t>(i) % 32;
+        const uint32_t lo = j < s.n ? bits(bf16_oracle(wf[j * s.k + 2 * g])) >> 16 : 0u;
+        const uint32_t hi = j < s.n && 2 * g + 1 < s.k ? bits(bf16_oracle(wf[j * s.k + 2 * g + 1])) >> 16 : 0u;
+        ASSERT_EQ(packed.data[i], lo | (hi << 16)) << "word " << i;
+      }
+    }
     const kernels::PackedBView v = packed.view(s.begin, s.end);
     auto check = [&](const std::vector<float>& c, const char* path) {
       double err = 0;
@@ -452,6 +466,17 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
           kernels::avx512bf16::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, c.data(), nv, m0, m1,
                                                       n0, n1);
       check(c, "avx512bf16");
+      // x read transposed (x[i][k] at xt[k * m + i]): the same bits as the rows, on both builds.
+      const Tensor xt = x.transpose(0, 1).contiguous();
+      std::vector<float> ct(c.size(), NAN), cp(c.size(), NAN), cpt(c.size(), NAN);
+      kernels::avx512bf16::gemm_bf16_packed_block(xt.data(), 1, v, bias.data() + s.begin, ct.data(), nv, 0, s.m, 0,
+                                                  nv, s.m);
+      kernels::avx512bf16::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, cp.data(), nv, 0, s.m, 0,
+                                                  nv);
+      EXPECT_EQ(ct, cp) << "avx512bf16, x transposed";
+      kernels::portable::gemm_bf16_packed_block(xt.data(), 1, v, bias.data() + s.begin, cpt.data(), nv, 0, s.m, 0, nv,
+                                                s.m);
+      check(cpt, "portable, x transposed");
       // The transposed-B packing (a (k, n) row-major operand) gives the same packed words.
       kernels::PackedB from_kn;
       const Tensor wt = w.transpose(0, 1).contiguous();
@@ -472,7 +497,7 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
   for (Isa p : paths) {
     std::vector<float> c(12, 0.0f);
     (p == Isa::kPortable ? kernels::portable::gemm_bf16_packed_block : kernels::avx512bf16::gemm_bf16_packed_block)(
-        x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4);
+        x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4, 1);
     for (int j = 0; j < 4; ++j) {
       EXPECT_TRUE(std::isnan(c[j])) << kernels::isa_name(p);
       EXPECT_TRUE(std::isinf(c[4 + j]) && c[4 + j] > 0) << kernels::isa_name(p);

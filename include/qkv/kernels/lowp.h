@@ -107,7 +107,8 @@ struct PackedB {
 };
 
 // W(j, p) = w[j * stride_n + p * stride_k] for j < n, p < k (so (n, k) row-major is stride_n = ldw, stride_k = 1,
-// and a (k, n) row-major B is stride_n = 1, stride_k = ldb), rounded to bfloat16 and packed.
+// and a (k, n) row-major B is stride_n = 1, stride_k = ldb), rounded to bfloat16 and packed. With AVX512-BF16
+// active (the only path that reads the packing) by vector loads per panel, else a loop per element: the same words.
 void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t stride_k, PackedB& out);
 // Int8 weight rows (one scale per row, one per output column) packed with their per-block column sums (for the
 // +128 offset of the activations) and scales; k <= 65536.
@@ -115,12 +116,13 @@ void pack_int8(const Int8View& w, PackedB& out);
 inline constexpr int64_t kInt8PackedMaxK = 65536;
 
 // c (m, n) row-major with ldc: c[i][j] = Σ_k bf16(x[i][k]) · w[j][k] + bias[j], float32 accumulation, x (m, k)
-// with row stride ldx. Runs the avx512bf16 build (throws std::runtime_error when active_isa() is below it).
-// Threaded over blocks of c; the same bits for every thread count.
+// at x[i * ldx + k * xks]: rows (xks 1, ldx >= k) or a transposed operand (ldx 1, xks >= m), both read by vector
+// loads; other strides one element at a time. Runs the avx512bf16 build (throws std::runtime_error when
+// active_isa() is below it). Threaded over blocks of c; the same bits for every thread count and layout.
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
-                      int64_t ldc);
+                      int64_t ldc, int64_t xks = 1);
 // The int8 product of gemm_int8_nt over a packed weight: the avx512vnni build when active_isa() >= kAvx512Vnni,
-// // the avxvnni one when active_isa() == kAvx2Vnni; throws std::runtime_error on any other path
+// the avxvnni one when active_isa() == kAvx2Vnni; throws std::runtime_error on any other path
 // (gemm_int8_packed_runs() says whether it runs: where it does, int8 linear weights are packed). The same bits as
 // gemm_int8_nt on the unpacked rows.
 void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc);
@@ -131,13 +133,16 @@ bool gemm_int8_packed_runs();
 // avxvnni:: cpu_supports(Isa::kAvx2Vnni)).
 namespace portable {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
-                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks = 1);
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 }  // namespace portable
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
-                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks = 1);
+// Panels [p0, p1) of pack_bf16's layout into data (which holds every panel).
+void pack_bf16_panels(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t stride_k, int64_t p0,
+                      int64_t p1, uint32_t* data);
 }  // namespace avx512bf16
 namespace avx512vnni {
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
