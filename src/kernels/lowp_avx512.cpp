@@ -101,13 +101,7 @@ struct Bf16Out {
     _mm512_mask_storeu_ps(c, m, acc);
   }
 };
-struct Int8Out {
-  const float* bias;       // at the panel's lane 0, or null
-  const int32_t* colsum;   // the panel's [block][32] column sums
-  const float* scale;      // the panel's 32 column scales
-  const float* row_scale;  // the tile's first activation row's block scales; row r's at + r * blocks
-  int64_t blocks;
-};
+using detail::Int8Out;
 
 // R (<= 7) rows of c by one 32-column panel of the int8 product: per block of kInt8Group k, the exact int32 sums
 // (vpdpbusd on q + 128, less 128 Σ w), scaled into float accumulators by fused multiply-adds in block order.

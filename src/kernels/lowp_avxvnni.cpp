@@ -42,14 +42,7 @@ void pack_a_int8(const int16_t* q, int64_t ld, int64_t rows, int64_t groups, uin
   }
 }
 
-// The epilogue data of a tile: the panel's, or (inside micro_int8) a 16-column half's.
-struct Int8Out {
-  const float* bias;       // at the panel's lane 0, or null
-  const int32_t* colsum;   // the panel's [block][32] column sums
-  const float* scale;      // the panel's 32 column scales
-  const float* row_scale;  // the tile's first activation row's block scales; row r's at + r * blocks
-  int64_t blocks;
-};
+using detail::Int8Out;  // here also a 16-column half's (inside micro_int8)
 
 // R (<= 6) rows of c by 16 columns of a panel (b, out.colsum, out.scale and out.bias at the first of them): per
 // block of kInt8Group k, the exact int32 sums (-128 Σ w, plus vpdpbusd on q + 128), scaled into float sums by

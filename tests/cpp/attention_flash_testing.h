@@ -219,6 +219,19 @@ inline bool bit_equal(const Tensor& a, const Tensor& b) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
+// Whether this CPU runs the flash set `isa` (a set it lacks throws std::runtime_error naming attention).
+inline bool available(kernels::FlashIsa isa) {
+  try {
+    const Tensor q = Tensor::zeros({1, 8});
+    FlashConfig cfg;
+    cfg.isa = isa;
+    kernels::attention_flash_forward(q, q, q, {}, Shape{}, 1.0f, cfg);
+    return true;
+  } catch (const std::runtime_error&) {
+    return false;
+  }
+}
+
 struct Fused {
   AttentionResult fwd;
   AttentionGrads grads;

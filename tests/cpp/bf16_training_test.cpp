@@ -40,18 +40,6 @@ std::vector<double> doubles(const Tensor& t) {
   return {v.begin(), v.end()};
 }
 
-bool flash_set_available(FlashIsa isa) {
-  try {
-    const Tensor q = randn({1, 8}, 1);
-    FlashConfig cfg;
-    cfg.isa = isa;
-    kernels::attention_flash_forward(q, q, q, {}, Shape{}, 1.0f, cfg);
-    return true;
-  } catch (const std::runtime_error&) {
-    return false;
-  }
-}
-
 struct Case {
   Shape q, k;
   int64_t dv;
@@ -101,7 +89,7 @@ TEST(Bf16AttentionBackward, EveryFlashSetFollowsTheBf16SchemeAndItsAccuracy) {
   std::vector<FlashIsa> sets;
   std::string ran;
   for (FlashIsa isa : {FlashIsa::kPortable, FlashIsa::kAvx2, FlashIsa::kAvx512, FlashIsa::kAvx512Bf16})
-    if (flash_set_available(isa)) {
+    if (testing::flash::available(isa)) {
       sets.push_back(isa);
       ran += std::string(ran.empty() ? "" : ",") + kernels::flash_isa_name(isa);
     }
