@@ -50,7 +50,8 @@ test-asan: deps
 # The multi-threaded kernels under ThreadSanitizer (fused attention with every instruction set, the bf16 and int8
 # products, sgemm, the storage pool): clang-14 with LLVM's OpenMP and its Archer tool, which tells TSan about
 # OpenMP's synchronisation (GCC's libgomp is not instrumented and reports false races).
-TSAN_TESTS := attention_flash_test attention_flash_entry_test attention_flash_isa_test storage_pool_test precision_test
+TSAN_TESTS := attention_flash_test attention_flash_entry_test attention_flash_isa_test storage_pool_test precision_test \
+              precision_fronts_test
 TSAN_RUN    = OMP_NUM_THREADS=2 OMP_TOOL_LIBRARIES=/usr/lib/llvm-14/lib/libarcher.so \
               TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1"
 test-tsan: deps

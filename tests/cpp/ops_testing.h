@@ -34,6 +34,13 @@ inline Tensor randn(const Shape& shape, uint64_t seed, float stddev = 1.0f) {
   return rng.normal(shape, 0.0f, stddev);
 }
 
+// max |a - b| over the entries.
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
+  return e;
+}
+
 inline std::vector<double> to_double(const Tensor& t) {
   const std::vector<float> v = t.to_vector();
   return std::vector<double>(v.begin(), v.end());
