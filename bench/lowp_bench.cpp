@@ -1,4 +1,5 @@
-// GF/s of qkv's linear layer at each precision: float32 (sgemm), bf16 (vdpbf16ps on weights packed once where the
+// GF/s of qkv's linear layer at each precision: float32 (sgemm packing the weight per call, and on the weight
+// packed once, as a module whose precision is set reads it), bf16 (vdpbf16ps on weights packed once where the
 // CPU has AVX512-BF16, else rounding then float32) and int8 (activation quantization included; vpdpbusd where the
 // CPU has AVX512-VNNI, else vpmaddwd), on a square and on MiniLM's and decoding's shapes. The sides take turns,
 // `--repeats` times each, so that a machine that slows down slows all alike; each figure is the median.
@@ -61,41 +62,47 @@ int main(int argc, char** argv) {
                       {"decode 8x4096x4096", 8, 4096, 4096},
                       {"short sentence 16x384x384", 16, 384, 384},
                       {"short sentence 16x1536x384", 16, 1536, 384},
-                      {"32x4096x4096", 32, 4096, 4096}};
+                      {"32x4096x4096", 32, 4096, 4096},
+                      {"Llama prefill 128x768x768", 128, 768, 768},
+                      {"Llama prefill 128x2048x768", 128, 2048, 768},
+                      {"Llama prefill 128x768x2048", 128, 768, 2048}};
   const qkv::kernels::LowpPaths paths = qkv::kernels::lowp_paths();
   std::printf("qkv linear at fp32 / bf16 / int8, %d repeats (median), isa %s\n  bf16: %s\n  int8: %s\n", repeats,
               qkv::kernels::isa_name(qkv::kernels::active_isa()), paths.bf16, paths.int8);
   std::string out = "{\"isa\": \"" + std::string(qkv::kernels::isa_name(qkv::kernels::active_isa())) + "\", \"rows\": [";
   for (const Row& r : rows) {
     const qkv::Tensor x = randn({r.m, r.k}, 1), w = randn({r.n, r.k}, 2), b = randn({r.n}, 3);
-    const qkv::LinearWeight w16(w, qkv::Precision::kBFloat16), w8(w, qkv::Precision::kInt8);
+    const qkv::LinearWeight w32(w, qkv::Precision::kFloat32), w16(w, qkv::Precision::kBFloat16),
+        w8(w, qkv::Precision::kInt8);
+    const qkv::LinearWeight* lw[] = {nullptr, &w32, &w16, &w8};  // side 0: the bare weight, packed per call
     const double flop = 2.0 * r.m * r.n * r.k;
     // Enough calls per timing for about 50 ms at 100 GF/s.
     const int calls = std::max(1, static_cast<int>(5e9 / flop));
-    std::vector<double> t[3];
+    std::vector<double> t[4];
     for (int rep = 0; rep <= repeats; ++rep) {
-      for (int side = 0; side < 3; ++side) {
+      for (int side = 0; side < 4; ++side) {
         const double t0 = now();
         for (int c = 0; c < calls; ++c) {
-          qkv::Tensor y = side == 0 ? qkv::linear(x, w, b) : qkv::linear(x, side == 1 ? w16 : w8, b);
+          qkv::Tensor y = side == 0 ? qkv::linear(x, w, b) : qkv::linear(x, *lw[side], b);
           if (y.data()[0] == 12345.678f) std::printf(" ");
         }
         if (rep > 0) t[side].push_back((now() - t0) / calls);  // rep 0 warms up
       }
     }
-    double gf[3];
-    for (int side = 0; side < 3; ++side) {
+    double gf[4];
+    for (int side = 0; side < 4; ++side) {
       std::sort(t[side].begin(), t[side].end());
       gf[side] = flop / t[side][t[side].size() / 2] * 1e-9;
     }
-    std::printf("  %-32s fp32 %7.1f GF/s   bf16 %7.1f GF/s (%.2fx fp32)   int8 %7.1f GF/s (%.2fx fp32, %.2fx bf16)\n",
-                r.what, gf[0], gf[1], gf[1] / gf[0], gf[2], gf[2] / gf[0], gf[2] / gf[1]);
+    std::printf("  %-32s fp32 %7.1f GF/s   packed once %7.1f (%.2fx)   bf16 %7.1f GF/s (%.2fx fp32)   "
+                "int8 %7.1f GF/s (%.2fx fp32, %.2fx bf16)\n",
+                r.what, gf[0], gf[1], gf[1] / gf[0], gf[2], gf[2] / gf[0], gf[3], gf[3] / gf[0], gf[3] / gf[2]);
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "%s{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"fp32_gflops\": %.2f, "
-                  "\"bf16_gflops\": %.2f, \"int8_gflops\": %.2f}",
+                  "\"fp32_packed_gflops\": %.2f, \"bf16_gflops\": %.2f, \"int8_gflops\": %.2f}",
                   &r == rows ? "" : ", ", r.what, static_cast<long long>(r.m), static_cast<long long>(r.n),
-                  static_cast<long long>(r.k), gf[0], gf[1], gf[2]);
+                  static_cast<long long>(r.k), gf[0], gf[1], gf[2], gf[3]);
     out += buf;
   }
   out += "]}\n";

@@ -96,10 +96,17 @@ float* workspace(int64_t floats) {
 
 // The loop nest over packed blocks. K blocks depend only on k, so each C element sees the same sequence of
 // operations whatever the thread count and the M/N blocking.
+// K blocks: as even as possible, at most kKcMax. They depend on k alone (sgemm_pack_b packs in the same blocks).
+int64_t kc_of(int64_t k) { return ceil_div(k, ceil_div(k, kKcMax)); }
+
+// Where a K block of a pre-packed op(B) begins: the blocks before it hold pc rows of every panel.
+const float* packed_block(const SgemmPackedB& pre, int64_t pc) { return pre.data.get() + pc * ceil_div(pre.n, kNR) * kNR; }
+
+// pre: op(B) pre-packed, its column `pre_col0` (a multiple of kNR) being op(B)'s column 0; null packs per call.
 void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t nk = ceil_div(k, kKcMax);
-  const int64_t kc_size = ceil_div(k, nk);
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const SgemmPackedB* pre,
+                int64_t pre_col0) {
+  const int64_t kc_size = kc_of(k);
   const int64_t nc_size = std::min(kNcMax, ceil_div(n, kNR) * kNR);
 
   const double work = double(m) * double(n) * double(k);
@@ -114,7 +121,8 @@ void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   // One allocation, made before the parallel region (nothing may throw inside it): the shared B block, then one
   // A block per thread, each 64-byte aligned (kc·nc and the A stride are multiples of 16 floats).
   const int64_t a_stride = ceil_div(mc_size * kc_size, 16) * 16;
-  float* const pb = workspace(kc_size * nc_size + threads * a_stride);
+  const int64_t b_floats = pre != nullptr ? 0 : kc_size * nc_size;
+  float* const pb = workspace(b_floats + threads * a_stride);
 
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
@@ -125,12 +133,15 @@ void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
       for (int64_t pc = 0; pc < k; pc += kc_size) {
         const int64_t kc = std::min(kc_size, k - pc);
         const float beta_here = pc == 0 ? beta : 1.0f;
-        // Pack B(pc.., jc..) cooperatively, one kNR panel per item.
+        // B(pc.., jc..): pre-packed, or packed here cooperatively, one kNR panel per item.
+        const float* bblk = pre != nullptr ? packed_block(*pre, pc) + (pre_col0 + jc) * kc : pb;
+        if (pre == nullptr) {
 #pragma omp for schedule(static)
-        for (int64_t s = 0; s < n_panels; ++s) {
-          const int64_t j = jc + s * kNR;
-          const float* src = tb ? b + j * ldb + pc : b + pc * ldb + j;
-          avx512::pack_b(tb, src, ldb, kc, std::min(kNR, n - j), pb + s * kNR * kc);
+          for (int64_t s = 0; s < n_panels; ++s) {
+            const int64_t j = jc + s * kNR;
+            const float* src = tb ? b + j * ldb + pc : b + pc * ldb + j;
+            avx512::pack_b(tb, src, ldb, kc, std::min(kNR, n - j), pb + s * kNR * kc);
+          }
         }
         // Each item: one M block times one share of the N block's panels.
 #pragma omp for schedule(dynamic, 1)
@@ -139,11 +150,11 @@ void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
           const int64_t i0 = ib * mc_size, mc = std::min(mc_size, m - i0);
           const int64_t s0 = sp * panels_per_split, s1 = std::min(n_panels, s0 + panels_per_split);
           if (s0 >= s1) continue;
-          float* const pa = pb + kc_size * nc_size + omp_get_thread_num() * a_stride;
+          float* const pa = pb + b_floats + omp_get_thread_num() * a_stride;
           const float* src = ta ? a + pc * lda + i0 : a + i0 * lda + pc;
           avx512::pack_a(ta, src, lda, mc, kc, pa);
           const int64_t j0 = s0 * kNR, ncs = std::min(nc, s1 * kNR) - j0;
-          avx512::macro_kernel(mc, ncs, kc, alpha, pa, pb + s0 * kNR * kc, beta_here, c + i0 * ldc + jc + j0,
+          avx512::macro_kernel(mc, ncs, kc, alpha, pa, bblk + s0 * kNR * kc, beta_here, c + i0 * ldc + jc + j0,
                                ldc);
         }
       }
@@ -203,12 +214,42 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
     scale_c(m, n, beta, c, ldc);
     return;
   }
-  run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr, 0);
+}
+
+void sgemm_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb, SgemmPackedB& out) {
+  QKV_CHECK_ARG(n >= 0 && k >= 0 && ldb >= std::max<int64_t>(1, trans_b ? k : n) && (b != nullptr || n * k == 0),
+                "[sgemm_pack_b] op(B) (", k, ", ", n, ")", trans_b ? " transposed" : "", " with ldb ", ldb,
+                b == nullptr ? " and a null pointer" : "", " is not a valid operand");
+  out = SgemmPackedB();
+  if (std::strcmp(sgemm_backend(), "avx512") != 0 || n == 0 || k == 0) return;
+  const int64_t kc_size = kc_of(k), panels = ceil_div(n, kNR);
+  const size_t bytes = static_cast<size_t>(panels * kNR * k) * sizeof(float);
+  float* data = static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  QKV_CHECK_RUNTIME(data != nullptr, "[sgemm_pack_b] cannot allocate ", bytes, " bytes for op(B) (", k, ", ", n, ")");
+  out.data = std::shared_ptr<const float>(data, [](const float* p) { std::free(const_cast<float*>(p)); });
+  out.k = k;
+  out.n = n;
+  for (int64_t pc = 0; pc < k; pc += kc_size) {
+    const int64_t kc = std::min(kc_size, k - pc);
+    float* blk = data + pc * panels * kNR;
+#pragma omp parallel for schedule(static) if (panels * kc * kNR >= (int64_t{1} << 16))
+    for (int64_t s = 0; s < panels; ++s) {
+      const int64_t j = s * kNR;
+      const float* src = trans_b ? b + j * ldb + pc : b + pc * ldb + j;
+      avx512::pack_b(trans_b, src, ldb, kc, std::min(kNR, n - j), blk + s * kNR * kc);
+    }
+  }
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const SgemmPackedB* packed,
+           int64_t packed_col0) {
   check_args(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  if (packed != nullptr && packed->packed())
+    QKV_CHECK_ARG(packed->k == k && packed_col0 >= 0 && packed_col0 % kNR == 0 && packed_col0 + n <= packed->n,
+                  "[sgemm] pre-packed op(B) (", packed->k, ", ", packed->n, ") does not hold columns [", packed_col0,
+                  ", ", packed_col0 + n, ") of a k ", k, " product (column 0 must be a multiple of ", kNR, ")");
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.0f) {
     scale_c(m, n, beta, c, ldc);
@@ -249,7 +290,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     return;
   }
   if (std::strcmp(sgemm_backend(), "avx512") == 0 && double(m) * double(n) * double(k) >= kSmallWork) {
-    run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const bool pre = packed != nullptr && packed->packed();
+    run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pre ? packed : nullptr, packed_col0);
     return;
   }
   cblas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 
+#include "qkv/kernels/sgemm.h"
+
 namespace qkv::kernels::avx512 {
 
 // Microkernel tile: kMR rows of C (one broadcast of A each) by kNR columns (two zmm registers) = 28 accumulators.
 inline constexpr int64_t kMR = 14;
-inline constexpr int64_t kNR = 32;
+inline constexpr int64_t kNR = kSgemmPanel;
 
 // Packs the (mc, kc) block of op(A) whose top-left element is `a` (A(i, p) = a[i*lda + p], or a[p*lda + i] when
 // trans) into ceil(mc/kMR) panels of kMR*kc floats; panel r holds rows r*kMR.. as dst[p*kMR + i]. Rows past mc

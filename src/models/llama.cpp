@@ -390,6 +390,7 @@ std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::s
   }
   m->load_hf_state_dict(file.tensors, weights);
   m->eval();
+  m->set_precision(Precision::kFloat32);  // loaded for inference: the linear weights prepared (packed) once, here
   return m;
 }
 

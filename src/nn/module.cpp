@@ -86,7 +86,7 @@ void Module::register_linear_weight(Tensor* weight) {
 
 void Module::prepare_linear_weights() {
   for (auto& [w, prepared] : linear_weights_)
-    prepared = precision_ == Precision::kFloat32 || !w->defined() ? LinearWeight() : LinearWeight(*w, precision_);
+    prepared = !prepared_ || !w->defined() ? LinearWeight() : LinearWeight(*w, precision_);
   weights_live_.store(false, std::memory_order_relaxed);
   for (auto& [name, m] : children_) m->prepare_linear_weights();
 }
@@ -97,6 +97,7 @@ void Module::set_precision(Precision p) {
     Module* m = stack.back();
     stack.pop_back();
     m->precision_ = p;
+    m->prepared_ = true;
     for (auto& [name, child] : m->children_) stack.push_back(child);
   }
   prepare_linear_weights();
@@ -105,7 +106,7 @@ void Module::set_precision(Precision p) {
 const LinearWeight& Module::linear_weight(const Tensor& weight) const {
   for (const auto& [w, prepared] : linear_weights_)
     if (w == &weight) {
-      QKV_CHECK_ARG(prepared.defined() || precision_ == Precision::kFloat32, "[Module] linear weight ",
+      QKV_CHECK_ARG(prepared.defined() || !prepared_, "[Module] linear weight ",
                     str(weight.shape()), " was not prepared for ", precision_name(precision_));
       return prepared;
     }
@@ -115,15 +116,16 @@ const LinearWeight& Module::linear_weight(const Tensor& weight) const {
 }
 
 Tensor Module::linear_at(const Tensor& x, const Tensor& weight, const Tensor& bias) const {
-  if (precision_ == Precision::kFloat32) return qkv::linear(x, weight, bias);
-  if (weights_live_.load(std::memory_order_relaxed)) return qkv::linear(x, LinearWeight(weight, precision_), bias);
+  const bool live = !prepared_ || weights_live_.load(std::memory_order_relaxed);
+  if (live && precision_ == Precision::kFloat32) return qkv::linear(x, weight, bias);
+  if (live) return qkv::linear(x, LinearWeight(weight, precision_), bias);
   return qkv::linear(x, linear_weight(weight), bias);
 }
 
 bool Module::uses_prepared_weights(bool recording, const char* op, const Shape& x) const {
-  if (precision_ == Precision::kFloat32) return false;
+  if (!prepared_) return false;
   if (recording) {
-    QKV_CHECK_ARG(precision_ == Precision::kBFloat16, "[", op, "] precision ", precision_name(precision_),
+    QKV_CHECK_ARG(precision_ != Precision::kInt8, "[", op, "] precision ", precision_name(precision_),
                   " is for inference; train in fp32 or bf16 (input ", str(x), ")");
     weights_live_.store(true, std::memory_order_relaxed);
     return false;

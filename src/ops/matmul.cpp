@@ -14,6 +14,7 @@
 #include "qkv/kernels/sgemm.h"
 #include "qkv/ops/lowp.h"
 #include "qkv/ops/elementwise.h"
+#include "matmul_internal.h"
 
 namespace qkv {
 namespace {
@@ -48,10 +49,12 @@ void check_blas_int(int64_t v, const char* op, const char* what) {
 }
 
 // C (m, n) row-major with ldc = n  =  A (m, k) · B (k, n)  (+ C when accumulate).
+// packed: B pre-packed by sgemm_pack_b, B being its columns [col0, col0 + n).
 void gemm(const float* a, const MatLayout& la, const float* b, const MatLayout& lb, float* c,
-          int64_t m, int64_t n, int64_t k, bool accumulate) {
+          int64_t m, int64_t n, int64_t k, bool accumulate, const kernels::SgemmPackedB* packed = nullptr,
+          int64_t col0 = 0) {
   kernels::sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, accumulate ? 1.0f : 0.0f, c,
-                 std::max<int64_t>(n, 1));
+                 std::max<int64_t>(n, 1), packed, col0);
 }
 
 // B (k, n) rounded to bf16 and packed for the AVX512-BF16 kernel: W(j, p) = B(p, j).
@@ -158,6 +161,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return detail::linear(x, weight, bias, nullptr, 0);
+}
+
+Tensor detail::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const kernels::SgemmPackedB* packed,
+                      int64_t col0) {
   QKV_CHECK_ARG(x.defined() && weight.defined(), "[linear] undefined input or weight");
   QKV_CHECK_ARG(x.dim() >= 1, "[linear] x must have rank >= 1, got ", str(x.shape()));
   QKV_CHECK_ARG(weight.dim() == 2, "[linear] weight must be (out, in), got ", str(weight.shape()));
@@ -192,7 +200,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor W = blas_ready(weight.transpose(0, 1), lw);
   check_blas_int(lx.ld, "linear", "leading dimension");
   check_blas_int(lw.ld, "linear", "leading dimension");
-  gemm(X.data(), lx, W.data(), lw, pc, rows, outf, in, bias.defined());
+  gemm(X.data(), lx, W.data(), lw, pc, rows, outf, in, bias.defined(), packed, col0);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "qkv/core/error.h"
 #include "qkv/kernels/cpu.h"
 #include "qkv/ops/matmul.h"
+#include "matmul_internal.h"
 
 namespace qkv {
 
@@ -24,7 +25,14 @@ LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precisio
   end_ = weight.size(0);
   in_ = weight.size(1);
   switch (precision) {
-    case Precision::kFloat32: weight_ = weight; break;
+    case Precision::kFloat32:
+      weight_ = weight;
+      if (weight.is_contiguous()) {  // weightᵀ (in, out) packed once for sgemm's own kernel (where it runs)
+        kernels::SgemmPackedB p;
+        kernels::sgemm_pack_b(true, in_, end_, weight.data(), in_, p);
+        if (p.packed()) packed32_ = std::make_shared<const kernels::SgemmPackedB>(std::move(p));
+      }
+      break;
     case Precision::kBFloat16:
       if (kernels::active_isa() >= kernels::Isa::kAvx512Bf16) {
         const Tensor c = weight.contiguous();
@@ -63,7 +71,10 @@ LinearWeight LinearWeight::rows(int64_t begin, int64_t end) const {
 
 Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
   QKV_CHECK_ARG(w.defined(), "[linear] the LinearWeight is empty (default-constructed)");
-  if (w.precision_ == Precision::kFloat32) return linear(x, w.weight_, bias);
+  if (w.precision_ == Precision::kFloat32) {
+    const bool aligned = w.begin_ % kernels::kSgemmPanel == 0;  // a row slice read from the packed panels
+    return detail::linear(x, w.weight_, bias, aligned ? w.packed32_.get() : nullptr, w.begin_);
+  }
   if (w.precision_ == Precision::kBFloat16 && !w.packed_) {
     QKV_CHECK_ARG(x.defined(), "[linear] undefined input");
     return linear(round_to_bf16(x), w.weight_, bias);

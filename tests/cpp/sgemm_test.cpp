@@ -124,7 +124,10 @@ Case random_case(Rng& rng) {
   return cs;
 }
 
-const GemmFn kSgemm = sgemm;
+const GemmFn kSgemm = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+};
 const GemmFn kReference = sgemm_reference;
 const GemmFn kAvx512 = sgemm_avx512;
 

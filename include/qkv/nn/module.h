@@ -40,13 +40,15 @@ class Module {
   void eval() { train(false); }
   bool training() const { return training_; }
 
-  // The precision of this module's linear products and attention (qkv/core/precision.h), set recursively. The
-  // registered linear weights (nn::Linear's, MultiheadAttention's projections) are converted here, once, and again
-  // by load_state_dict; never per call. kFloat32 (the default) is the float32 path bit for bit. kInt8 applies to the
-  // linear products; attention then stays float32, and it is for inference: a forward that records a tape throws.
-  // kBFloat16 also trains: a forward that records a tape runs the products and their gradients at bf16 on the
-  // live weights (converted per call), and from then on this module's forwards without a tape (evaluation between
-  // steps) convert the live weights per call too, since an optimizer changes them in place; set_precision or
+  // The precision of this module's linear products and attention (qkv/core/precision.h), set recursively, and the
+  // registered linear weights (nn::Linear's, MultiheadAttention's projections) prepared for it here, once, and again
+  // by load_state_dict; never per call: converted (bf16, int8) and, where sgemm runs its own AVX-512 kernel, packed
+  // (fp32 and bf16 weights as that kernel or vdpbf16ps reads them; the fp32 copy doubles the weights' memory).
+  // kFloat32 is the float32 path bit for bit, prepared or not; a module whose precision was never set (the default,
+  // fp32) prepares nothing and reads its weights live. kInt8 applies to the linear products; attention then stays
+  // float32, and it is for inference: a forward that records a tape throws. fp32 and bf16 train: a forward that
+  // records a tape runs on the live weights, and from then on this module's forwards without a tape (evaluation
+  // between steps) read the live weights too, since an optimizer changes them in place; set_precision or
   // load_state_dict prepares them once again. Weights changed in place by other means need set_precision again.
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
@@ -58,8 +60,8 @@ class Module {
   // not one), and x·weightᵀ + bias through it: at kFloat32 exactly linear(x, weight, bias).
   const LinearWeight& linear_weight(const Tensor& weight) const;
   Tensor linear_at(const Tensor& x, const Tensor& weight, const Tensor& bias = {}) const;
-  // Whether a forward at this precision reads the weights prepared by set_precision (false at kFloat32, and once a
-  // forward recorded a tape at kBFloat16: see set_precision). recording: this forward records a tape; kInt8 then
+  // Whether a forward reads the weights prepared by set_precision (false before any set_precision, and once a
+  // forward recorded a tape: see set_precision). recording: this forward records a tape; kInt8 then
   // throws std::invalid_argument naming `op` and the input shape x.
   bool uses_prepared_weights(bool recording, const char* op, const Shape& x) const;
 
@@ -75,8 +77,9 @@ class Module {
   std::vector<std::pair<std::string, Module*>> children_;
   bool training_ = true;
   Precision precision_ = Precision::kFloat32;
+  bool prepared_ = false;  // set_precision was called: the linear weights are prepared (packed, converted)
   std::vector<std::pair<const Tensor*, LinearWeight>> linear_weights_;
-  mutable std::atomic<bool> weights_live_{false};  // a bf16 forward recorded a tape since the last preparation
+  mutable std::atomic<bool> weights_live_{false};  // a forward recorded a tape since the last preparation
   void prepare_linear_weights();  // every module below this one, at its own precision
 };
 

@@ -8,6 +8,7 @@
 #include "qkv/core/precision.h"
 #include "qkv/core/tensor.h"
 #include "qkv/kernels/lowp.h"
+#include "qkv/kernels/sgemm.h"
 
 namespace qkv {
 
@@ -15,7 +16,9 @@ namespace qkv {
 Tensor round_to_bf16(const Tensor& x);
 
 // A linear layer's weight (out, in) prepared once for one precision and the kernels this CPU runs.
-//   kFloat32:  the weight itself (shared storage), so linear() gives the float32 bits exactly.
+//   kFloat32:  the weight itself (shared storage), and where sgemm runs its own AVX-512 kernel its transpose packed
+//              once into that kernel's panels (twice the weight's memory); linear() gives the float32 bits exactly.
+//              The packed copy is taken here: a weight changed in place later needs a new LinearWeight.
 //   kBFloat16: with AVX512-BF16 (qkv/kernels/cpu.h Isa::kAvx512Bf16), bfloat16 packed for vdpbf16ps; otherwise a
 //              bf16-rounded float32 copy for the float32 kernels.
 //   kInt8:     int8 values per output channel (symmetric scale max|row| / 127); with AVX512-VNNI, or AVX-VNNI
@@ -39,6 +42,7 @@ class LinearWeight {
   Tensor weight_;                                  // kFloat32, converting kBFloat16: (out, in) over [begin_, end_)
   std::shared_ptr<const kernels::Int8Rows> int8_;  // kInt8 without a packed build: every row; [begin_, end_) used
   std::shared_ptr<const kernels::PackedB> packed_;  // AVX512-BF16 kBFloat16, avx512vnni/avx2vnni kInt8: every row
+  std::shared_ptr<const kernels::SgemmPackedB> packed32_;  // kFloat32 on sgemm's AVX-512 kernel: every row
   int64_t begin_ = 0, end_ = 0, in_ = -1;
 };
 
