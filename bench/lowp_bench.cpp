@@ -65,7 +65,12 @@ int main(int argc, char** argv) {
                       {"32x4096x4096", 32, 4096, 4096},
                       {"Llama prefill 128x768x768", 128, 768, 768},
                       {"Llama prefill 128x2048x768", 128, 2048, 768},
-                      {"Llama prefill 128x768x2048", 128, 768, 2048}};
+                      {"Llama prefill 128x768x2048", 128, 768, 2048},
+                      {"Llama decode 1x256x768", 1, 256, 768},
+                      {"Llama decode 1x768x768", 1, 768, 768},
+                      {"Llama decode 1x2048x768", 1, 2048, 768},
+                      {"Llama decode 1x768x2048", 1, 768, 2048},
+                      {"Llama decode head 1x32000x768", 1, 32000, 768}};
   const qkv::kernels::LowpPaths paths = qkv::kernels::lowp_paths();
   std::printf("qkv linear at fp32 / bf16 / int8, %d repeats (median), isa %s\n  bf16: %s\n  int8: %s\n", repeats,
               qkv::kernels::isa_name(qkv::kernels::active_isa()), paths.bf16, paths.int8);

@@ -181,23 +181,34 @@ inline void store_out(float* c, __mmask16 m, __m512 acc, float alpha, float beta
 void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, int64_t ldb, float beta, float* c,
           int64_t j0, int64_t j1) {
   if (trans) {  // B(p, j) = b[j*ldb + p]: one dot product per column, four partial sums over k
-    for (int64_t j = j0; j < j1; ++j) {
-      const float* row = b + j * ldb;
-      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-      int64_t p = 0;
-      for (; p + 64 <= k; p += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p), _mm512_loadu_ps(row + p), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 16), _mm512_loadu_ps(row + p + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 32), _mm512_loadu_ps(row + p + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 48), _mm512_loadu_ps(row + p + 48), s3);
+    // R columns at once: each x load serves R rows of B, and R rows stream from memory side by side. Every column's
+    // partial sums, tail and final reduction are those of one column alone, so R does not change the bits.
+    const auto columns = [&]<int R>(int64_t j) {
+      const float* row[R];
+      __m512 s[R][4];
+      for (int r = 0; r < R; ++r) {
+        row[r] = b + (j + r) * ldb;
+        for (int q = 0; q < 4; ++q) s[r][q] = _mm512_setzero_ps();
       }
+      int64_t p = 0;
+      for (; p + 64 <= k; p += 64)
+        for (int q = 0; q < 4; ++q) {
+          const __m512 x = _mm512_loadu_ps(a + p + 16 * q);
+          for (int r = 0; r < R; ++r) s[r][q] = _mm512_fmadd_ps(x, _mm512_loadu_ps(row[r] + p + 16 * q), s[r][q]);
+        }
       for (; p < k; p += 16) {
         const __mmask16 m = lanes(k - p);
-        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + p), _mm512_maskz_loadu_ps(m, row + p), s0);
+        const __m512 x = _mm512_maskz_loadu_ps(m, a + p);
+        for (int r = 0; r < R; ++r) s[r][0] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, row[r] + p), s[r][0]);
       }
-      const float dot = hsum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-      c[j] = beta == 0.0f ? alpha * dot : alpha * dot + beta * c[j];
-    }
+      for (int r = 0; r < R; ++r) {
+        const float dot = hsum(_mm512_add_ps(_mm512_add_ps(s[r][0], s[r][1]), _mm512_add_ps(s[r][2], s[r][3])));
+        c[j + r] = beta == 0.0f ? alpha * dot : alpha * dot + beta * c[j + r];
+      }
+    };
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) columns.template operator()<4>(j);
+    for (; j < j1; ++j) columns.template operator()<1>(j);
     return;
   }
   // B(p, j) = b[p*ldb + j]: 64 columns at a time, rows of B streamed in k order.

@@ -13,6 +13,8 @@ Tensor rope_impl(const Tensor& x, const std::vector<int64_t>& positions, float b
   const int64_t T = x.size(-2), D = x.size(-1), half = D / 2;
   // cos/sin tables (T, D/2): inv_freq = 1 / base^(2i/D), angle = pos * inv_freq, all float32 like torch.
   std::vector<float> cs(static_cast<size_t>(T * half)), sn(static_cast<size_t>(T * half));
+  // Threaded from a few thousand angles or elements on (a prefill's q and k); each value is computed alike either way.
+#pragma omp parallel for schedule(static) if (T * half >= 2048)
   for (int64_t i = 0; i < half; ++i) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
     const float inv_freq = 1.0f / std::pow(base, expo);
@@ -27,6 +29,7 @@ Tensor rope_impl(const Tensor& x, const std::vector<int64_t>& positions, float b
   const int64_t rows = x.numel() / std::max<int64_t>(D, 1);
   const float* src = xc.data();
   float* dst = out.data();
+#pragma omp parallel for schedule(static) if (rows * D >= (int64_t{1} << 15))
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = r % T;
     const float* c = cs.data() + t * half;
