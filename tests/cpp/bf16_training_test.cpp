@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_flash_testing.h"
+#include "nn_testing.h"
 #include "ops_testing.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/nn/context.h"
@@ -245,18 +246,7 @@ TEST(Bf16Modules, LinearTrainsOnItsLiveWeightAndEvaluatesTheUpdatedOne) {
   lin.set_precision(Precision::kBFloat16);
   const Tensor x = randn({6, 24}, 6);
   const Tensor before = lin.forward(nn::Context(), ad::Var(x)).value.clone();
-  ad::ParameterSet ps(lin);
-  train::SgdOptions so;
-  so.lr = 0.5;
-  train::SGD opt(ps, so);
-  for (int step = 0; step < 2; ++step) {
-    ps.zero_grad();
-    ad::Tape tape;
-    nn::Context c(tape, ps);
-    const ad::Var y = lin.forward(c, ad::Var(x));
-    tape.backward(ad::sum(ad::mul(y, y)));
-    opt.step();
-  }
+  testing::sgd_steps(lin, x, 2);
   const Tensor after = lin.forward(nn::Context(), ad::Var(x)).value;
   const Tensor want = linear(x, LinearWeight(lin.weight, Precision::kBFloat16), lin.bias);
   EXPECT_TRUE(testing::flash::bit_equal(after, want));

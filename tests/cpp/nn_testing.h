@@ -16,8 +16,12 @@
 #include "ops_testing.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/nn/context.h"
+#include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
 #include "qkv/nn/multihead_attention.h"
+#include "qkv/ops/functional.h"
+#include "qkv/train/optim.h"
 
 namespace qkv::testing {
 
@@ -35,6 +39,22 @@ inline void randomize_parameters(nn::Module& m, uint64_t seed, float stddev = 0.
 }
 
 // Bit-for-bit equality of two tensors' values (NaN never equal).
+// `steps` SGD steps (lr 0.5) of `lin` on the loss Σ y² of y = lin(x): each forward records a tape, as training does.
+inline void sgd_steps(nn::Linear& lin, const Tensor& x, int steps) {
+  ad::ParameterSet ps(lin);
+  train::SgdOptions so;
+  so.lr = 0.5;
+  train::SGD opt(ps, so);
+  for (int step = 0; step < steps; ++step) {
+    ps.zero_grad();
+    ad::Tape tape;
+    nn::Context c(tape, ps);
+    const ad::Var y = lin.forward(c, ad::Var(x));
+    tape.backward(ad::sum(ad::mul(y, y)));
+    opt.step();
+  }
+}
+
 inline ::testing::AssertionResult BitIdentical(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape())
     return ::testing::AssertionFailure() << "shape " << str(a.shape()) << " vs " << str(b.shape());

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn_testing.h"
 #include "ops_testing.h"
 #include "qkv/core/rng.h"
 #include "qkv/kernels/sgemm.h"
@@ -181,18 +182,7 @@ TEST(SgemmPacked, ModulePackedAtFp32EvaluatesTheTrainedWeightsNotAStaleCopy) {
   const Tensor live = lin.forward(nn::Context(), ad::Var(x)).value.clone();
   lin.set_precision(Precision::kFloat32);
   EXPECT_TRUE(same_bits(lin.forward(nn::Context(), ad::Var(x)).value, live));
-  ad::ParameterSet ps(lin);
-  train::SgdOptions so;
-  so.lr = 0.5;
-  train::SGD opt(ps, so);
-  for (int step = 0; step < 2; ++step) {
-    ps.zero_grad();
-    ad::Tape tape;
-    nn::Context c(tape, ps);
-    const ad::Var y = lin.forward(c, ad::Var(x));
-    tape.backward(ad::sum(ad::mul(y, y)));
-    opt.step();
-  }
+  testing::sgd_steps(lin, x, 2);
   const Tensor want = linear(x, lin.weight, lin.bias);
   EXPECT_FALSE(same_bits(want, live));
   EXPECT_TRUE(same_bits(lin.forward(nn::Context(), ad::Var(x)).value, want));
