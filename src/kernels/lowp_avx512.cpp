@@ -218,11 +218,59 @@ void micro_rows(int64_t rows, int64_t groups, const uint32_t* a, const uint32_t*
   table[rows](groups, a, b, c, ldc, out, m0, m1);
 }
 
+// One row of c by P panels side by side (decoding): 2·P independent sums, each panel's pair exactly micro<Bf16Op, 1>'s
+// (the same vdpbf16ps chain over the groups, the same epilogue), so the bits of the tile path. a: the packed row
+// (word g at a[g·kMR]); b: the first panel; c and bias at its lane 0; the last panel stores lanes [0, last).
+template <int P>
+void row_panels(int64_t groups, const uint32_t* __restrict a, const uint32_t* __restrict b, int64_t panel_words,
+                float* c, const float* bias, int64_t last) {
+  __m512 acc[P][2];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = Bf16Op::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512i av = _mm512_set1_epi32(static_cast<int>(a[g * kMR]));
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const uint32_t* bp = b + p * panel_words + g * kPanel;
+      acc[p][0] = Bf16Op::dot(acc[p][0], av, _mm512_loadu_si512(bp));
+      acc[p][1] = Bf16Op::dot(acc[p][1], av, _mm512_loadu_si512(bp + 16));
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const int64_t n = p == P - 1 ? last : kPanel;
+    const Bf16Out out{bias ? bias + p * kPanel : nullptr};
+    out.store(acc[p][0], 0, 0, c + p * kPanel, lanes(n));
+    out.store(acc[p][1], 0, 16, c + p * kPanel + 16, lanes(n - 16));
+  }
+}
+
 }  // namespace
 
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks) {
+  const int64_t l_begin = w.col0 + n0, l_end = w.col0 + n1;
+  if (m1 - m0 == 1 && l_begin % kPanel == 0 && n0 < n1) {  // one row from a panel's start: panels four at a time
+    const int64_t groups = w.groups;
+    uint32_t* a = detail::packed_scratch.get(groups * kMR);
+    pack_a_bf16(x + m0 * ldx, ldx, xks, 1, w.k, groups, a);
+    float* row = c + m0 * ldc + n0;
+    const float* brow = bias ? bias + n0 : nullptr;
+    const int64_t panels = (l_end - l_begin + kPanel - 1) / kPanel, words = groups * kPanel;
+    const uint32_t* b = w.data + l_begin / kPanel * words;
+    for (int64_t p = 0; p < panels;) {
+      const int64_t take = detail::min64(4, panels - p);
+      const int64_t last = detail::min64(kPanel, l_end - l_begin - (p + take - 1) * kPanel);
+      const float* bp = brow ? brow + p * kPanel : nullptr;
+      if (take == 4) row_panels<4>(groups, a, b + p * words, words, row + p * kPanel, bp, last);
+      else if (take == 3) row_panels<3>(groups, a, b + p * words, words, row + p * kPanel, bp, last);
+      else if (take == 2) row_panels<2>(groups, a, b + p * words, words, row + p * kPanel, bp, last);
+      else row_panels<1>(groups, a, b + p * words, words, row + p * kPanel, bp, last);
+      p += take;
+    }
+    return;
+  }
   detail::run_packed_block(
       w, bias, c, ldc, m0, m1, n0, n1,
       [](int64_t rows, int64_t groups, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, const Bf16Out& out,

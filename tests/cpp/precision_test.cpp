@@ -470,6 +470,12 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
       kernels::avx512bf16::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, cp.data(), nv, 0, s.m, 0,
                                                   nv);
       EXPECT_EQ(ct, cp) << "avx512bf16, x transposed";
+      // Each row alone (decoding: a view from a panel's start takes panels four at a time) gives its bits in cp.
+      std::vector<float> c1(c.size(), NAN);
+      for (int64_t i = 0; i < s.m; ++i)
+        kernels::avx512bf16::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, c1.data(), nv, i, i + 1,
+                                                    0, nv);
+      EXPECT_EQ(c1, cp) << "avx512bf16, one row at a time";
       kernels::portable::gemm_bf16_packed_block(xt.data(), 1, v, bias.data() + s.begin, cpt.data(), nv, 0, s.m, 0, nv,
                                                 s.m);
       check(cpt, "portable, x transposed");
