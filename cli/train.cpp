@@ -344,7 +344,9 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
   int64_t tokens = 0;
   const double elapsed_before = st.elapsed_s;
   model->module().train();
-  model->module().set_precision(parse_precision(c.precision));
+  // bf16 trains on its live weights; fp32, the new model's default, is left unprepared (packed fp32 copies would
+  // sit unused once the first step switches the model to its live weights).
+  if (const Precision p = parse_precision(c.precision); p != Precision::kFloat32) model->module().set_precision(p);
   auto stopped = [&](bool saved) {
     const int sig = StopSignals::received();
     progress.finish();

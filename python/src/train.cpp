@@ -151,7 +151,8 @@ Probe run_probe(const std::string& kind, const py::dict& config, const nn::State
   Probe p;
   py::gil_scoped_release nogil;
   module->load_state_dict(weights, true);
-  module->set_precision(precision);
+  // A module already at fp32 is left as it is: the tape forward below reads its live weights either way.
+  if (precision != Precision::kFloat32 || module->precision() != precision) module->set_precision(precision);
   module->eval();
   ad::ParameterSet params(*module);
   params.zero_grad();

@@ -94,15 +94,17 @@ float* workspace(int64_t floats) {
   return buf.get(floats);
 }
 
-// The loop nest over packed blocks. K blocks depend only on k, so each C element sees the same sequence of
-// operations whatever the thread count and the M/N blocking.
 // K blocks: as even as possible, at most kKcMax. They depend on k alone (sgemm_pack_b packs in the same blocks).
 int64_t kc_of(int64_t k) { return ceil_div(k, ceil_div(k, kKcMax)); }
 
 // Where a K block of a pre-packed op(B) begins: the blocks before it hold pc rows of every panel.
-const float* packed_block(const SgemmPackedB& pre, int64_t pc) { return pre.data.get() + pc * ceil_div(pre.n, kNR) * kNR; }
+const float* packed_block(const SgemmPackedB& pre, int64_t pc) {
+  return pre.data.get() + pc * ceil_div(pre.n, kNR) * kNR;
+}
 
-// pre: op(B) pre-packed, its column `pre_col0` (a multiple of kNR) being op(B)'s column 0; null packs per call.
+// The loop nest over packed blocks. K blocks depend only on k, so each C element sees the same sequence of
+// operations whatever the thread count and the M/N blocking. pre: op(B) pre-packed, its column `pre_col0` (a
+// multiple of kNR) being op(B)'s column 0; null: B is packed here, per call.
 void run_avx512(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const SgemmPackedB* pre,
                 int64_t pre_col0) {
