@@ -38,9 +38,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && same_bits(a.contiguous().to_vector(), b.contiguous().to_vector());
-}
 
 // One product C (m, n) = alpha · op(A) · op(B)[:, col0 .. col0 + n) + beta · C, where op(B) has `total` columns.
 struct Case {
@@ -163,12 +160,13 @@ TEST(SgemmPacked, Fp32LinearWeightGivesLinearsBitsWholeAndInRowSlices) {
                                {33, 384, 1152}}) {
     const Tensor x = testing::randn({rows, in}, 1), w = testing::randn({out, in}, 2), b = testing::randn({out}, 3);
     const LinearWeight lw(w, Precision::kFloat32);
-    EXPECT_TRUE(same_bits(linear(x, lw, b), linear(x, w, b))) << rows << "x" << in << "x" << out;
-    EXPECT_TRUE(same_bits(linear(x, lw), linear(x, w))) << rows << "x" << in << "x" << out;
+    EXPECT_TRUE(testing::BitIdentical(linear(x, lw, b), linear(x, w, b))) << rows << "x" << in << "x" << out;
+    EXPECT_TRUE(testing::BitIdentical(linear(x, lw), linear(x, w))) << rows << "x" << in << "x" << out;
     for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, out / 2}, {out / 3, out}, {32, out}, {64, out - 1}}) {
       if (r0 >= r1 || r1 > out) continue;
       const Tensor part = linear(x, lw.rows(r0, r1), b.slice(0, r0, r1));
-      EXPECT_TRUE(same_bits(part, linear(x, w.slice(0, r0, r1), b.slice(0, r0, r1)))) << "rows " << r0 << ".." << r1;
+      EXPECT_TRUE(testing::BitIdentical(part, linear(x, w.slice(0, r0, r1), b.slice(0, r0, r1))))
+          << "rows " << r0 << ".." << r1;
     }
   }
 }
@@ -181,17 +179,18 @@ TEST(SgemmPacked, ModulePackedAtFp32EvaluatesTheTrainedWeightsNotAStaleCopy) {
   const Tensor x = testing::randn({40, 96}, 6);
   const Tensor live = lin.forward(nn::Context(), ad::Var(x)).value.clone();
   lin.set_precision(Precision::kFloat32);
-  EXPECT_TRUE(same_bits(lin.forward(nn::Context(), ad::Var(x)).value, live));
+  EXPECT_TRUE(testing::BitIdentical(lin.forward(nn::Context(), ad::Var(x)).value, live));
   testing::sgd_steps(lin, x, 2);
   const Tensor want = linear(x, lin.weight, lin.bias);
-  EXPECT_FALSE(same_bits(want, live));
-  EXPECT_TRUE(same_bits(lin.forward(nn::Context(), ad::Var(x)).value, want));
+  EXPECT_FALSE(testing::BitIdentical(want, live));
+  EXPECT_TRUE(testing::BitIdentical(lin.forward(nn::Context(), ad::Var(x)).value, want));
   lin.set_precision(Precision::kFloat32);
-  EXPECT_TRUE(same_bits(lin.forward(nn::Context(), ad::Var(x)).value, want));
+  EXPECT_TRUE(testing::BitIdentical(lin.forward(nn::Context(), ad::Var(x)).value, want));
   nn::StateDict sd = lin.state_dict();
   sd["weight"] = testing::randn({64, 96}, 8);
   lin.load_state_dict(sd);
-  EXPECT_TRUE(same_bits(lin.forward(nn::Context(), ad::Var(x)).value, linear(x, sd["weight"], lin.bias)));
+  EXPECT_TRUE(
+      testing::BitIdentical(lin.forward(nn::Context(), ad::Var(x)).value, linear(x, sd["weight"], lin.bias)));
 }
 
 // MultiheadAttention's packed in_proj read as row slices of one packed weight (E = 64: slices on panel bounds; E =
@@ -204,8 +203,8 @@ TEST(SgemmPacked, MultiheadAttentionPackedAtFp32KeepsItsBits) {
     const Tensor q = testing::randn({2, 37, E}, 10), kv = testing::randn({2, 21, E}, 11);
     const Tensor self_before = mha.forward(q, q, q).out.clone(), cross_before = mha.forward(q, kv, kv).out.clone();
     mha.set_precision(Precision::kFloat32);
-    EXPECT_TRUE(same_bits(mha.forward(q, q, q).out, self_before)) << "E " << E;
-    EXPECT_TRUE(same_bits(mha.forward(q, kv, kv).out, cross_before)) << "E " << E;
+    EXPECT_TRUE(testing::BitIdentical(mha.forward(q, q, q).out, self_before)) << "E " << E;
+    EXPECT_TRUE(testing::BitIdentical(mha.forward(q, kv, kv).out, cross_before)) << "E " << E;
   }
 }
 
