@@ -275,7 +275,7 @@ TEST(Sgemm, OneAndTwoThreadsAndRerunsAreBitIdentical) {
 // One row (decoding's GEMV): qkv's GEMV takes columns four at a time and gives each column the bits it gets alone.
 TEST(Sgemm, OneRowGivesEachColumnItsOwnBitsWhateverTheGrouping) {
   for (bool tb : {true, false})
-    for (int64_t k : {1, 15, 64, 100, 770}) {
+    for (int64_t k : {1, 15, 64, 100, 770, 4096, 4111}) {  // one row at a time below 4096, four from there
       const Case cs{false, tb, 1, 203, k, 1.0f, 0.0f, 0, 3, 0};
       const Operands in = make_operands(cs, 5, false);
       std::vector<float> all(static_cast<size_t>(cs.n));
