@@ -1,6 +1,6 @@
-// AVX2+FMA microkernels of the fused attention: a 6x16 register-blocked FMA product and dot-product scores, plus
-// the 8-lane instantiation of attention_flash_simd.h (exp2, online softmax, backward probabilities). Compiled with
-// -mavx2 -mfma.
+// AVX2+FMA microkernels of the fused attention: a 6x16 register-blocked FMA product, plus the 8-lane instantiation
+// of attention_flash_simd.h (exp2, online softmax, backward probabilities, decoding's dot-product scores). Compiled
+// with -mavx2 -mfma.
 #include <immintrin.h>
 
 #include "attention_flash_kernels.h"
@@ -42,6 +42,12 @@ struct Avx2 {
   static F pow2n(F p, F t) {
     const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);  // n << 23; t's exponent bits shift out
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+  }
+  static float hsum(F v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
   }
 };
 
@@ -127,59 +133,6 @@ void gemm(const Gemm& g) {
   }
 }
 
-inline float hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-
-// Four dot products of q (dk floats) with rows k0..k3.
-inline void dot4(const float* q, int64_t dk, const float* k0, const float* k1, const float* k2, const float* k3,
-                 float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= dk; d += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-  }
-  if (d < dk) {
-    const __m256i mk = tail_mask(dk - d);
-    const __m256 qv = _mm256_maskload_ps(q + d, mk);
-    a0 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k0 + d, mk), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k1 + d, mk), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k2 + d, mk), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k3 + d, mk), a3);
-  }
-  out[0] = hsum(a0);
-  out[1] = hsum(a1);
-  out[2] = hsum(a2);
-  out[3] = hsum(a3);
-}
-
-void dot_scores(const float* q, int64_t nq, int64_t dk, const float* k, int64_t k_rs, int64_t nk, float* st,
-                int64_t ld) {
-  float tmp[4];
-  int64_t j = 0;
-  for (; j + 4 <= nk; j += 4) {
-    const float* kj = k + j * k_rs;
-    for (int64_t i = 0; i < nq; ++i) {
-      dot4(q + i * dk, dk, kj, kj + k_rs, kj + 2 * k_rs, kj + 3 * k_rs, tmp);
-      for (int t = 0; t < 4; ++t) st[(j + t) * ld + i] = tmp[t];
-    }
-  }
-  for (; j < nk; ++j) {
-    const float* kj = k + j * k_rs;
-    for (int64_t i = 0; i < nq; ++i) {
-      dot4(q + i * dk, dk, kj, kj, kj, kj, tmp);
-      st[j * ld + i] = tmp[0];
-    }
-  }
-}
-
 void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
   softmax_cols_impl<Avx2>(st, ld, nk, ncols, m, l, alpha);
 }
@@ -192,7 +145,7 @@ void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows,
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{"avx2", gemm, softmax_cols, dot_scores, bwd_probs};
+  static const Kernels k{"avx2", gemm, softmax_cols, dot_scores_impl<Avx2>, bwd_probs};
   return k;
 }
 
