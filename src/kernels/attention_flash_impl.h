@@ -160,6 +160,9 @@ struct FwdWork {
 
 struct BwdWork {
   std::vector<float> kt, vt, s, dp, bias, dcap, dka, dva;
+  // bf16 products: Kᵀ, Vᵀ (pairs along d), K (across keys), Q, dO (along d), P, dS (across queries; dS then along
+  // keys), Q and dO (across queries) as pair words.
+  std::vector<uint32_t> kt2, vt2, k2, q2, g2, p2, ds2, q2r, g2r;
   explicit BwdWork(const Ctx& cx)
       : kt(static_cast<size_t>(cx.dk * cx.bk)),
         vt(static_cast<size_t>(cx.dv * cx.bk)),
@@ -168,7 +171,21 @@ struct BwdWork {
         bias(cx.mask.kind != MaskKind::kNone ? static_cast<size_t>(cx.bq * cx.bk) : 0),
         dcap(cx.cap > 0.0f ? static_cast<size_t>(cx.bq * cx.bk) : 0),
         dka(static_cast<size_t>(cx.bk * cx.dk)),
-        dva(static_cast<size_t>(cx.bk * cx.dv)) {}
+        dva(static_cast<size_t>(cx.bk * cx.dv)) {
+    if (cx.bf16_grads && cx.kr->gemm_bf16 != nullptr) {
+      const int64_t dk2 = ceil_div(cx.dk, 2), dv2 = ceil_div(cx.dv, 2), bk = round_up(cx.bk, 8);
+      const int64_t bq2 = ceil_div(cx.bq, 2), bk2 = ceil_div(cx.bk, 2);
+      kt2.resize(static_cast<size_t>(dk2 * bk));
+      vt2.resize(static_cast<size_t>(dv2 * bk));
+      k2.resize(static_cast<size_t>(bk2 * cx.dk));
+      q2.resize(static_cast<size_t>(cx.bq * dk2));
+      g2.resize(static_cast<size_t>(cx.bq * dv2));
+      p2.resize(static_cast<size_t>(bq2 * bk));
+      ds2.resize(static_cast<size_t>(std::max(bq2 * bk, cx.bq * bk2)));
+      q2r.resize(static_cast<size_t>(bq2 * cx.dk));
+      g2r.resize(static_cast<size_t>(bq2 * cx.dv));
+    }
+  }
 };
 
 struct BwdCtx {

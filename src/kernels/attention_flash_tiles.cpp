@@ -49,6 +49,25 @@ inline uint32_t bf16_pair(float x0, float x1) {
   return (detail::bf16_round_bits(x0) >> 16) | detail::bf16_round_bits(x1);
 }
 
+// Pair words along each row: out[r·ld2 + c2] = (x[r][2c2], x[r][2c2 + 1]) for r < rows (x's rows rs apart, cols
+// floats; the half past an odd cols is 0).
+void pairs_along_rows(const Kernels& kr, const float* x, int64_t rs, int64_t rows, int64_t cols, uint32_t* out,
+                      int64_t ld2) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * rs;
+    kr.pairs_of_adjacent(xr, cols / 2, out + r * ld2);
+    if (cols % 2) out[r * ld2 + cols / 2] = bf16_pair(xr[cols - 1], 0.0f);
+  }
+}
+
+// Pair words across row pairs: out[r2·ld + c] = (x[2r2][c], x[2r2 + 1][c]) for c < cols (x's rows rs apart; the
+// row past an odd rows is 0).
+void pairs_across_rows(const Kernels& kr, const float* x, int64_t rs, int64_t rows, int64_t cols, uint32_t* out,
+                       int64_t ld) {
+  for (int64_t r2 = 0; r2 < ceil_div(rows, 2); ++r2)
+    kr.pairs_of_rows(x + 2 * r2 * rs, 2 * r2 + 1 < rows ? x + (2 * r2 + 1) * rs : nullptr, cols, out + r2 * ld);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -114,10 +133,7 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       kr.dot_scores(qt, bq, dk, kj, cx.k.rs, n, st, ld);
     } else if (bf16) {
       uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words)
-      for (int64_t j = 0; j < n; ++j) {
-        kr.pairs_of_adjacent(kj + j * cx.k.rs, dk / 2, k2 + j * dk2);
-        if (dk % 2) k2[j * dk2 + dk2 - 1] = bf16_pair(kj[j * cx.k.rs + dk - 1], 0.0f);
-      }
+      pairs_along_rows(kr, kj, cx.k.rs, n, dk, k2, dk2);
       GemmBf16 g;
       g.rows = n, g.cols = nc, g.depth = dk2;
       g.a = k2, g.a_rs = dk2, g.a_ks = 1;
@@ -156,13 +172,8 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       const int64_t n2 = ceil_div(n, 2);
       uint32_t* p2 = w.p2.data();
       uint32_t* v2 = w.v2.data();
-      for (int64_t j2 = 0; j2 < n2; ++j2) {
-        const float* s0 = st + 2 * j2 * ld;
-        const bool odd = 2 * j2 + 1 >= n;
-        kr.pairs_of_rows(s0 + c0, odd ? nullptr : s0 + ld + c0, qend - c0, p2 + j2 * ld + c0);
-        const float* r0 = vj + 2 * j2 * cx.v.rs;
-        kr.pairs_of_rows(r0, odd ? nullptr : r0 + cx.v.rs, dv, v2 + j2 * dv);
-      }
+      pairs_across_rows(kr, st + c0, ld, n, qend - c0, p2 + c0, ld);
+      pairs_across_rows(kr, vj, cx.v.rs, n, dv, v2, dv);
       GemmBf16 g;
       g.rows = qend - c0, g.cols = dv, g.depth = n2;
       g.a = p2 + c0, g.a_rs = 1, g.a_ks = ld;
@@ -218,15 +229,25 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
   const float* vb = cx.v.at(b) + j0 * cx.v.rs;
   const float* qb = cx.q.at(b);
   const float* gb = bx.d_out.at(b);
+  // bf16 on a set with bf16 products: the five products on pair words (vdpbf16ps), the same operands the float32
+  // products below take after rounding (q, k, v and dO arrive rounded; P and dS are rounded into their pairs).
+  const bool pairs = cx.bf16_grads && kr.gemm_bf16 != nullptr;
+  const int64_t dk2 = ceil_div(dk, 2), dv2 = ceil_div(dv, 2), n2 = ceil_div(n, 2);
   float* kt_p = w.kt.data();
   float* vt_p = w.vt.data();
+  const float kscale = pairs ? 1.0f : cx.c2;  // pairs: S is scaled after the product, as the bf16 forward does
   for (int64_t j = 0; j < n; ++j) {  // Kᵀ scaled to log2 units (or by scale / cap when capped), Vᵀ as is
-    for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = kb[j * cx.k.rs + d] * cx.c2;
+    for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = kb[j * cx.k.rs + d] * kscale;
     for (int64_t d = 0; d < dv; ++d) vt_p[d * ld + j] = vb[j * cx.v.rs + d];
   }
   for (int64_t j = n; j < ld; ++j) {
     for (int64_t d = 0; d < dk; ++d) kt_p[d * ld + j] = 0.0f;
     for (int64_t d = 0; d < dv; ++d) vt_p[d * ld + j] = 0.0f;
+  }
+  if (pairs) {  // Kᵀ and Vᵀ paired along d (for S and dP), K paired across keys (for dQ)
+    pairs_across_rows(kr, kt_p, ld, dk, ld, w.kt2.data(), ld);
+    pairs_across_rows(kr, vt_p, ld, dv, ld, w.vt2.data(), ld);
+    pairs_across_rows(kr, kb, cx.k.rs, n, dk, w.k2.data(), dk);
   }
   std::fill(w.dka.begin(), w.dka.begin() + n * dk, 0.0f);
   std::fill(w.dva.begin(), w.dva.begin() + n * dv, 0.0f);
@@ -241,17 +262,35 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
     if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), ld, 1)) continue;
     const float* qi = qb + i0 * cx.q.rs;
     const float* gi = gb + i0 * bx.d_out.rs;
-    Gemm g;  // S = Q·Kᵀ (bq x ld)
-    g.rows = bq, g.cols = ld, g.depth = dk;
-    g.a = qi, g.a_rs = cx.q.rs, g.a_ks = 1;
-    g.b = kt_p, g.b_ks = ld;
-    g.c = w.s.data(), g.c_rs = ld;
-    kr.gemm(g);
-    g.depth = dv;  // dP = dO·Vᵀ
-    g.a = gi, g.a_rs = bx.d_out.rs;
-    g.b = vt_p;
-    g.c = w.dp.data();
-    kr.gemm(g);
+    const int64_t bq2 = ceil_div(bq, 2);
+    if (pairs) {  // S = Q·Kᵀ, then scaled; dP = dO·Vᵀ
+      pairs_along_rows(kr, qi, cx.q.rs, bq, dk, w.q2.data(), dk2);
+      pairs_along_rows(kr, gi, bx.d_out.rs, bq, dv, w.g2.data(), dv2);
+      GemmBf16 g;
+      g.rows = bq, g.cols = ld, g.depth = dk2;
+      g.a = w.q2.data(), g.a_rs = dk2, g.a_ks = 1;
+      g.b = w.kt2.data(), g.b_ks = ld;
+      g.c = w.s.data(), g.c_rs = ld;
+      kr.gemm_bf16(g);
+      for (int64_t i = 0; i < bq * ld; ++i) w.s[static_cast<size_t>(i)] *= cx.c2;
+      g.depth = dv2;
+      g.a = w.g2.data(), g.a_rs = dv2;
+      g.b = w.vt2.data();
+      g.c = w.dp.data();
+      kr.gemm_bf16(g);
+    } else {
+      Gemm g;  // S = Q·Kᵀ (bq x ld)
+      g.rows = bq, g.cols = ld, g.depth = dk;
+      g.a = qi, g.a_rs = cx.q.rs, g.a_ks = 1;
+      g.b = kt_p, g.b_ks = ld;
+      g.c = w.s.data(), g.c_rs = ld;
+      kr.gemm(g);
+      g.depth = dv;  // dP = dO·Vᵀ
+      g.a = gi, g.a_rs = bx.d_out.rs;
+      g.b = vt_p;
+      g.c = w.dp.data();
+      kr.gemm(g);
+    }
     if (cx.cap > 0.0f) apply_softcap(cx, w.s.data(), ld, bq, 0, n, w.dcap.data());
     if (diag && !has_mask) {  // causal and window only: query i sees the local keys of its range
       float* s = w.s.data();
@@ -270,6 +309,34 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
       const float* dc = w.dcap.data();
       for (int64_t i = 0; i < bq; ++i)
         for (int64_t j = 0; j < n; ++j) dp[i * ld + j] *= dc[i * ld + j];
+    }
+    if (pairs) {  // dV += Pᵀ·dO, dK += dSᵀ·Q (pairs across queries), dQ += dS·K (dS paired across keys)
+      pairs_across_rows(kr, w.s.data(), ld, bq, n, w.p2.data(), ld);
+      pairs_across_rows(kr, w.dp.data(), ld, bq, n, w.ds2.data(), ld);
+      pairs_across_rows(kr, gi, bx.d_out.rs, bq, dv, w.g2r.data(), dv);
+      pairs_across_rows(kr, qi, cx.q.rs, bq, dk, w.q2r.data(), dk);
+      GemmBf16 gv;
+      gv.rows = n, gv.cols = dv, gv.depth = bq2;
+      gv.a = w.p2.data(), gv.a_rs = 1, gv.a_ks = ld;
+      gv.b = w.g2r.data(), gv.b_ks = dv;
+      gv.c = w.dva.data(), gv.c_rs = dv;
+      gv.accumulate = true;
+      kr.gemm_bf16(gv);
+      GemmBf16 gk = gv;
+      gk.cols = dk;
+      gk.a = w.ds2.data();
+      gk.b = w.q2r.data(), gk.b_ks = dk;
+      gk.c = w.dka.data(), gk.c_rs = dk;
+      kr.gemm_bf16(gk);
+      pairs_along_rows(kr, w.dp.data(), ld, bq, n, w.ds2.data(), n2);
+      GemmBf16 gq;
+      gq.rows = bq, gq.cols = dk, gq.depth = n2;
+      gq.a = w.ds2.data(), gq.a_rs = n2, gq.a_ks = 1;
+      gq.b = w.k2.data(), gq.b_ks = dk;
+      gq.c = dq + i0 * dk, gq.c_rs = dk;
+      gq.accumulate = true;
+      kr.gemm_bf16(gq);
+      continue;
     }
     if (cx.bf16_grads) {  // P and dS as the bf16 operands of the three products below
       bf16_round(w.s.data(), w.s.data(), bq * ld);
