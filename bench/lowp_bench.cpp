@@ -2,7 +2,9 @@
 // packed once, as a module whose precision is set reads it), bf16 (vdpbf16ps on weights packed once where the
 // CPU has AVX512-BF16, else rounding then float32) and int8 (activation quantization included; vpdpbusd where the
 // CPU has AVX512-VNNI, else vpmaddwd), on a square and on MiniLM's and decoding's shapes. The sides take turns,
-// `--repeats` times each, so that a machine that slows down slows all alike; each figure is the median.
+// `--repeats` times each, so that a machine that slows down slows all alike; each figure is the median. Last,
+// decoding from memory: one token through the linear layers of a 12 x 768 Llama (400 MB at fp32), against a read
+// sweep over the same weights.
 //
 //   OMP_NUM_THREADS=2 ./build-bench/bench/lowp_bench [--repeats 7] [--json out.json]
 #include <time.h>
@@ -40,6 +42,74 @@ struct Row {
   const char* what;
   int64_t m, n, k;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One decoded token through a 12 x 768 Llama's linear layers (q, k, v, o, gate, up, down per layer, then the 32000-row
+// head; GQA 12/4 heads, FFN 2048), each weight its own allocation as a model holds them: 400 MB at fp32, far past
+// any cache. Tokens/s at each precision and the weight bytes that reads per second, against a read sweep (a sum over
+// every weight, each split between the threads) over the same fp32 weights in the same run.
+void decode_from_memory(int repeats) {
+  struct Shape2 {
+    int64_t n, k;
+  };
+  std::vector<Shape2> shapes;
+  for (int l = 0; l < 12; ++l)
+    for (Shape2 s : {Shape2{768, 768}, {256, 768}, {256, 768}, {768, 768}, {2048, 768}, {2048, 768}, {768, 2048}})
+      shapes.push_back(s);
+  shapes.push_back({32000, 768});
+  std::vector<qkv::Tensor> w;
+  std::vector<qkv::LinearWeight> w16, w8;
+  double params = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    w.push_back(randn({shapes[i].n, shapes[i].k}, 10 + i));
+    w16.emplace_back(w.back(), qkv::Precision::kBFloat16);
+    w8.emplace_back(w.back(), qkv::Precision::kInt8);
+    params += static_cast<double>(shapes[i].n * shapes[i].k);
+  }
+  const qkv::Tensor x768 = randn({1, 768}, 4), x2048 = randn({1, 2048}, 5);
+  const int tokens = 10;
+  std::vector<double> t[4];
+  volatile float sink = 0.0f;
+  for (int rep = 0; rep <= repeats; ++rep)
+    for (int side = 0; side < 4; ++side) {
+      const double t0 = now();
+      for (int tok = 0; tok < tokens; ++tok)
+        for (size_t i = 0; i < w.size(); ++i) {
+          const qkv::Tensor& x = shapes[i].k == 768 ? x768 : x2048;
+          if (side == 0) {  // the read sweep
+            const float* p = w[i].data();
+            const int64_t n = w[i].numel();
+            float total = 0.0f;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+            for (int64_t b = 0; b < n / 64; ++b) {
+              float acc[16] = {};
+              for (int r = 0; r < 4; ++r)
+#pragma omp simd
+                for (int l = 0; l < 16; ++l) acc[l] += p[b * 64 + r * 16 + l];
+              for (int l = 0; l < 16; ++l) total += acc[l];
+            }
+            sink = sink + total;
+            continue;
+          }
+          const qkv::Tensor y = side == 1 ? qkv::linear(x, w[i]) : qkv::linear(x, side == 2 ? w16[i] : w8[i]);
+          sink = sink + y.data()[0];
+        }
+      if (rep > 0) t[side].push_back((now() - t0) / tokens);
+    }
+  const double sweep = params * 4 / median(t[0]) * 1e-9;
+  std::printf("  Llama 12x768 decode from memory (%.0f MB at fp32): read sweep %.1f GB/s\n", params * 4 / 1e6, sweep);
+  const char* names[] = {"", "fp32", "bf16", "int8"};
+  const double bytes[] = {0, 4, 2, 1};
+  for (int side = 1; side < 4; ++side) {
+    const double gbs = params * bytes[side] / median(t[side]) * 1e-9;
+    std::printf("    %s  %6.1f tokens/s  %5.1f GB/s of weights (%.2f of the sweep)\n", names[side],
+                1.0 / median(t[side]), gbs, gbs / sweep);
+  }
+}
 
 }  // namespace
 
@@ -111,6 +181,7 @@ int main(int argc, char** argv) {
     out += buf;
   }
   out += "]}\n";
+  decode_from_memory(repeats);
   if (json) {
     FILE* f = std::fopen(json, "w");
     if (!f) {
