@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Attention forward at fp32 and bf16: qkv.scaled_dot_product_attention(precision=...) against PyTorch 2.13's SDPA on
-float32 and bfloat16 tensors, B1 H8 D64 at T = 1024 and 4096 (causal and not), plus torch.matmul 2048^3 in float32
+float32 and bfloat16 tensors, B1 H8 D64 at T = 1024 and 4096 (causal and not); the backward likewise
+(qkv.scaled_dot_product_attention_backward, which recomputes the forward, against torch's forward + backward) at
+T = 1024 and 2048 causal; plus torch.matmul 2048^3 in float32
 and bfloat16 as the GEMM peer of build-bench/bench/lowp_bench. One process, two threads; the sides take turns,
 `--repeats` times each, and each figure is the median, so that a machine that slows down slows all alike.
 
@@ -58,6 +60,35 @@ def main():
                         times[s].append(dt)
         gf = {s: flop / statistics.median(v) * 1e-9 for s, v in times.items()}
         name = f"attention fwd B1 H8 T{t_len} D64{' causal' if causal else ''}"
+        print(f"  {name:36s} " + "   ".join(f"{s} {g:6.1f} GF/s" for s, g in gf.items())
+              + f"   qkv bf16 / qkv fp32 {gf['qkv bf16'] / gf['qkv fp32']:.2f}x, / torch bf16 "
+              f"{gf['qkv bf16'] / gf['torch bf16']:.2f}x")
+        results.append({"row": name, "gflops": gf})
+    for t_len, causal in ((1024, False), (2048, True)):
+        q, k, v, g = (rng.standard_normal((1, 8, t_len, 64)).astype(np.float32) for _ in range(4))
+        tg = torch.from_numpy(g)
+
+        def torch_fwd_bwd(dtype):
+            tq, tk, tv = (torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v))
+            torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(tg.to(dtype))
+
+        sides = {
+            "qkv fp32": lambda: qkv.scaled_dot_product_attention_backward(q, k, v, g, is_causal=causal),
+            "qkv bf16": lambda: qkv.scaled_dot_product_attention_backward(q, k, v, g, is_causal=causal,
+                                                                          precision="bf16"),
+            "torch fp32": lambda: torch_fwd_bwd(torch.float32),
+            "torch bf16": lambda: torch_fwd_bwd(torch.bfloat16),
+        }
+        flop = 2.5 * 4.0 * 8 * t_len * t_len * 64 * (0.5 if causal else 1.0)  # forward 2 products, backward 5
+        calls = max(1, int(2e10 / flop))
+        times = {s: [] for s in sides}
+        for rep in range(args.repeats + 1):
+            for s, fn in sides.items():
+                dt = timed(fn, calls)
+                if rep:
+                    times[s].append(dt)
+        gf = {s: flop / statistics.median(v) * 1e-9 for s, v in times.items()}
+        name = f"attention bwd B1 H8 T{t_len} D64{' causal' if causal else ''}"
         print(f"  {name:36s} " + "   ".join(f"{s} {g:6.1f} GF/s" for s, g in gf.items())
               + f"   qkv bf16 / qkv fp32 {gf['qkv bf16'] / gf['qkv fp32']:.2f}x, / torch bf16 "
               f"{gf['qkv bf16'] / gf['torch bf16']:.2f}x")
