@@ -26,6 +26,24 @@ def timed(fn, calls):
     return (time.perf_counter() - t) / calls
 
 
+def gflops(sides, flop, calls, repeats):
+    """GF/s of each side: the sides take turns, repeats + 1 times (the first warms up), medians."""
+    times = {s: [] for s in sides}
+    for rep in range(repeats + 1):
+        for s, fn in sides.items():
+            dt = timed(fn, calls)
+            if rep:
+                times[s].append(dt)
+    return {s: flop / statistics.median(v) * 1e-9 for s, v in times.items()}
+
+
+def report(name, gf, results):
+    print(f"  {name:36s} " + "   ".join(f"{s} {g:6.1f} GF/s" for s, g in gf.items())
+          + f"   qkv bf16 / qkv fp32 {gf['qkv bf16'] / gf['qkv fp32']:.2f}x, / torch bf16 "
+          f"{gf['qkv bf16'] / gf['torch bf16']:.2f}x")
+    results.append({"row": name, "gflops": gf})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -50,20 +68,9 @@ def main():
             "torch fp32": lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal),
             "torch bf16": lambda: torch.nn.functional.scaled_dot_product_attention(bq, bk, bv, is_causal=causal),
         }
-        calls = max(1, int(2e10 / flop))
-        times = {s: [] for s in sides}
         with torch.no_grad():
-            for rep in range(args.repeats + 1):
-                for s, fn in sides.items():
-                    dt = timed(fn, calls)
-                    if rep:
-                        times[s].append(dt)
-        gf = {s: flop / statistics.median(v) * 1e-9 for s, v in times.items()}
-        name = f"attention fwd B1 H8 T{t_len} D64{' causal' if causal else ''}"
-        print(f"  {name:36s} " + "   ".join(f"{s} {g:6.1f} GF/s" for s, g in gf.items())
-              + f"   qkv bf16 / qkv fp32 {gf['qkv bf16'] / gf['qkv fp32']:.2f}x, / torch bf16 "
-              f"{gf['qkv bf16'] / gf['torch bf16']:.2f}x")
-        results.append({"row": name, "gflops": gf})
+            gf = gflops(sides, flop, max(1, int(2e10 / flop)), args.repeats)
+        report(f"attention fwd B1 H8 T{t_len} D64{' causal' if causal else ''}", gf, results)
     for t_len, causal in ((1024, False), (2048, True)):
         q, k, v, g = (rng.standard_normal((1, 8, t_len, 64)).astype(np.float32) for _ in range(4))
         tg = torch.from_numpy(g)
@@ -80,29 +87,12 @@ def main():
             "torch bf16": lambda: torch_fwd_bwd(torch.bfloat16),
         }
         flop = 2.5 * 4.0 * 8 * t_len * t_len * 64 * (0.5 if causal else 1.0)  # forward 2 products, backward 5
-        calls = max(1, int(2e10 / flop))
-        times = {s: [] for s in sides}
-        for rep in range(args.repeats + 1):
-            for s, fn in sides.items():
-                dt = timed(fn, calls)
-                if rep:
-                    times[s].append(dt)
-        gf = {s: flop / statistics.median(v) * 1e-9 for s, v in times.items()}
-        name = f"attention bwd B1 H8 T{t_len} D64{' causal' if causal else ''}"
-        print(f"  {name:36s} " + "   ".join(f"{s} {g:6.1f} GF/s" for s, g in gf.items())
-              + f"   qkv bf16 / qkv fp32 {gf['qkv bf16'] / gf['qkv fp32']:.2f}x, / torch bf16 "
-              f"{gf['qkv bf16'] / gf['torch bf16']:.2f}x")
-        results.append({"row": name, "gflops": gf})
+        gf = gflops(sides, flop, max(1, int(2e10 / flop)), args.repeats)
+        report(f"attention bwd B1 H8 T{t_len} D64{' causal' if causal else ''}", gf, results)
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     a16, b16 = a.bfloat16(), b.bfloat16()
     sides = {"torch fp32": lambda: torch.matmul(a, b), "torch bf16": lambda: torch.matmul(a16, b16)}
-    times = {s: [] for s in sides}
-    for rep in range(args.repeats + 1):
-        for s, fn in sides.items():
-            dt = timed(fn, 3)
-            if rep:
-                times[s].append(dt)
-    gf = {s: 2.0 * 2048 ** 3 / statistics.median(v) * 1e-9 for s, v in times.items()}
+    gf = gflops(sides, 2.0 * 2048 ** 3, 3, args.repeats)
     print("  matmul 2048^3                        " + "   ".join(f"{s} {g:6.1f} GF/s" for s, g in gf.items()))
     results.append({"row": "matmul 2048^3", "gflops": gf})
     if args.json:
