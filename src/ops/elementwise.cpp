@@ -173,7 +173,13 @@ Tensor sigmoid(const Tensor& x) {
 Tensor silu(const Tensor& x) {
   if (x.defined() && x.is_contiguous()) {
     Tensor y = Tensor::empty(x.shape());
-    kernels::silu_forward(x.data(), y.data(), x.numel());
+    // Threaded in chunks of a multiple of every vector width: each element sees the same lanes and tail as in one
+    // call, so the same bits.
+    const int64_t n = x.numel(), chunk = int64_t{1} << 14;
+    const float* px = x.data();
+    float* py = y.data();
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; i += chunk) kernels::silu_forward(px + i, py + i, std::min(chunk, n - i));
     return y;
   }
   return silu_reference(x);

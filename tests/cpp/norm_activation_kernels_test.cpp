@@ -2,10 +2,12 @@
 // activation, SiLU on strided input, the bias + GELU epilogue): each build named explicitly and compared with its
 // plain reference against a float64 oracle on odd sizes (split from kernels_isa_test.cpp).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <iostream>
 #include <limits>
@@ -272,6 +274,21 @@ TEST(ActivationKernels, SiluOpMatchesItsReferenceOnContiguousAndStridedInput) {
     EXPECT_NEAR(fast.data()[i], ref.data()[i], 1e-6f + 1e-6f * std::abs(ref.data()[i]));
   for (int64_t r = 0; r < 6; ++r)
     for (int64_t c = 0; c < 37; ++c) EXPECT_EQ(strided.data()[c * 6 + r], ref.data()[r * 37 + c]);
+}
+
+// A large tensor runs in threaded chunks: the bits of one kernel call over the whole of it, for 1 and 2 threads.
+TEST(ActivationKernels, SiluOpInThreadedChunksGivesTheBitsOfOneCall) {
+  const int64_t n = 5 * (int64_t{1} << 14) + 13;
+  const Tensor x = Tensor::from_vector({n}, random_floats(static_cast<size_t>(n), 91, -12.0f, 12.0f));
+  std::vector<float> whole(static_cast<size_t>(n));
+  kernels::silu_forward(x.data(), whole.data(), n);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const Tensor y = silu(x);
+    EXPECT_EQ(std::memcmp(y.data(), whole.data(), whole.size() * sizeof(float)), 0) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
 }
 
 // --- bias + GELU ------------------------------------------------------------------------------------------------
