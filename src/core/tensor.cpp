@@ -301,6 +301,10 @@ Tensor Tensor::clone() const {
 
 void Tensor::copy_from(const Tensor& src) {
   QKV_CHECK_ARG(defined() && src.defined(), "[copy_from] undefined tensor");
+  if (src.shape() == shape_ && is_contiguous() && src.is_contiguous()) {  // one block (memmove: overlap-safe)
+    std::memmove(data(), src.data(), static_cast<size_t>(numel()) * sizeof(float));
+    return;
+  }
   Tensor s = src.expand(shape_);
   // Materialise first so that overlapping source and destination are safe.
   std::vector<float> tmp = s.to_vector();

@@ -195,6 +195,12 @@ TEST(Tensor, CopyFromBroadcastsAndHandlesOverlap) {
   Tensor sq = iota({3, 3});
   sq.copy_from(sq.transpose(0, 1));
   EXPECT_EQ(sq.to_vector(), (std::vector<float>{0, 3, 6, 1, 4, 7, 2, 5, 8}));
+  // Contiguous and overlapping (one block): rows 0-1 of a 3-row tensor from rows 1-2, and back.
+  Tensor rows = iota({3, 2});
+  rows.slice(0, 0, 2).copy_from(rows.slice(0, 1, 3));
+  EXPECT_EQ(rows.to_vector(), (std::vector<float>{2, 3, 4, 5, 4, 5}));
+  rows.slice(0, 1, 3).copy_from(rows.slice(0, 0, 2));
+  EXPECT_EQ(rows.to_vector(), (std::vector<float>{2, 3, 2, 3, 4, 5}));
   EXPECT_TRUE(ThrowsArg([&] { t.copy_from(Tensor::zeros({4})); }, "[expand]"));
 }
 
