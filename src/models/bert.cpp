@@ -9,6 +9,7 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/layer_norm.h"
 #include "qkv/ops/shape_ops.h"
@@ -70,9 +71,8 @@ constexpr const char* kQkv[] = {"query", "key", "value"};
 
 // --- embeddings ----------------------------------------------------------------------------------------------
 
-BertEmbeddings::BertEmbeddings(const BertConfig& c, Rng& rng, bool random_init)
-    : word_embeddings(random_init ? rng.normal({checked(c).vocab_size, c.hidden_size})
-                                  : Tensor::zeros({checked(c).vocab_size, c.hidden_size})),
+BertEmbeddings::BertEmbeddings(const BertConfig& c, Rng& rng)
+    : word_embeddings(nn::init_normal(rng, {checked(c).vocab_size, c.hidden_size})),
       position_embeddings(c.max_position_embeddings, c.hidden_size, rng),
       token_type_embeddings(c.type_vocab_size, c.hidden_size, rng),
       norm(c.hidden_size, c.layer_norm_eps) {
@@ -114,8 +114,8 @@ Tensor BertEmbeddings::forward(const std::vector<int64_t>& ids, const std::vecto
 
 // --- model -----------------------------------------------------------------------------------------------------
 
-BertModel::BertModel(const BertConfig& c, Rng& rng, bool random_init)
-    : embeddings(checked(c), rng, random_init), encoder(layer_config(c), c.num_hidden_layers, false, rng), config_(c) {
+BertModel::BertModel(const BertConfig& c, Rng& rng)
+    : embeddings(checked(c), rng), encoder(layer_config(c), c.num_hidden_layers, false, rng), config_(c) {
   register_module("embeddings", &embeddings);
   register_module("encoder", &encoder);
   eval();

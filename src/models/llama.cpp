@@ -14,6 +14,7 @@
 #include "qkv/ops/attention_varlen.h"
 #include "qkv/ops/functional.h"
 #include "qkv/ops/lowp.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/serialize.h"
 
 namespace qkv::models {
@@ -380,7 +381,11 @@ std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::s
     QKV_CHECK_RUNTIME(files::exists(join(dir, required)), "[llama] model folder ", dir, " has no ", required);
   const LlamaConfig config = LlamaConfig::from_json_file(join(dir, "config.json"));
   Rng rng(0);
-  auto m = std::make_unique<LlamaForCausalLM>(config, rng);
+  std::unique_ptr<LlamaForCausalLM> m;
+  {
+    const nn::SkipInit skip;  // every weight is loaded below (strictly): nothing drawn
+    m = std::make_unique<LlamaForCausalLM>(config, rng);
+  }
   const std::string weights = join(dir, "model.safetensors");
   SafeTensorsFile file;
   try {

@@ -7,6 +7,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/safetensors.h"
 #include "qkv/models/bert.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/serialize.h"
 
 namespace qkv::models {
@@ -153,7 +154,10 @@ SentenceEncoder::SentenceEncoder(const std::string& dir, Precision precision) {
   }
 
   Rng rng(0);
-  model_ = std::make_unique<BertModel>(config, rng, /*random_init=*/false);  // every weight is loaded below
+  {
+    const nn::SkipInit skip;  // every weight is loaded below: nothing drawn
+    model_ = std::make_unique<BertModel>(config, rng);
+  }
   const std::string weights = join(dir, "model.safetensors");
   SafeTensorsFile st;
   try {

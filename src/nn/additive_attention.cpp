@@ -2,6 +2,7 @@
 // One forward each, on a Context (differentiable ops: linear, add, tanh, matmul, softmax); the Tensor calls wrap it.
 // The encoder-side projection is cached by prepare().
 #include "qkv/nn/additive_attention.h"
+#include "qkv/nn/init.h"
 
 #include <cmath>
 #include <limits>
@@ -148,7 +149,7 @@ LuongAttention::LuongAttention(LuongScore kind, int64_t query_size, int64_t key_
     return;
   }
   const float bound = 1.0f / std::sqrt(static_cast<float>(key_size));  // as nn.Linear(Hk, Hq)
-  w_ = rng.uniform({query_size, key_size}, -bound, bound);
+  w_ = init_uniform(rng, {query_size, key_size}, -bound, bound);
   register_parameter("W.weight", &w_);
 }
 

@@ -1,6 +1,7 @@
 // nn::Embedding: "weight" (V, E) ~ N(0, 1) as torch.nn.Embedding, optional zeroed padding row.
 // The forward is qkv::embedding (which checks the ids' range).
 #include "qkv/nn/embedding.h"
+#include "qkv/nn/init.h"
 
 #include "qkv/core/error.h"
 #include "qkv/ops/functional.h"
@@ -23,7 +24,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng, st
   QKV_CHECK_ARG(num_embeddings > 0 && embedding_dim > 0, "[Embedding] num_embeddings ", num_embeddings,
                 " and embedding_dim ", embedding_dim, " must be > 0");
   set_padding_idx(padding_idx);
-  weight = rng.normal({num_embeddings, embedding_dim});
+  weight = init_normal(rng, {num_embeddings, embedding_dim});
   if (padding_idx_) weight.select(0, *padding_idx_).fill(0.0f);
   register_parameter("weight", &weight);
 }

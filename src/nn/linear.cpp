@@ -1,6 +1,7 @@
 // nn::Linear: PyTorch-named weight/bias with kaiming-uniform(a=sqrt(5)) init, i.e. U(-1/sqrt(in), 1/sqrt(in)).
 // The forward is qkv::linear.
 #include "qkv/nn/linear.h"
+#include "qkv/nn/init.h"
 
 #include <cmath>
 
@@ -15,12 +16,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
                 " and out_features ", out_features, " must be >= 0");
   // kaiming_uniform_(a=sqrt(5)) on (out, in): gain sqrt(1/3), bound = gain*sqrt(3/fan_in) = 1/sqrt(fan_in).
   const float bound = in_features > 0 ? 1.0f / std::sqrt(static_cast<float>(in_features)) : 0.0f;
-  weight = bound > 0 ? rng.uniform({out_features, in_features}, -bound, bound)
+  weight = bound > 0 ? init_uniform(rng, {out_features, in_features}, -bound, bound)
                      : Tensor::zeros({out_features, in_features});
   register_parameter("weight", &weight);
   register_linear_weight(&weight);
   if (bias) {
-    this->bias = bound > 0 ? rng.uniform({out_features}, -bound, bound) : Tensor::zeros({out_features});
+    this->bias = bound > 0 ? init_uniform(rng, {out_features}, -bound, bound) : Tensor::zeros({out_features});
     register_parameter("bias", &this->bias);
   }
 }

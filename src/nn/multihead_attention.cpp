@@ -1,6 +1,7 @@
 // nn::MultiheadAttention: in-projection (packed or separate), heads split as strided views, one qkv::attention call,
 // heads merged and out_proj. Masks of any kind are combined into one mask broadcast over (B, H, Tq, Tk).
 #include "qkv/nn/multihead_attention.h"
+#include "qkv/nn/init.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,7 +34,7 @@ int64_t checked_embed_dim(int64_t embed_dim, int64_t num_heads, float dropout, i
 // torch.nn.init.xavier_uniform_ on an (out, in) matrix: U(-a, a), a = sqrt(6 / (in + out)).
 Tensor xavier_uniform(Rng& rng, int64_t out, int64_t in) {
   const float a = std::sqrt(6.0f / static_cast<float>(in + out));
-  return rng.uniform({out, in}, -a, a);
+  return init_uniform(rng, {out, in}, -a, a);
 }
 
 bool same_tensor(const Tensor& a, const Tensor& b) {

@@ -4,6 +4,7 @@
 
 #include "../ops/positional_internal.h"
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/positional/learned.h"
 
 namespace qkv::nn {
@@ -27,7 +28,7 @@ LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len, int64_t 
   check_dims(max_len, E);
   QKV_CHECK_ARG(std::isfinite(init_std) && init_std >= 0.0f,
                 "[LearnedPositionalEmbedding] init_std must be finite and >= 0, got ", init_std);
-  weight = rng.normal({max_len, E}, 0.0f, init_std);
+  weight = init_normal(rng, {max_len, E}, 0.0f, init_std);
   register_parameter("weight", &weight);
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/positional/relative.h"
 
 namespace qkv::nn {
@@ -31,8 +32,8 @@ ShawRelativePosition::ShawRelativePosition(int64_t clip, int64_t D, Rng& rng, fl
   check_shaw_dims(clip, D);
   QKV_CHECK_ARG(std::isfinite(init_std) && init_std >= 0.0f,
                 "[ShawRelativePosition] init_std must be finite and >= 0, got ", init_std);
-  rel_k = rng.normal({2 * clip + 1, D}, 0.0f, init_std);
-  rel_v = rng.normal({2 * clip + 1, D}, 0.0f, init_std);
+  rel_k = init_normal(rng, {2 * clip + 1, D}, 0.0f, init_std);
+  rel_v = init_normal(rng, {2 * clip + 1, D}, 0.0f, init_std);
   register_parameter("rel_k", &rel_k);
   register_parameter("rel_v", &rel_v);
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/positional/t5_bias.h"
 
 namespace qkv::nn {
@@ -30,7 +31,7 @@ T5RelativeBias::T5RelativeBias(int64_t num_buckets, int64_t max_distance, int64_
   check_module_args(num_buckets, max_distance, num_heads, bidirectional);
   QKV_CHECK_ARG(std::isfinite(init_std) && init_std >= 0.0f,
                 "[T5RelativeBias] init_std must be finite and >= 0, got ", init_std);
-  weight = rng.normal({num_buckets, num_heads}, 0.0f, init_std);
+  weight = init_normal(rng, {num_buckets, num_heads}, 0.0f, init_std);
   register_parameter("relative_attention_bias.weight", &weight);
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/ops/functional.h"
 #include "rnn_common.h"
@@ -24,13 +25,13 @@ RnnBase::RnnBase(const char* op, int64_t gates, int64_t input_size, int64_t hidd
     const int64_t in = l == 0 ? input_size : hidden_size;
     const std::string s = std::to_string(l);
     // PyTorch's order: weight_ih, weight_hh, bias_ih, bias_hh per layer, all U(-k, k).
-    p.w_ih = rng.uniform({gh, in}, -k, k);
-    p.w_hh = rng.uniform({gh, hidden_size}, -k, k);
+    p.w_ih = init_uniform(rng, {gh, in}, -k, k);
+    p.w_hh = init_uniform(rng, {gh, hidden_size}, -k, k);
     register_parameter("weight_ih_l" + s, &p.w_ih);
     register_parameter("weight_hh_l" + s, &p.w_hh);
     if (options.bias) {
-      p.b_ih = rng.uniform({gh}, -k, k);
-      p.b_hh = rng.uniform({gh}, -k, k);
+      p.b_ih = init_uniform(rng, {gh}, -k, k);
+      p.b_hh = init_uniform(rng, {gh}, -k, k);
       register_parameter("bias_ih_l" + s, &p.b_ih);
       register_parameter("bias_hh_l" + s, &p.b_hh);
     }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/transformer.h"
 #include "transformer_common.h"
 
@@ -73,7 +74,7 @@ void xavier_uniform_reset(Module& module, Rng& rng) {
     const int64_t fan_in = p->size(1) * receptive, fan_out = p->size(0) * receptive;
     if (fan_in + fan_out == 0) continue;
     const float a = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
-    p->copy_from(rng.uniform(p->shape(), -a, a));
+    p->copy_from(init_uniform(rng, p->shape(), -a, a));
   }
 }
 

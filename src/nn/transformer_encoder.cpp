@@ -4,6 +4,7 @@
 #include <string>
 
 #include "qkv/core/error.h"
+#include "qkv/nn/init.h"
 #include "qkv/nn/transformer.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/functional.h"
@@ -31,8 +32,8 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
   if (c.relative) {
     const int64_t rows = 2 * c.relative_clip + 1, D = c.d_model / c.nhead;
     const float std = 1.0f / std::sqrt(static_cast<float>(D));
-    rel_k = rng.normal({rows, D}, 0.0f, std);
-    rel_v = rng.normal({rows, D}, 0.0f, std);
+    rel_k = init_normal(rng, {rows, D}, 0.0f, std);
+    rel_v = init_normal(rng, {rows, D}, 0.0f, std);
     register_parameter("rel_k", &rel_k);
     register_parameter("rel_v", &rel_v);
   }

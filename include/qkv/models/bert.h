@@ -40,9 +40,8 @@ struct BertConfig {
 // (types, E), norm.{weight,bias} (E).
 class BertEmbeddings : public nn::Module {
  public:
-  // random_init false: the word table (most of the parameters, and of the init time) starts at zero instead of
-  // N(0, 1), for a model whose weights are loaded next; the other tables are drawn from rng as usual.
-  BertEmbeddings(const BertConfig& config, Rng& rng, bool random_init = true);
+  // Tables drawn from rng (N(0, 1)), or zeros under nn::SkipInit.
+  BertEmbeddings(const BertConfig& config, Rng& rng);
 
   // ids: (N) in [0, V)  positions: (N) in [0, P)  token_types: (N) in [0, types), or empty for all 0  ->  (N, E)
   Tensor forward(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
@@ -61,9 +60,9 @@ class BertEmbeddings : public nn::Module {
 // Always in eval mode (dropout off): this is an inference model.
 class BertModel : public nn::Module {
  public:
-  // Random init from `rng` (every parameter is meant to be overwritten by load_hf_state_dict). random_init false
-  // skips the draw of the word embedding table (zeros instead: ~90% of the construction time), for loading.
-  BertModel(const BertConfig& config, Rng& rng, bool random_init = true);
+  // Random init from `rng` (every parameter is meant to be overwritten by load_hf_state_dict); under nn::SkipInit
+  // every parameter starts at zero and nothing is drawn, for loading.
+  BertModel(const BertConfig& config, Rng& rng);
 
   // HF BertModel weights -> this module, the only place where the two naming schemes meet. Names may carry a
   // "bert." prefix; query/key/value are stacked into in_proj (rows [Q; K; V]); pooler.* and buffers are ignored.
