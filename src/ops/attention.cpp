@@ -148,10 +148,9 @@ AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tens
   return kernels::attention_reference_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
 }
 
-AttentionGrads attention_backward_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                            const Tensor& lse, const Tensor& d_out,
-                                            const AttentionOptions& options) {
-  const char* op = "attention_backward";
+Shape attention_backward_check(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                const Tensor& lse, const Tensor& d_out, const AttentionOptions& options,
+                                const char* op) {
   const Shape batch = attention_check(q, k, v, options, op);
   Shape out_shape = batch, lse_shape = batch;
   out_shape.push_back(q.size(-2));
@@ -164,6 +163,13 @@ AttentionGrads attention_backward_reference(const Tensor& q, const Tensor& k, co
                 " must have shape (batch..., Tq, Dv) = ", str(out_shape));
   QKV_CHECK_ARG(!lse.defined() || lse.shape() == lse_shape, "[", op, "] lse ", str(lse.shape()),
                 " must have shape (batch..., Tq) = ", str(lse_shape));
+  return batch;
+}
+
+AttentionGrads attention_backward_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                            const Tensor& lse, const Tensor& d_out,
+                                            const AttentionOptions& options) {
+  const Shape batch = attention_backward_check(q, k, v, out, lse, d_out, options, "attention_backward");
   return kernels::attention_reference_backward(q, k, v, out, lse, d_out, options, batch,
                                                attention_scale(options, q.size(-1)));
 }

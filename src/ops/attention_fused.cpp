@@ -24,19 +24,7 @@ AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& 
 
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse, const Tensor& d_out, const AttentionOptions& options) {
-  const char* op = "attention_backward";
-  const Shape batch = attention_check(q, k, v, options, op);
-  Shape out_shape = batch, lse_shape = batch;
-  out_shape.push_back(q.size(-2));
-  out_shape.push_back(v.size(-1));
-  lse_shape.push_back(q.size(-2));
-  QKV_CHECK_ARG(d_out.defined() && d_out.shape() == out_shape, "[", op, "] d_out ",
-                d_out.defined() ? str(d_out.shape()) : "(undefined)", " must have the shape of out ",
-                str(out_shape), " (q ", str(q.shape()), ", v ", str(v.shape()), ")");
-  QKV_CHECK_ARG(!out.defined() || out.shape() == out_shape, "[", op, "] out ", str(out.shape()),
-                " must have shape (batch..., Tq, Dv) = ", str(out_shape));
-  QKV_CHECK_ARG(!lse.defined() || lse.shape() == lse_shape, "[", op, "] lse ", str(lse.shape()),
-                " must have shape (batch..., Tq) = ", str(lse_shape));
+  const Shape batch = attention_backward_check(q, k, v, out, lse, d_out, options, "attention_backward");
   const float scale = attention_scale(options, q.size(-1));
   // bf16: q, k, v and d_out rounded as the forward rounded q, k and v; the kernel rounds P and dS.
   const bool bf16 = options.precision == Precision::kBFloat16;

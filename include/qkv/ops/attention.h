@@ -46,6 +46,10 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 // Exposed so that every attention path (reference, fused, bindings) rejects the same inputs with the same words.
 Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                       const char* op);
+// attention_check, and d_out (and out, lse where defined) against the output's shapes: as attention_backward does.
+Shape attention_backward_check(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, const Tensor& d_out, const AttentionOptions& options,
+                               const char* op);
 
 // A mask of any kind as an additive float tensor of its shape (0 = takes part, -inf = blocked); kAdditive returns
 // the mask itself. Any strides.
