@@ -123,7 +123,7 @@ Outcome run_alignment(const Options& o) {
   for (size_t k = 0, shown = 0; k < dates.test.size() && shown < 3; ++k) {
     bool ascii = true;
     for (unsigned char c : date_task.test[k].src) ascii = ascii && c < 0x80;
-    const bool take = shown == 0 || (!ascii && !cjk_shown) || (shown < 2 + cjk_shown && k % 5 == 0 && ascii);
+    const bool take = shown == 0 || (!ascii && !cjk_shown) || (shown < (cjk_shown ? 3u : 2u) && k % 5 == 0 && ascii);
     if (!take) continue;
     cjk_shown = cjk_shown || !ascii;
     const auto& e = dates.test[k];
