@@ -49,8 +49,8 @@ struct GenerateArgs {
 void run_generate(const GenerateArgs& a) {
   const Precision precision = parse_precision(a.precision);
   const std::vector<int64_t> prompt = parse_ids(a.prompt);
-  const std::unique_ptr<models::LlamaForCausalLM> model = models::LlamaForCausalLM::from_pretrained(a.model);
-  model->set_precision(precision);
+  const std::unique_ptr<models::LlamaForCausalLM> model =
+      models::LlamaForCausalLM::from_pretrained(a.model, precision);
   std::vector<int64_t> out;
   if (a.beam > 0) {
     QKV_CHECK_ARG(a.sampling.temperature == 0.0f, "[generate] --beam searches; it does not sample (--temperature)");

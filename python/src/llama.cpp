@@ -44,15 +44,19 @@ void bind_llama(py::module_& m) {
                                "save_pretrained: config.json + model.safetensors) run by qkv.")
       .def_static(
           "from_pretrained",
-          [](const std::string& path) {
+          [](const std::string& path, const std::string& precision) {
+            const Precision p = parse_precision(precision);
             try {
               py::gil_scoped_release nogil;
-              return LlamaForCausalLM::from_pretrained(path);
+              return LlamaForCausalLM::from_pretrained(path, p);
             } catch (const std::runtime_error& e) {
               throw py::value_error(e.what());
             }
           },
-          py::arg("path"), "Loads config.json and model.safetensors from the folder `path`.")
+          py::arg("path"), py::arg("precision") = "fp32",
+          "Loads config.json and model.safetensors from the folder `path`. precision: 'fp32' (default), 'bf16' or "
+          "'int8' for the linear layers (bf16 also for attention); the weights are converted once, here "
+          "(docs/PRECISION.md).")
       .def(
           "logits",
           [](const LlamaForCausalLM& model, const py::object& ids_obj) {

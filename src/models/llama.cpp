@@ -375,7 +375,7 @@ void LlamaForCausalLM::load_hf_state_dict(const nn::StateDict& state_in, const s
   }
 }
 
-std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::string& dir) {
+std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::string& dir, Precision precision) {
   QKV_CHECK_RUNTIME(files::exists(dir), "[llama] model folder ", dir, " does not exist");
   for (const char* required : {"config.json", "model.safetensors"})
     QKV_CHECK_RUNTIME(files::exists(join(dir, required)), "[llama] model folder ", dir, " has no ", required);
@@ -395,7 +395,7 @@ std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::s
   }
   m->load_hf_state_dict(file.tensors, weights);
   m->eval();
-  m->set_precision(Precision::kFloat32);  // loaded for inference: the linear weights prepared (packed) once, here
+  m->set_precision(precision);  // loaded for inference: the linear weights prepared (packed) once, here
   return m;
 }
 

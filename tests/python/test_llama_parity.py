@@ -133,6 +133,21 @@ def test_broken_folders_name_the_problem(pair, tmp_path):
         qkv.CausalLM.from_pretrained(str(tmp_path / "absent"))
 
 
+def test_from_pretrained_at_low_precision(pair):
+    # bf16 and int8 load converted once: the logits stay near fp32's (bf16 rounds weights, activations, attention
+    # operands; int8 quantizes the linear layers), and an unknown precision is a one-line ValueError.
+    kind, _, model, folder = pair
+    ids = np.random.default_rng(1).integers(0, 97, size=(1, 17))
+    want = model.logits(ids)
+    for precision, bound in (("bf16", 0.05), ("int8", 0.1)):
+        got = qkv.CausalLM.from_pretrained(folder, precision=precision).logits(ids)
+        err = relative_error(got, want)
+        assert 0.0 < err <= bound, (kind, precision, err)
+    with pytest.raises(ValueError, match="int4") as e:
+        qkv.CausalLM.from_pretrained(folder, precision="int4")
+    assert "\n" not in str(e.value)
+
+
 def cli(*args):
     # The module is built into <build>/python/qkv; the command sits at <build>/qkv.
     build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(qkv.__file__))))

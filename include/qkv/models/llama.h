@@ -157,9 +157,10 @@ class LlamaForCausalLM : public nn::Module {
 
   // A folder that transformers' save_pretrained wrote: config.json + model.safetensors. Throws std::runtime_error
   // with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /
-  // misshapen / non-finite tensor). The model comes in eval mode with its precision set to fp32 (weights packed once
-  // for inference: see nn::Module::set_precision).
-  static std::unique_ptr<LlamaForCausalLM> from_pretrained(const std::string& dir);
+  // misshapen / non-finite tensor). The model comes in eval mode with its precision set to `precision` (the linear
+  // weights converted and packed once, for that precision only: see nn::Module::set_precision).
+  static std::unique_ptr<LlamaForCausalLM> from_pretrained(const std::string& dir,
+                                                           Precision precision = Precision::kFloat32);
   // Loads HF-named weights (strict: every parameter present with its shape, nothing else; lm_head.weight is
   // ignored when the embeddings are tied, as HF does). Nothing is changed on error. `source` names them in errors.
   void load_hf_state_dict(const nn::StateDict& state, const std::string& source);
