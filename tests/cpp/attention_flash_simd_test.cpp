@@ -1,5 +1,6 @@
 // The fused-attention microkernel steps written once over the vector width (src/kernels/attention_flash_simd.h):
-// the online-softmax step and the backward probabilities of every microkernel set this CPU runs, and of the
+// the online-softmax step, the backward probabilities and decoding's dot-product scores of every microkernel set
+// this CPU runs, and of the
 // template instantiated on emulated 8- and 16-lane vectors (GCC vector extensions, any CPU), against a float64
 // oracle. The 16-lane emulation runs the block/tail logic the AVX-512 set uses even where AVX-512 is absent.
 #include <gtest/gtest.h>
@@ -63,6 +64,11 @@ struct Emulated {
     std::memcpy(&r, &pb, sizeof r);
     return r;
   }
+  static float hsum(F v) {
+    float s = 0.0f;
+    for (int i = 0; i < W; ++i) s += v[i];
+    return s;
+  }
 };
 
 using Emulated8 = Emulated<f32x8, i32x8, 8>;
@@ -70,8 +76,7 @@ using Emulated16 = Emulated<f32x16, i32x16, 16>;
 
 template <class V>
 const Kernels& emulated(const char* name) {
-  static const Kernels k{name, portable_kernels().gemm, softmax_cols_impl<V>, portable_kernels().dot_scores,
-                         bwd_probs_impl<V>};
+  static const Kernels k{name, portable_kernels().gemm, softmax_cols_impl<V>, dot_scores_impl<V>, bwd_probs_impl<V>};
   return k;
 }
 
@@ -200,6 +205,43 @@ TEST(AttentionFlashSimd, BackwardProbabilitiesMatchFloat64OracleOnEverySet) {
         EXPECT_TRUE(Close(s, want_p, "p", arg));
         EXPECT_TRUE(Close(dp, want_ds, "dS", arg));
       }
+}
+
+// st[j·ld + i] = q_i · k_j for every query count a decoding tile holds (1-8), head sizes around and past the vector
+// widths and the register budget (up to 8 vectors of d at a time), keys past the 16-key blocks; columns past nq and
+// the rows' padding untouched.
+TEST(AttentionFlashSimd, DotScoresMatchFloat64OracleOnEverySet) {
+  std::mt19937 gen(6);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  for (const Kernels* ks : sets())
+    for (int64_t nq : {1, 2, 3, 4, 5, 8})
+      for (int64_t dk : {1, 7, 8, 9, 16, 17, 64, 80, 128, 129, 200})
+        for (int64_t nk : {1, 5, 16, 33}) {
+          SCOPED_TRACE(std::string(ks->name) + " nq " + std::to_string(nq) + " dk " + std::to_string(dk) + " nk " +
+                       std::to_string(nk));
+          const int64_t k_rs = dk + 3, ld = 8;
+          std::vector<float> q(static_cast<size_t>(nq * dk)), k(static_cast<size_t>(nk * k_rs));
+          for (float& v : q) v = value(gen);
+          for (float& v : k) v = value(gen);
+          std::vector<float> st(static_cast<size_t>(nk * ld), 12345.0f);
+          ks->dot_scores(q.data(), nq, dk, k.data(), k_rs, nk, st.data(), ld);
+          for (int64_t j = 0; j < nk; ++j)
+            for (int64_t i = 0; i < ld; ++i) {
+              const float got = st[static_cast<size_t>(j * ld + i)];
+              if (i >= nq) {
+                ASSERT_EQ(got, 12345.0f) << "column " << i << " written";
+                continue;
+              }
+              double want = 0.0, mag = 0.0;
+              for (int64_t d = 0; d < dk; ++d) {
+                const double x = double(q[static_cast<size_t>(i * dk + d)]) * k[static_cast<size_t>(j * k_rs + d)];
+                want += x;
+                mag += std::abs(x);
+              }
+              // A float sum of dk rounded multiply-adds, any order: |error| <= (dk + 4)·2^-24·Σ|q_d·k_d|.
+              ASSERT_NEAR(got, want, double(dk + 4) * 0x1p-24 * mag) << "key " << j << " query " << i;
+            }
+        }
 }
 
 }  // namespace
