@@ -33,14 +33,7 @@ namespace qkv {
 namespace {
 
 using kernels::Isa;
-using testing::Close;
-using testing::kDoubleStats;
-using testing::kFloatStats;
-using testing::kPolynomial;
-using testing::kWidths;
-using testing::random_floats;
-using testing::runnable;
-
+using namespace testing;  // kernels_isa_testing.h: random_floats, Close and its tolerances, runnable, kWidths
 
 // --- the CPU probe ----------------------------------------------------------------------------------------------
 

@@ -19,28 +19,15 @@
 #include "kernels_isa_testing.h"
 #include "qkv/core/tensor.h"
 #include "qkv/kernels/activations.h"
-#include "qkv/kernels/adam.h"
-#include "qkv/kernels/attention_flash.h"
 #include "qkv/kernels/cpu.h"
-#include "qkv/kernels/grad.h"
 #include "qkv/kernels/layer_norm.h"
-#include "qkv/kernels/lowp.h"
-#include "qkv/kernels/rnn_cells.h"
-#include "qkv/kernels/sgemm.h"
 #include "qkv/ops/elementwise.h"
-#include "qkv/ops/lowp.h"
 
 namespace qkv {
 namespace {
 
 using kernels::Isa;
-using testing::Close;
-using testing::kDoubleStats;
-using testing::kFloatStats;
-using testing::kPolynomial;
-using testing::kWidths;
-using testing::random_floats;
-using testing::runnable;
+using namespace testing;  // kernels_isa_testing.h: random_floats, Close and its tolerances, runnable, kWidths
 
 // --- LayerNorm --------------------------------------------------------------------------------------------------
 
