@@ -12,6 +12,7 @@
 #include "lowp_impl.h"
 #include "qkv/core/error.h"
 #include "qkv/kernels/cpu.h"
+#include "qkv/kernels/grad.h"
 #include "sgemm_kernels.h"
 
 namespace qkv::kernels {
@@ -268,14 +269,12 @@ template <class Block>
 void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block) {
   if (m == 0 || w.n == 0) return;
   const int64_t panels = (w.col0 + w.n + kPanel - 1) / kPanel;
-  // Few rows (decoding) are memory-bound: reading a weight costs about 16 multiply-adds of a compute-bound product at
-  // either precision (bf16 and int8 read 2 and 1 bytes where their multiply-adds run 2 and 4 times faster than
-  // fp32's), so a large weight keeps the threads even for one row, as ad::linear's rule for fp32 does.
+  // Few rows (decoding) are memory-bound: a large weight keeps the threads even for one row, as in ad::linear.
   const double weights = double(w.n) * double(std::max<int64_t>(k, 1));
-  const double work = std::max(double(m) * weights, 16.0 * weights);
+  const double work = std::max(double(m) * weights, kWeightReadWork * weights);
   int threads = 1;
   if (!omp_in_parallel())
-    threads = static_cast<int>(std::clamp<double>(work / double(1 << 21), 1.0, double(omp_get_max_threads())));
+    threads = static_cast<int>(std::clamp<double>(work / kWorkPerThread, 1.0, double(omp_get_max_threads())));
   // M blocks of packed rows (4 bytes per k-group) of about 256 KB at most, so they stay in L2.
   const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / std::max<int64_t>(4 * w.groups, 1) / 14 * 14);
   const Split split = choose_split(m, panels, threads, mc_max);

@@ -32,8 +32,6 @@ constexpr int64_t kNcMax = 128 * kNR;
 // Below this many multiply-adds OpenBLAS wins (measured 1 thread: 0.5x at 16^3, 0.85x at 32^3, 1.0x at 48^3,
 // 1.45x at 64^3); skinny products (m = 1..14 rows, n = 1024, k = 512) are already 1.2-2x faster here.
 constexpr double kSmallWork = 48.0 * 48.0 * 48.0;
-// Multiply-adds per thread started: smaller products run on fewer threads (never changes the results).
-constexpr double kWorkPerThread = double(1 << 21);
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

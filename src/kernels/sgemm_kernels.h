@@ -37,6 +37,9 @@ void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, in
 
 namespace qkv::kernels {
 
+// Multiply-adds per thread started: smaller products run on fewer threads (never changes the results).
+inline constexpr double kWorkPerThread = double(1 << 21);
+
 // How an (m rows, n_panels panels of kNR columns) product is cut into work items for `threads` threads: M blocks
 // of mc rows (a multiple of kMR, <= mc_max) times n_splits shares of the panels. Picks the cut whose busiest thread
 // has the fewest tiles; on ties, fewer items (less repacking of A). threads <= 1: one share, the fewest M blocks.

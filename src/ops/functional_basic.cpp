@@ -92,12 +92,11 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
   detail::check_defined(weight, "linear", "weight");
   Tensor out;
   {
-    // Few rows (decoding) make the product memory-bound: reading a weight float costs about 16 multiply-adds of a
-    // compute-bound product, so a large weight keeps the threads even for one row (a 768 x 768 weight is 2.4 MB:
-    // ~120 µs on one core).
+    // Few rows (decoding) make the product memory-bound: a large weight keeps the threads even for one row (a
+    // 768 x 768 weight is 2.4 MB: ~120 µs on one core).
     const double weights = static_cast<double>(weight.numel());
-    const kernels::SmallBlasGuard guard(
-        std::max(static_cast<double>(x.numel()) * static_cast<double>(weight.size(0)), 16.0 * weights));
+    const kernels::SmallBlasGuard guard(std::max(static_cast<double>(x.numel()) * static_cast<double>(weight.size(0)),
+                                                 kernels::kWeightReadWork * weights));
     out = qkv::linear(x.value, weight.value, bias.value);
   }
   return record(out, {&x, &weight, &bias}, [x, weight, bias](Tape& t, Douts d) {

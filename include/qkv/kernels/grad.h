@@ -26,6 +26,11 @@ void column_sums(const float* g, int64_t rows, int64_t cols, float* out, bool ov
 // undefined Tensor (the caller then runs the general ops sum_to).
 Tensor sum_to_trailing(const Tensor& g, const Shape& shape);
 
+// The multiply-adds a product is charged for each weight element it reads, when choosing its threads: few-row
+// (decoding) products are memory-bound, and reading a weight costs about 16 multiply-adds of a compute-bound product
+// at fp32, bf16 and int8 alike (bf16 and int8 read 2 and 1 bytes where their multiply-adds run 2 and 4 times faster).
+inline constexpr double kWeightReadWork = 16.0;
+
 // Keeps BLAS on the calling thread for products below ~8M multiply-adds (OpenBLAS shares our OpenMP pool and would
 // otherwise open a parallel region per small GEMM: hundreds per step of an RNN, each a stall when the machine is
 // busy). Sets the OpenMP thread count to 1 for its scope when `multiply_adds` is small, and restores it.
