@@ -15,6 +15,7 @@
 #include "qkv/core/error.h"
 #include "qkv/kernels/attention_reference.h"
 #include "qkv/kernels/cpu.h"
+#include "qkv/kernels/grad.h"
 
 namespace qkv::kernels {
 namespace {
@@ -254,8 +255,13 @@ static AttentionResult forward(const Ctx& cx, const Shape& batch, const FlashCon
   const int64_t nqt = ceil_div(tq, fq);
   const int64_t units = nb * nqt;
   const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, fk));
-  const double work = static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(cx.tk) *
-                      static_cast<double>(cx.dk + dv);
+  // Work for the team size: the multiply-adds, or, where the rows are few (decoding), the K/V reads, each charged as
+  // a weight read (kernels::kWeightReadWork): one query row over 1000 cached keys is memory-bound, not small.
+  const int64_t keys = tq > 0 ? std::max<int64_t>(0, cx.key_end(tq - 1) - cx.key_begin(0)) : 0;
+  const double work = std::max(static_cast<double>(nb) * static_cast<double>(tq) * static_cast<double>(cx.tk) *
+                                   static_cast<double>(cx.dk + dv),
+                               static_cast<double>(nb) * static_cast<double>(keys) *
+                                   static_cast<double>(cx.dk + dv) * kWeightReadWork);
 
   if (splits == 1) {
     // Causal: work item p runs query tiles p and nqt-1-p (a cheap and an expensive one), so items cost the same.
