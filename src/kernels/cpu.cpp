@@ -3,12 +3,47 @@
 #include "qkv/kernels/cpu.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 namespace qkv::kernels {
+
+namespace {
+
+// AMX: CPUID leaf 7 subleaf 0, EDX bits 22 (AMX-BF16), 24 (AMX-TILE) and 25 (AMX-INT8); the OS must have enabled
+// the tile state in XCR0 (bits 17 XTILECFG and 18 XTILEDATA), and Linux (5.16 on) hands the 8 KB of tile data to
+// a process only when it asks, once, with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). Any refusal leaves
+// amx false with its reason: the kernels then run the AVX512-BF16 / VNNI builds, and nothing crashes.
+void probe_amx(CpuFeatures& c) {
+  unsigned a = 0, b = 0, cx = 0, d = 0;
+  if (!c.avx512_bf16 || !__get_cpuid_count(7, 0, &a, &b, &cx, &d)) return;
+  if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0 || (d & (1u << 25)) == 0) return;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));  // OSXSAVE holds: the AVX-512 flags needed it
+  if ((lo & (3u << 17)) != (3u << 17)) {
+    c.amx_refused = "AMX unused: the OS has not enabled the tile state (XCR0 bits 17-18)";
+    return;
+  }
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  const int saved = errno;
+  const long r = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata);
+  const int err = errno;
+  errno = saved;
+  if (r != 0) {
+    c.amx_refused = err == EINVAL ? "AMX unused: the kernel does not grant tile data (arch_prctl EINVAL: Linux < 5.16)"
+                    : err == EPERM ? "AMX unused: the kernel refused tile data (arch_prctl EPERM)"
+                                   : "AMX unused: arch_prctl(ARCH_REQ_XCOMP_PERM) failed";
+    return;
+  }
+  c.amx = true;
+}
+
+}  // namespace
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
@@ -22,6 +57,7 @@ const CpuFeatures& cpu_features() {
     // OS's ymm state is already implied by avx2 above)
     unsigned a = 0, b = 0, cx = 0, d = 0;
     c.avx_vnni = c.avx2 && __get_cpuid_count(7, 1, &a, &b, &cx, &d) && (a & (1u << 4)) != 0;
+    probe_amx(c);
     return c;
   }();
   return f;
@@ -35,6 +71,7 @@ bool cpu_supports(Isa isa, const CpuFeatures& f) {
     case Isa::kAvx512: return f.avx512;
     case Isa::kAvx512Vnni: return f.avx512_vnni;
     case Isa::kAvx512Bf16: return f.avx512_bf16;
+    case Isa::kAmx: return f.avx512_bf16 && f.amx;
   }
   return false;
 }
@@ -49,13 +86,15 @@ const char* isa_name(Isa isa) {
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Vnni: return "avx512vnni";
     case Isa::kAvx512Bf16: return "avx512bf16";
+    case Isa::kAmx: return "amx";
   }
   return "unknown";
 }
 
 Isa resolve_isa(const char* env_value, const CpuFeatures& f) {
   // The AVX-512 ladder where there is AVX-512 (its int8 build is the zmm one), else the AVX2 side branch.
-  const Isa widest = f.avx512_bf16                 ? Isa::kAvx512Bf16
+  const Isa widest = f.avx512_bf16 && f.amx        ? Isa::kAmx
+                     : f.avx512_bf16               ? Isa::kAvx512Bf16
                      : f.avx512_vnni               ? Isa::kAvx512Vnni
                      : f.avx512                    ? Isa::kAvx512
                      : f.avx2 && f.avx_vnni        ? Isa::kAvx2Vnni
@@ -70,9 +109,10 @@ Isa resolve_isa(const char* env_value, const CpuFeatures& f) {
   else if (v == "avx512") want = Isa::kAvx512;
   else if (v == "avx512vnni") want = Isa::kAvx512Vnni;
   else if (v == "avx512bf16") want = Isa::kAvx512Bf16;
+  else if (v == "amx") want = Isa::kAmx;
   else
     throw std::runtime_error("[cpu] QKV_ISA='" + v +
-                             "' is not one of portable, avx2, avx2vnni, avx512, avx512vnni, avx512bf16");
+                             "' is not one of portable, avx2, avx2vnni, avx512, avx512vnni, avx512bf16, amx");
   // By feature, not by order: avx2vnni is no rung of the AVX-512 ladder (an AVX-512 CPU may lack AVX-VNNI, and
   // an AVX-VNNI CPU AVX-512).
   if (!cpu_supports(want, f))

@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include <omp.h>
 
-#include <cpuid.h>
-
+#include "lowp_amx_impl.h"
 #include "lowp_impl.h"
 #include "qkv/core/error.h"
 #include "qkv/kernels/cpu.h"
@@ -264,9 +265,82 @@ void pack_int8(const Int8View& w, PackedB& out) {
 
 namespace {
 
+// The AMX tile unit in plain loops, as the instruction set reference writes TDPBF16PS: for each row m and k-pair
+// g, c[m][n] += a_even·b_even, then += a_odd·b_odd (float32 adds; bf16 products are exact in float32). What it
+// tests is the walk of lowp_amx_impl.h (packing, K tail, panels, epilogue), not the hardware's rounding.
+struct EmulatedTiles {
+  struct State {
+    float c[4][16][16];
+    uint32_t a[2][16][16], b[2][16][16];
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+  static float half(uint32_t word, bool high) {
+    const uint32_t u = high ? (word & 0xffff0000u) : (word << 16);
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  static void load(uint32_t (&t)[16][16], const uint32_t* p, int64_t stride_bytes) {
+    for (int r = 0; r < 16; ++r) std::memcpy(t[r], p + r * (stride_bytes / 4), sizeof t[r]);
+  }
+  static void dp(float (&c)[16][16], const uint32_t (&a)[16][16], const uint32_t (&b)[16][16]) {
+    for (int m = 0; m < 16; ++m)
+      for (int g = 0; g < 16; ++g)
+        for (int n = 0; n < 16; ++n) {
+          c[m][n] += half(a[m][g], false) * half(b[g][n], false);
+          c[m][n] += half(a[m][g], true) * half(b[g][n], true);
+        }
+  }
+  static void begin() { state() = State{}; }  // LDTILECFG zeroes every tile
+  static void end() {}
+  static void zero_c() { std::memset(state().c, 0, sizeof state().c); }
+  static void step(const uint32_t* a0, const uint32_t* a1, int64_t sa, const uint32_t* b0, const uint32_t* b1,
+                   int64_t sb) {
+    State& s = state();
+    load(s.a[0], a0, sa);
+    load(s.a[1], a1, sa);
+    load(s.b[0], b0, sb);
+    load(s.b[1], b1, sb);
+    dp(s.c[0], s.a[0], s.b[0]);
+    dp(s.c[1], s.a[0], s.b[1]);
+    dp(s.c[2], s.a[1], s.b[0]);
+    dp(s.c[3], s.a[1], s.b[1]);
+  }
+  static void store_c(float* ct) {
+    const State& s = state();
+    for (int t = 0; t < 4; ++t)
+      for (int r = 0; r < 16; ++r)
+        std::memcpy(ct + (16 * (t / 2) + r) * 32 + 16 * (t % 2), s.c[t][r], sizeof s.c[t][r]);
+  }
+  static void pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < ld; ++g) {
+        const uint32_t lo = 2 * g < k ? detail::bf16_round_bits(x[r * ldx + 2 * g]) >> 16 : 0u;
+        const uint32_t hi = 2 * g + 1 < k ? detail::bf16_round_bits(x[r * ldx + 2 * g + 1]) : 0u;
+        dst[r * ld + g] = lo | hi;
+      }
+  }
+};
+
+}  // namespace
+
+namespace amx_emulated {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  detail::amx_bf16_block<EmulatedTiles>(x, ldx, w, bias, c, ldc, m0, m1, n0, n1);
+}
+}  // namespace amx_emulated
+
+namespace {
+
 // The threaded driver of both packed products: items of (M block, share of the panels), cut by sgemm's rule.
+// row_tile: the rows of c one pass of the block's kernel computes (14 for the vector builds, 32 for AMX): M blocks
+// are whole passes.
 template <class Block>
-void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block) {
+void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block, int64_t row_tile = 14) {
   if (m == 0 || w.n == 0) return;
   const int64_t panels = (w.col0 + w.n + kPanel - 1) / kPanel;
   // Few rows (decoding) are memory-bound: a large weight keeps the threads even for one row, as in ad::linear.
@@ -276,8 +350,11 @@ void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block) {
   if (!omp_in_parallel())
     threads = static_cast<int>(std::clamp<double>(work / kWorkPerThread, 1.0, double(omp_get_max_threads())));
   // M blocks of packed rows (4 bytes per k-group) of about 256 KB at most, so they stay in L2.
-  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / std::max<int64_t>(4 * w.groups, 1) / 14 * 14);
-  const Split split = choose_split(m, panels, threads, mc_max);
+  // sgemm's rule cuts rows in its 14-row panels: each stands for one pass of row_tile rows here.
+  const int64_t passes = (m + row_tile - 1) / row_tile;
+  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / std::max<int64_t>(4 * w.groups * row_tile / 14, 1) / 14 * 14);
+  Split split = choose_split(passes * 14, panels, threads, mc_max);
+  split.mc = split.mc / 14 * row_tile;
   const int64_t m_blocks = (m + split.mc - 1) / split.mc, per_split = (panels + split.n_splits - 1) / split.n_splits;
   const int64_t items = m_blocks * split.n_splits;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && items > 1)
@@ -291,7 +368,22 @@ void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block) {
   }
 }
 
+using AmxBlock = void (*)(const float*, int64_t, const PackedBView&, const float*, float*, int64_t, int64_t, int64_t,
+                         int64_t, int64_t);
+void run_amx(AmxBlock block, const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias,
+             float* c, int64_t ldc) {
+  run_packed(
+      m, w.k, w,
+      [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) { block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1); },
+      detail::kAmxRows);
+}
+
 }  // namespace
+
+void amx_emulated::gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias,
+                                    float* c, int64_t ldc) {
+  run_amx(amx_emulated::gemm_bf16_packed_block, x, m, ldx, w, bias, c, ldc);
+}
 
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                       int64_t ldc, int64_t xks) {
@@ -301,6 +393,12 @@ void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView&
                 " apart, or k stride >= m when ldx is 1), ldc ", ldc, " (>= n = ", w.n, ")");
   QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Bf16, "[gemm_bf16] the packed bf16 product needs AVX512-BF16 (",
                     isa_name(active_isa()), " is active)");
+  // AMX from a few rows on (activations in rows): one pass computes 32; fewer rows, and decoding's one, stay on
+  // vdpbf16ps, which reads the weight once for them at the same cost.
+  if (active_isa() >= Isa::kAmx && xks == 1 && m >= kAmxMinRows) {
+    run_amx(amx::gemm_bf16_packed_block, x, m, ldx, w, bias, c, ldc);
+    return;
+  }
   run_packed(m, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     avx512bf16::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1, xks);
   });
@@ -328,31 +426,32 @@ bool gemm_int8_packed_runs() {
 }
 
 LowpPaths lowp_paths() {
-  // AMX is probed only to say that its kernels are not written (the AVX-512 ones run on such a CPU).
-  static const bool amx = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) != 0;  // AMX-BF16
-  }();
+  // Where the CPU reports AMX but the OS or the kernel refused it, the probe's reason replaces "no AMX".
+  const CpuFeatures& f = cpu_features();
   const Isa isa = active_isa();
+  static const std::string refused =
+      std::string("avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; ") + f.amx_refused + ")";
   const char* bf16 =
-      isa >= Isa::kAvx512Bf16
-          ? (amx ? "avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; AMX kernels not written yet)"
-                 : "avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; no AMX on this CPU)")
-      : cpu_features().avx512_bf16
+      isa >= Isa::kAmx ? "amx tdpbf16ps (weights packed once, float32 accumulation; under 16 rows avx512bf16 vdpbf16ps)"
+      : isa >= Isa::kAvx512Bf16
+          ? (f.amx ? "avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; QKV_ISA caps AMX)"
+             : *f.amx_refused ? refused.c_str()
+                              : "avx512bf16 vdpbf16ps (weights packed once, float32 accumulation; no AMX on this CPU)")
+      : f.avx512_bf16
           ? (isa >= Isa::kAvx2 ? "converting (QKV_ISA caps AVX512-BF16): bf16-rounded operands, float32 avx2 kernels"
                                : "converting (QKV_ISA caps AVX512-BF16): bf16-rounded operands, float32 portable kernels")
       : isa >= Isa::kAvx2 ? "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
                           : "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 portable kernels";
   const char* int8 =
       isa >= Isa::kAvx512Vnni
-          ? (amx ? "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; AMX kernels not written yet)"
-                 : "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; no AMX on this CPU)")
+          ? (f.amx ? "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; AMX int8 kernels not written yet)"
+                   : "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; no AMX on this CPU)")
       : isa == Isa::kAvx2Vnni
-          ? (cpu_features().avx512
+          ? (f.avx512
                  ? "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; QKV_ISA caps AVX-512)"
                  : "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; no AVX-512 on this CPU)")
       : isa >= Isa::kAvx2
-          ? (cpu_features().avx512_vnni || cpu_features().avx_vnni
+          ? (f.avx512_vnni || f.avx_vnni
                  ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; QKV_ISA caps VNNI)"
                  : "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; no VNNI on this CPU)")
           : "portable (exact int32 accumulation)";

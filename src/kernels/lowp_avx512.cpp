@@ -10,12 +10,6 @@
 #include "lowp_packed_impl.h"
 #include "qkv/kernels/lowp.h"
 
-// GCC 12 flags the _mm512_undefined_*() inside its own shift intrinsics (a known false positive).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 namespace qkv::kernels {
 namespace {
 

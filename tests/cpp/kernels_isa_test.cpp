@@ -57,6 +57,22 @@ TEST(CpuProbe, ResolveIsaCapsAtTheWidestPathTheCpuHas) {
   EXPECT_EQ(kernels::resolve_isa("avx512", bf16), Isa::kAvx512);
   EXPECT_THROW(kernels::resolve_isa("avx512bf16", vnni), std::runtime_error);
   EXPECT_THROW(kernels::resolve_isa("avx512vnni", avx512), std::runtime_error);
+  // AMX sits on top where it is usable (Sapphire Rapids with Linux's permission); QKV_ISA=avx512bf16 caps it; a CPU
+  // whose AMX was refused (amx false, its reason set) stays at avx512bf16 and refuses QKV_ISA=amx.
+  kernels::CpuFeatures spr = bf16, refused = bf16;
+  spr.amx = true;
+  refused.amx_refused = "AMX unused: the kernel refused tile data (arch_prctl EPERM)";
+  EXPECT_EQ(kernels::resolve_isa(nullptr, spr), Isa::kAmx);
+  EXPECT_EQ(kernels::resolve_isa("amx", spr), Isa::kAmx);
+  EXPECT_EQ(kernels::resolve_isa("avx512bf16", spr), Isa::kAvx512Bf16);
+  EXPECT_EQ(kernels::resolve_isa(nullptr, refused), Isa::kAvx512Bf16);
+  EXPECT_THROW(kernels::resolve_isa("amx", refused), std::runtime_error);
+  EXPECT_THROW(kernels::resolve_isa("amx", bf16), std::runtime_error);
+  kernels::CpuFeatures amx_without_bf16 = vnni;  // not a real CPU: the AMX kernels use AVX512-BF16 code too
+  amx_without_bf16.amx = true;
+  EXPECT_EQ(kernels::resolve_isa(nullptr, amx_without_bf16), Isa::kAvx512Vnni);
+  EXPECT_FALSE(kernels::cpu_supports(Isa::kAmx, amx_without_bf16));
+  EXPECT_EQ(std::string(kernels::isa_name(Isa::kAmx)), "amx");
 }
 
 // AVX-VNNI is a side branch: chosen only without AVX-512, and accepted by QKV_ISA wherever the CPU has it.
@@ -98,7 +114,7 @@ TEST(CpuProbe, ResolveIsaTakesAvx2VnniByFeatureNotByOrder) {
     kernels::resolve_isa("avx2vni", zen5);
     ADD_FAILURE() << "QKV_ISA='avx2vni' was accepted";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("portable, avx2, avx2vnni, avx512, avx512vnni, avx512bf16"),
+    EXPECT_NE(std::string(e.what()).find("portable, avx2, avx2vnni, avx512, avx512vnni, avx512bf16, amx"),
               std::string::npos)
         << e.what();
   }
@@ -130,9 +146,12 @@ TEST(CpuProbe, FeaturesAreConsistent) {
   EXPECT_TRUE(!f.avx_vnni || f.avx2);
   EXPECT_TRUE(!f.avx512_vnni || f.avx512);
   EXPECT_TRUE(!f.avx512_bf16 || f.avx512_vnni);
+  EXPECT_EQ(kernels::cpu_supports(Isa::kAmx), f.avx512_bf16 && f.amx);
+  EXPECT_TRUE(!f.amx || *f.amx_refused == '\0');  // a reason only where AMX is not used
   EXPECT_EQ(kernels::sgemm_avx512_supported(), f.avx512);
   std::cout << "[ cpu      ] avx2+fma " << f.avx2 << ", avx512 f/bw/dq/vl " << f.avx512 << ", avx512-vnni "
-            << f.avx512_vnni << ", avx512-bf16 " << f.avx512_bf16 << ", avx-vnni " << f.avx_vnni << "\n";
+            << f.avx512_vnni << ", avx512-bf16 " << f.avx512_bf16 << ", avx-vnni " << f.avx_vnni << ", amx " << f.amx
+            << (*f.amx_refused ? std::string(" (") + f.amx_refused + ")" : std::string()) << "\n";
 }
 
 // Run once plainly and, from CMake, again under QKV_ISA=portable / avx2 / a bad value: the dispatchers of every
@@ -170,14 +189,18 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   EXPECT_EQ(kernels::active_isa(), want);
   // The fused attention's sets: AVX512-VNNI and AVX-VNNI add nothing there (their sets are avx512's and avx2's),
   // AVX512-BF16 adds the bf16 products.
-  const Isa flash = want == Isa::kAvx512Vnni ? Isa::kAvx512 : want == Isa::kAvx2Vnni ? Isa::kAvx2 : want;
+  const Isa flash = want == Isa::kAvx512Vnni ? Isa::kAvx512
+                    : want == Isa::kAvx2Vnni  ? Isa::kAvx2
+                    : want == Isa::kAmx       ? Isa::kAvx512Bf16
+                                              : want;
   EXPECT_EQ(std::string(kernels::flash_isa_name(kernels::FlashIsa::kAuto)), kernels::isa_name(flash));
   if (want < Isa::kAvx512) {
     EXPECT_EQ(std::string(kernels::sgemm_backend()), "openblas");
   }
   const std::string bf16 = kernels::lowp_paths().bf16, int8 = kernels::lowp_paths().int8;
   const bool avx2 = want >= Isa::kAvx2;
-  if (want >= Isa::kAvx512Bf16) EXPECT_EQ(bf16.rfind("avx512bf16 vdpbf16ps", 0), 0u) << bf16;
+  if (want >= Isa::kAmx) EXPECT_EQ(bf16.rfind("amx tdpbf16ps", 0), 0u) << bf16;
+  else if (want >= Isa::kAvx512Bf16) EXPECT_EQ(bf16.rfind("avx512bf16 vdpbf16ps", 0), 0u) << bf16;
   else EXPECT_NE(bf16.find(avx2 ? "float32 avx2 kernels" : "float32 portable kernels"), std::string::npos) << bf16;
   if (want >= Isa::kAvx512Vnni) EXPECT_EQ(int8.rfind("avx512vnni vpdpbusd", 0), 0u) << int8;
   else if (want == Isa::kAvx2Vnni) EXPECT_EQ(int8.rfind("avx2vnni vpdpbusd ymm", 0), 0u) << int8;

@@ -2,6 +2,7 @@
 // against float64 / integer oracles that share no code with them; the bf16 GEMM accuracy gate; and the fronts that
 // carry a precision (linear, matmul, attention, nn::Module::set_precision), fp32 staying bit for bit.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attention_oracle.h"
@@ -410,13 +412,15 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
   struct Shp {
     int64_t m, n, k, begin, end;
   };
-  const bool bf16 = kernels::cpu_supports(Isa::kAvx512Bf16);
-  std::cout << "[ paths    ] packed bf16: ran portable" << (bf16 ? ",avx512bf16" : "; not on this CPU: avx512bf16")
-            << "\n";
-  // Long k (1100, 1537), also in a view that starts inside a panel.
+  const bool bf16 = kernels::cpu_supports(Isa::kAvx512Bf16), amx = kernels::cpu_supports(Isa::kAmx);
+  std::cout << "[ paths    ] packed bf16: ran portable,amx emulated" << (bf16 ? ",avx512bf16" : "")
+            << (amx ? ",amx" : "") << (bf16 && amx ? "" : "; not on this CPU:") << (bf16 ? "" : " avx512bf16")
+            << (amx ? "" : " amx") << "\n";
+  // Long k (1100, 1537), also in a view that starts inside a panel; k-pairs a multiple of 16 (k 64) and one past
+  // (k 65, 34); rows past one 32-row pass (70).
   for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 101, 3, 70}, Shp{29, 97, 384, 33, 96},
                       Shp{1, 384, 384, 0, 384}, Shp{40, 33, 2, 31, 33}, Shp{17, 45, 1100, 5, 45},
-                      Shp{3, 64, 1537, 0, 64}}) {
+                      Shp{3, 64, 1537, 0, 64}, Shp{70, 40, 64, 0, 40}, Shp{33, 65, 65, 1, 65}, Shp{16, 32, 34, 0, 32}}) {
     SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " view [" +
                  std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
     const Tensor x = testing::randn({s.m, s.k}, 60 + s.k), w = testing::randn({s.n, s.k}, 70 + s.k);
@@ -454,6 +458,21 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
     std::vector<float> c(static_cast<size_t>(s.m * nv), NAN);
     kernels::portable::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, c.data(), nv, 0, s.m, 0, nv);
     check(c, "portable");
+    // The AMX walk, emulated everywhere and on the tiles where the CPU has them: whole, and in four blocks that
+    // cut rows and columns anywhere (each entry's sum depends on k alone: the same bits).
+    for (const bool hw : {false, true}) {
+      if (hw && !amx) continue;
+      const auto block = hw ? kernels::amx::gemm_bf16_packed_block : kernels::amx_emulated::gemm_bf16_packed_block;
+      const char* name = hw ? "amx" : "amx emulated";
+      std::vector<float> whole(c.size(), NAN), parts(c.size(), NAN);
+      block(x.data(), s.k, v, bias.data() + s.begin, whole.data(), nv, 0, s.m, 0, nv);
+      check(whole, name);
+      const int64_t mh = s.m / 3, nh = nv / 2 + 1;
+      for (auto [m0, m1] : {std::pair{int64_t{0}, mh}, std::pair{mh, s.m}})
+        for (auto [n0, n1] : {std::pair{int64_t{0}, std::min(nh, nv)}, std::pair{std::min(nh, nv), nv}})
+          block(x.data(), s.k, v, bias.data() + s.begin, parts.data(), nv, m0, m1, n0, n1);
+      EXPECT_EQ(parts, whole) << name << ", in blocks";
+    }
     if (bf16) {
       std::fill(c.begin(), c.end(), NAN);
       const int64_t mh = s.m / 2, nh = nv / 3;
@@ -494,16 +513,83 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
   for (int64_t i = 0; i < w.numel(); ++i) w.data()[i] = std::fabs(w.data()[i]) + 0.1f;  // no cancellation to 0
   kernels::PackedB packed;
   kernels::pack_bf16(w.data(), 4, 20, 20, 1, packed);
-  std::vector<Isa> paths{Isa::kPortable};
-  if (bf16) paths.push_back(Isa::kAvx512Bf16);
-  for (Isa p : paths) {
+  std::vector<std::string> paths{"portable", "amx emulated"};
+  if (bf16) paths.push_back("avx512bf16");
+  if (amx) paths.push_back("amx");
+  for (const std::string& p : paths) {
     std::vector<float> c(12, 0.0f);
-    (p == Isa::kPortable ? kernels::portable::gemm_bf16_packed_block : kernels::avx512bf16::gemm_bf16_packed_block)(
-        x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4, 1);
+    if (p == "portable" || p == "avx512bf16")
+      (p == "portable" ? kernels::portable::gemm_bf16_packed_block : kernels::avx512bf16::gemm_bf16_packed_block)(
+          x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4, 1);
+    else
+      (p == "amx" ? kernels::amx::gemm_bf16_packed_block : kernels::amx_emulated::gemm_bf16_packed_block)(
+          x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4);
     for (int j = 0; j < 4; ++j) {
-      EXPECT_TRUE(std::isnan(c[j])) << kernels::isa_name(p);
-      EXPECT_TRUE(std::isinf(c[4 + j]) && c[4 + j] > 0) << kernels::isa_name(p);
-      EXPECT_TRUE(std::isfinite(c[8 + j])) << kernels::isa_name(p);
+      EXPECT_TRUE(std::isnan(c[j])) << p;
+      EXPECT_TRUE(std::isinf(c[4 + j]) && c[4 + j] > 0) << p;
+      EXPECT_TRUE(std::isfinite(c[8 + j])) << p;
+    }
+  }
+}
+
+// The AMX product with more threads than cores (4 threads on this machine's 2, each preempted while it holds tile
+// state): every run gives the bits of a run alone. On a CPU with AMX the tiles are the hardware's (the OS must
+// save and restore each thread's tiles); elsewhere the emulated walk, whose per-thread scratch is then what is
+// tested. Also: gemm_bf16_packed takes the AMX walk from kAmxMinRows rows on exactly where active_isa() is amx.
+TEST(Bf16Kernels, AmxProductKeepsItsBitsOversubscribed) {
+  const bool amx = kernels::cpu_supports(Isa::kAmx);
+  const auto block = amx ? kernels::amx::gemm_bf16_packed_block : kernels::amx_emulated::gemm_bf16_packed_block;
+  std::cout << "[ paths    ] amx oversubscribed: " << (amx ? "amx tiles" : "amx emulated (no AMX on this CPU)")
+            << "\n";
+  const int64_t m = 45, n = 70, k = amx ? 1031 : 131;
+  const Tensor x = testing::randn({m, k}, 31), w = testing::randn({n, k}, 32), bias = testing::randn({n}, 33);
+  kernels::PackedB packed;
+  kernels::pack_bf16(w.data(), n, k, k, 1, packed);
+  std::vector<float> alone(static_cast<size_t>(m * n), NAN);
+  block(x.data(), k, packed.view(), bias.data(), alone.data(), n, 0, m, 0, n);
+  constexpr int kThreads = 4, kRuns = 6;
+  std::vector<std::vector<float>> out(kThreads * kRuns, std::vector<float>(alone.size(), NAN));
+  {
+    std::vector<std::thread> team;
+    for (int t = 0; t < kThreads; ++t)
+      team.emplace_back([&, t] {
+        for (int r = 0; r < kRuns; ++r) {
+          std::vector<float>& c = out[static_cast<size_t>(t * kRuns + r)];
+          block(x.data(), k, packed.view(), bias.data(), c.data(), n, 0, m, 0, n);
+          std::this_thread::yield();  // give the core away while this thread's tiles are released
+        }
+      });
+    for (std::thread& th : team) th.join();
+  }
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], alone) << "thread " << i / kRuns << " run " << i % kRuns;
+  // The threaded driver of the AMX walk (M blocks of whole 32-row passes, shares of the panels), emulated: the
+  // bits of one block, at 1 and 2 threads, on sizes that split rows and panels.
+  for (const int64_t rows : {int64_t{17}, int64_t{45}, int64_t{130}}) {
+    const int64_t cols = 300, kk = 1500;
+    const Tensor xr = testing::randn({rows, kk}, 41), wr = testing::randn({cols, kk}, 42);
+    kernels::PackedB pw;
+    kernels::pack_bf16(wr.data(), cols, kk, kk, 1, pw);
+    std::vector<float> one(static_cast<size_t>(rows * cols), NAN);
+    kernels::amx_emulated::gemm_bf16_packed_block(xr.data(), kk, pw.view(), nullptr, one.data(), cols, 0, rows, 0, cols);
+    const int saved = omp_get_max_threads();
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> c(one.size(), NAN);
+      kernels::amx_emulated::gemm_bf16_packed(xr.data(), rows, kk, pw.view(), nullptr, c.data(), cols);
+      EXPECT_EQ(c, one) << rows << " rows, " << threads << " threads";
+    }
+    omp_set_num_threads(saved);
+  }
+  // The dispatcher: the AMX walk from kAmxMinRows rows where active_isa() is amx, vdpbf16ps below.
+  if (kernels::active_isa() >= Isa::kAvx512Bf16) {
+    std::vector<float> c(alone.size(), NAN), hw(alone.size(), NAN);
+    kernels::gemm_bf16_packed(x.data(), m, k, packed.view(), bias.data(), c.data(), n);
+    if (kernels::active_isa() >= Isa::kAmx) {
+      kernels::amx::gemm_bf16_packed_block(x.data(), k, packed.view(), bias.data(), hw.data(), n, 0, m, 0, n);
+      EXPECT_EQ(c, hw) << "gemm_bf16_packed at " << m << " rows runs the AMX walk";
+    } else {
+      kernels::avx512bf16::gemm_bf16_packed_block(x.data(), k, packed.view(), bias.data(), hw.data(), n, 0, m, 0, n);
+      EXPECT_EQ(c, hw) << "gemm_bf16_packed without AMX runs vdpbf16ps";
     }
   }
 }

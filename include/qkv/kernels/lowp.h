@@ -117,8 +117,9 @@ inline constexpr int64_t kInt8PackedMaxK = 65536;
 
 // c (m, n) row-major with ldc: c[i][j] = Σ_k bf16(x[i][k]) · w[j][k] + bias[j], float32 accumulation, x (m, k)
 // at x[i * ldx + k * xks]: rows (xks 1, ldx >= k) or a transposed operand (ldx 1, xks >= m), both read by vector
-// loads; other strides one element at a time. Runs the avx512bf16 build (throws std::runtime_error when
-// active_isa() is below it). Threaded over blocks of c; the same bits for every thread count and layout.
+// loads; other strides one element at a time. Runs the amx build for m >= kAmxMinRows rows of x in rows where
+// active_isa() is amx, else the avx512bf16 build (throws std::runtime_error when active_isa() is below it).
+// Threaded over blocks of c; the same bits for every thread count (and, on the avx512bf16 build, every layout).
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                       int64_t ldc, int64_t xks = 1);
 // The int8 product of gemm_int8_nt over a packed weight: the avx512vnni build when active_isa() >= kAvx512Vnni,
@@ -137,6 +138,23 @@ void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, c
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 }  // namespace portable
+// AMX (Isa::kAmx): tdpbf16ps on 32-row x 32-column passes of c, x in rows (ldx >= k apart); gemm_bf16_packed runs
+// it for m >= kAmxMinRows rows in rows (fewer rows, and a transposed x, run the avx512bf16 build). amx:: needs
+// cpu_supports(Isa::kAmx); amx_emulated:: is the same walk (packing, K tail, panels, epilogue) over an emulated
+// tile unit in plain loops, for tests on every CPU. Float32 accumulation in the tile's own order: within float32
+// slack of the float64 product of the rounded operands, not the vdpbf16ps build's bits.
+inline constexpr int64_t kAmxMinRows = 16;
+namespace amx {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace amx
+namespace amx_emulated {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+// The whole product through gemm_bf16_packed's threaded AMX driver (passes of 32 rows), over the emulated unit.
+void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                      int64_t ldc);
+}  // namespace amx_emulated
 namespace avx512bf16 {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks = 1);
@@ -154,7 +172,8 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
 }  // namespace avxvnni
 
 // What the bf16 and int8 products run on this CPU under the QKV_ISA cap, for `qkv info` and qkv.cpu_info():
-//   bf16 "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
+//   bf16 "amx tdpbf16ps (weights packed once, float32 accumulation; under 16 rows avx512bf16 vdpbf16ps)", or
+//        "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
 //   int8 "avx2 vpmaddwd (int16 pairs, int32 accumulation; no VNNI/AMX on this CPU)", or on an AVX-VNNI CPU without
 //        AVX-512 "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; no AVX-512 on this CPU)"
 struct LowpPaths {
