@@ -265,72 +265,16 @@ void pack_int8(const Int8View& w, PackedB& out) {
 
 namespace {
 
-// The AMX tile unit in plain loops, as the instruction set reference writes TDPBF16PS: for each row m and k-pair
-// g, c[m][n] += a_even·b_even, then += a_odd·b_odd (float32 adds; bf16 products are exact in float32). What it
-// tests is the walk of lowp_amx_impl.h (packing, K tail, panels, epilogue), not the hardware's rounding.
-struct EmulatedTiles {
-  struct State {
-    float c[4][16][16];
-    uint32_t a[2][16][16], b[2][16][16];
-  };
-  static State& state() {
-    thread_local State s;
-    return s;
-  }
-  static float half(uint32_t word, bool high) {
-    const uint32_t u = high ? (word & 0xffff0000u) : (word << 16);
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  static void load(uint32_t (&t)[16][16], const uint32_t* p, int64_t stride_bytes) {
-    for (int r = 0; r < 16; ++r) std::memcpy(t[r], p + r * (stride_bytes / 4), sizeof t[r]);
-  }
-  static void dp(float (&c)[16][16], const uint32_t (&a)[16][16], const uint32_t (&b)[16][16]) {
-    for (int m = 0; m < 16; ++m)
-      for (int g = 0; g < 16; ++g)
-        for (int n = 0; n < 16; ++n) {
-          c[m][n] += half(a[m][g], false) * half(b[g][n], false);
-          c[m][n] += half(a[m][g], true) * half(b[g][n], true);
-        }
-  }
-  static void begin() { state() = State{}; }  // LDTILECFG zeroes every tile
-  static void end() {}
-  static void zero_c() { std::memset(state().c, 0, sizeof state().c); }
-  static void step(const uint32_t* a0, const uint32_t* a1, int64_t sa, const uint32_t* b0, const uint32_t* b1,
-                   int64_t sb) {
-    State& s = state();
-    load(s.a[0], a0, sa);
-    load(s.a[1], a1, sa);
-    load(s.b[0], b0, sb);
-    load(s.b[1], b1, sb);
-    dp(s.c[0], s.a[0], s.b[0]);
-    dp(s.c[1], s.a[0], s.b[1]);
-    dp(s.c[2], s.a[1], s.b[0]);
-    dp(s.c[3], s.a[1], s.b[1]);
-  }
-  static void store_c(float* ct) {
-    const State& s = state();
-    for (int t = 0; t < 4; ++t)
-      for (int r = 0; r < 16; ++r)
-        std::memcpy(ct + (16 * (t / 2) + r) * 32 + 16 * (t % 2), s.c[t][r], sizeof s.c[t][r]);
-  }
-  static void pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g = 0; g < ld; ++g) {
-        const uint32_t lo = 2 * g < k ? detail::bf16_round_bits(x[r * ldx + 2 * g]) >> 16 : 0u;
-        const uint32_t hi = 2 * g + 1 < k ? detail::bf16_round_bits(x[r * ldx + 2 * g + 1]) : 0u;
-        dst[r * ld + g] = lo | hi;
-      }
-  }
-};
-
 }  // namespace
 
 namespace amx_emulated {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  detail::amx_bf16_block<EmulatedTiles>(x, ldx, w, bias, c, ldc, m0, m1, n0, n1);
+  detail::amx_bf16_block<detail::EmulatedTiles, detail::ScalarRows>(x, ldx, w, bias, c, ldc, m0, m1, n0, n1);
+}
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  detail::amx_int8_block<detail::EmulatedTiles, detail::ScalarRows>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 }  // namespace amx_emulated
 
@@ -352,7 +296,8 @@ void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block, int64_t
   // M blocks of packed rows (4 bytes per k-group) of about 256 KB at most, so they stay in L2.
   // sgemm's rule cuts rows in its 14-row panels: each stands for one pass of row_tile rows here.
   const int64_t passes = (m + row_tile - 1) / row_tile;
-  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / std::max<int64_t>(4 * w.groups * row_tile / 14, 1) / 14 * 14);
+  const int64_t pass_bytes = std::max<int64_t>(4 * w.groups * row_tile / 14, 1);
+  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / pass_bytes / 14 * 14);
   Split split = choose_split(passes * 14, panels, threads, mc_max);
   split.mc = split.mc / 14 * row_tile;
   const int64_t m_blocks = (m + split.mc - 1) / split.mc, per_split = (panels + split.n_splits - 1) / split.n_splits;
@@ -414,6 +359,15 @@ void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias
   QKV_CHECK_RUNTIME(isa >= Isa::kAvx512Vnni || isa == Isa::kAvx2Vnni,
                     "[gemm_int8] the packed int8 product needs AVX512-VNNI or AVX-VNNI (", isa_name(isa),
                     " is active)");
+  if (isa >= Isa::kAmx && a.rows >= kAmxMinRows) {  // the same bits as the VNNI builds (exact int32 sums)
+    run_packed(
+        a.rows, w.k, w,
+        [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+          amx::gemm_int8_packed_block(a, w, bias, c, ldc, i0, i1, j0, j1);
+        },
+        detail::kAmxRows);
+    return;
+  }
   const auto block = isa >= Isa::kAvx512Vnni ? avx512vnni::gemm_int8_packed_block : avxvnni::gemm_int8_packed_block;
   run_packed(a.rows, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     block(a, w, bias, c, ldc, i0, i1, j0, j1);
@@ -443,8 +397,10 @@ LowpPaths lowp_paths() {
       : isa >= Isa::kAvx2 ? "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
                           : "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 portable kernels";
   const char* int8 =
-      isa >= Isa::kAvx512Vnni
-          ? (f.amx ? "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; AMX int8 kernels not written yet)"
+      isa >= Isa::kAmx
+          ? "amx tdpbusd (weights packed once, exact int32 accumulation; under 16 rows avx512vnni vpdpbusd)"
+      : isa >= Isa::kAvx512Vnni
+          ? (f.amx ? "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; QKV_ISA caps AMX)"
                    : "avx512vnni vpdpbusd (weights packed once, exact int32 accumulation; no AMX on this CPU)")
       : isa == Isa::kAvx2Vnni
           ? (f.avx512

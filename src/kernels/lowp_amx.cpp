@@ -1,10 +1,11 @@
-// The packed bfloat16 product on AMX tiles (qkv/kernels/lowp.h, amx::gemm_bf16_packed_block): lowp_amx_impl.h's
-// walk over the hardware's tile unit. The tile instructions are written as inline assembly with a memory clobber
-// (the compiler's _tile_loadd declares no memory read, and _tile_loadconfig only the first 8 bytes of the
-// configuration), and the activation rows are rounded and paired with AVX-512 (bf16_round16_hi: the bits of every
-// other path). Compiled with the AVX-512 flags; runs only when active_isa() is amx, which the CPU probe sets only
-// once Linux has granted this process the tile data. Each call configures the tiles on its thread and releases
-// them before returning.
+// The packed bf16 and int8 products on AMX tiles (qkv/kernels/lowp.h, amx::): lowp_amx_impl.h's walk over the
+// hardware's tile unit, and (amx_emulated_tiles::, for tests on any AVX-512 CPU) over the emulated one, both with
+// this file's AVX-512 row work. The tile instructions are written as inline assembly with a memory clobber (the
+// compiler's _tile_loadd declares no memory read, and _tile_loadconfig only the first 8 bytes of the
+// configuration); the activation rows are rounded and paired with bf16_round16_hi (the bits of every other path).
+// Compiled with the AVX-512 flags; amx:: runs only when active_isa() is amx, which the CPU probe sets only once
+// Linux has granted this process the tile data. Each call configures the tiles on its thread and releases them
+// before returning.
 #include <immintrin.h>
 
 #include "lowp_amx_impl.h"
@@ -35,24 +36,38 @@ struct HardwareTiles {
     __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
   }
   static void end() { __asm__ volatile("tilerelease" ::: "memory"); }
-  static void zero_c() { __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory"); }
-  static void step(const uint32_t* a0, const uint32_t* a1, int64_t sa, const uint32_t* b0, const uint32_t* b1,
-                   int64_t sb) {
-    // tdpbf16ps %tmmB, %tmmA, %tmmC: C += A · B (AT&T order: the B tile first).
+  static void zero_c() {
+    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory");
+  }
+  // tmm4, tmm5 = A rows at a0, a1; tmm6, tmm7 = B rows at b0, b1 (16 rows of 64 bytes, strides in bytes).
+  static void load_ab(const uint32_t* a0, const uint32_t* a1, int64_t sa, const uint32_t* b0, const uint32_t* b1,
+                      int64_t sb) {
     __asm__ volatile(
         "tileloadd (%0,%4,1), %%tmm4\n\t"
         "tileloadd (%1,%4,1), %%tmm5\n\t"
         "tileloadd (%2,%5,1), %%tmm6\n\t"
-        "tileloadd (%3,%5,1), %%tmm7\n\t"
-        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-        "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
-        "tdpbf16ps %%tmm7, %%tmm5, %%tmm3"
+        "tileloadd (%3,%5,1), %%tmm7"
         :
         : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
         : "memory");
   }
-  static void store_c(float* ct) {
+  // AT&T operand order: tdp* %tmmB, %tmmA, %tmmC computes C += A · B.
+  static void step_bf16(const uint32_t* a0, const uint32_t* a1, int64_t sa, const uint32_t* b0, const uint32_t* b1,
+                        int64_t sb) {
+    load_ab(a0, a1, sa, b0, b1, sb);
+    __asm__ volatile(
+        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::: "memory");
+  }
+  static void step_int8(const uint32_t* a0, const uint32_t* a1, int64_t sa, const uint32_t* b0, const uint32_t* b1,
+                        int64_t sb) {
+    load_ab(a0, a1, sa, b0, b1, sb);
+    __asm__ volatile(
+        "tdpbusd %%tmm6, %%tmm4, %%tmm0\n\ttdpbusd %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpbusd %%tmm6, %%tmm5, %%tmm2\n\ttdpbusd %%tmm7, %%tmm5, %%tmm3" ::: "memory");
+  }
+  static void store_c(void* ct) {
+    uint32_t* o = static_cast<uint32_t*>(ct);
     const int64_t s = 32 * 4;
     __asm__ volatile(
         "tilestored %%tmm0, (%0,%4,1)\n\t"
@@ -60,10 +75,14 @@ struct HardwareTiles {
         "tilestored %%tmm2, (%2,%4,1)\n\t"
         "tilestored %%tmm3, (%3,%4,1)"
         :
-        : "r"(ct), "r"(ct + 16), "r"(ct + 16 * 32), "r"(ct + 16 * 32 + 16), "r"(s)
+        : "r"(o), "r"(o + 16), "r"(o + 16 * 32), "r"(o + 16 * 32 + 16), "r"(s)
         : "memory");
   }
-  static void pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
+};
+
+// The per-call row work with AVX-512: the bits of detail::ScalarRows.
+struct Avx512Rows {
+  static void pack_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * ldx;
       for (int64_t g0 = 0; g0 < ld; g0 += 16) {  // 32 floats (k = 2 g0 ..) -> 16 words; past k zero
@@ -74,6 +93,30 @@ struct HardwareTiles {
       }
     }
   }
+  static void pack_int8(const int16_t* q, int64_t ldq, int64_t rows, int64_t words, uint32_t* dst) {
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));  // v ^ 0x80 = v + 128 for v in [-128, 127]
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g0 = 0; g0 < words; g0 += 16) {  // 64 values -> 16 words (words is a multiple of 16)
+        const __m256i lo = _mm512_cvtepi16_epi8(_mm512_loadu_si512(q + r * ldq + 4 * g0));
+        const __m256i hi = _mm512_cvtepi16_epi8(_mm512_loadu_si512(q + r * ldq + 4 * g0 + 32));
+        const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        _mm512_storeu_si512(dst + r * words + g0, _mm512_xor_si512(bytes, offset));
+      }
+  }
+  static void int8_block(const int32_t* ci, const int32_t* colsum, const float* row_scale, int64_t scale_stride,
+                         int64_t rows, float* f) {
+    const __m512i c0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7);
+    const __m512i c1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 sa = _mm512_set1_ps(row_scale[r * scale_stride]);
+      float* fr = f + r * 32;
+      const int32_t* cr = ci + r * 32;
+      _mm512_storeu_ps(fr, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(cr), c0)), sa,
+                                           _mm512_loadu_ps(fr)));
+      _mm512_storeu_ps(fr + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(cr + 16), c1)),
+                                                sa, _mm512_loadu_ps(fr + 16)));
+    }
+  }
 };
 
 }  // namespace
@@ -81,8 +124,23 @@ struct HardwareTiles {
 namespace amx {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  detail::amx_bf16_block<HardwareTiles>(x, ldx, w, bias, c, ldc, m0, m1, n0, n1);
+  detail::amx_bf16_block<HardwareTiles, Avx512Rows>(x, ldx, w, bias, c, ldc, m0, m1, n0, n1);
+}
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  detail::amx_int8_block<HardwareTiles, Avx512Rows>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 }  // namespace amx
+
+namespace amx_emulated_tiles {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  detail::amx_bf16_block<detail::EmulatedTiles, Avx512Rows>(x, ldx, w, bias, c, ldc, m0, m1, n0, n1);
+}
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  detail::amx_int8_block<detail::EmulatedTiles, Avx512Rows>(a, w, bias, c, ldc, m0, m1, n0, n1);
+}
+}  // namespace amx_emulated_tiles
 
 }  // namespace qkv::kernels

@@ -202,7 +202,8 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   if (want >= Isa::kAmx) EXPECT_EQ(bf16.rfind("amx tdpbf16ps", 0), 0u) << bf16;
   else if (want >= Isa::kAvx512Bf16) EXPECT_EQ(bf16.rfind("avx512bf16 vdpbf16ps", 0), 0u) << bf16;
   else EXPECT_NE(bf16.find(avx2 ? "float32 avx2 kernels" : "float32 portable kernels"), std::string::npos) << bf16;
-  if (want >= Isa::kAvx512Vnni) EXPECT_EQ(int8.rfind("avx512vnni vpdpbusd", 0), 0u) << int8;
+  if (want >= Isa::kAmx) EXPECT_EQ(int8.rfind("amx tdpbusd", 0), 0u) << int8;
+  else if (want >= Isa::kAvx512Vnni) EXPECT_EQ(int8.rfind("avx512vnni vpdpbusd", 0), 0u) << int8;
   else if (want == Isa::kAvx2Vnni) EXPECT_EQ(int8.rfind("avx2vnni vpdpbusd ymm", 0), 0u) << int8;
   else EXPECT_EQ(int8.rfind(avx2 ? "avx2 vpmaddwd" : "portable", 0), 0u) << int8;
   // The packed int8 product runs on its two builds' paths (the same bits as the unpacked product there) and refuses

@@ -290,7 +290,11 @@ struct PackedInt8Build {
 };
 std::vector<PackedInt8Build> packed_int8_builds() {
   const PackedInt8Build all[] = {{"avx512vnni", Isa::kAvx512Vnni, kernels::avx512vnni::gemm_int8_packed_block},
-                                 {"avx2vnni", Isa::kAvx2Vnni, kernels::avxvnni::gemm_int8_packed_block}};
+                                 {"avx2vnni", Isa::kAvx2Vnni, kernels::avxvnni::gemm_int8_packed_block},
+                                 {"amx emulated", Isa::kPortable, kernels::amx_emulated::gemm_int8_packed_block},
+                                 {"amx emulated tiles", Isa::kAvx512,
+                                  kernels::amx_emulated_tiles::gemm_int8_packed_block},
+                                 {"amx", Isa::kAmx, kernels::amx::gemm_int8_packed_block}};
   std::vector<PackedInt8Build> out;
   std::string ran = "portable", not_run;
   for (const PackedInt8Build& b : all) {
@@ -316,7 +320,7 @@ TEST(Int8Kernels, PackedProductIsTheUnpackedOneBitForBitOnEveryPath) {
   const std::vector<PackedInt8Build> builds = packed_int8_builds();
   for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 100, 3, 70}, Shp{29, 97, 385, 33, 96},
                       Shp{14, 64, 64, 0, 64}, Shp{2, 40, 3, 31, 33}, Shp{13, 20, 130, 0, 20}, Shp{7, 45, 64, 5, 44},
-                      Shp{20, 9, 200, 0, 9}, Shp{6, 57, 65, 17, 57}})
+                      Shp{20, 9, 200, 0, 9}, Shp{6, 57, 65, 17, 57}, Shp{70, 33, 130, 1, 33}})
     for (const bool with_bias : {true, false}) {
       SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
                    " view [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ")" +
@@ -413,14 +417,16 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
     int64_t m, n, k, begin, end;
   };
   const bool bf16 = kernels::cpu_supports(Isa::kAvx512Bf16), amx = kernels::cpu_supports(Isa::kAmx);
-  std::cout << "[ paths    ] packed bf16: ran portable,amx emulated" << (bf16 ? ",avx512bf16" : "")
-            << (amx ? ",amx" : "") << (bf16 && amx ? "" : "; not on this CPU:") << (bf16 ? "" : " avx512bf16")
-            << (amx ? "" : " amx") << "\n";
+  const bool avx512 = kernels::cpu_supports(Isa::kAvx512);
+  std::cout << "[ paths    ] packed bf16: ran portable,amx emulated" << (avx512 ? ",amx emulated tiles" : "")
+            << (bf16 ? ",avx512bf16" : "") << (amx ? ",amx" : "") << (bf16 && amx ? "" : "; not on this CPU:")
+            << (avx512 ? "" : " amx emulated tiles") << (bf16 ? "" : " avx512bf16") << (amx ? "" : " amx") << "\n";
   // Long k (1100, 1537), also in a view that starts inside a panel; k-pairs a multiple of 16 (k 64) and one past
   // (k 65, 34); rows past one 32-row pass (70).
   for (const Shp s : {Shp{1, 1, 1, 0, 1}, Shp{3, 5, 17, 0, 5}, Shp{15, 70, 101, 3, 70}, Shp{29, 97, 384, 33, 96},
                       Shp{1, 384, 384, 0, 384}, Shp{40, 33, 2, 31, 33}, Shp{17, 45, 1100, 5, 45},
-                      Shp{3, 64, 1537, 0, 64}, Shp{70, 40, 64, 0, 40}, Shp{33, 65, 65, 1, 65}, Shp{16, 32, 34, 0, 32}}) {
+                      Shp{3, 64, 1537, 0, 64}, Shp{70, 40, 64, 0, 40}, Shp{33, 65, 65, 1, 65},
+                      Shp{16, 32, 34, 0, 32}}) {
     SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " view [" +
                  std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
     const Tensor x = testing::randn({s.m, s.k}, 60 + s.k), w = testing::randn({s.n, s.k}, 70 + s.k);
@@ -458,12 +464,16 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
     std::vector<float> c(static_cast<size_t>(s.m * nv), NAN);
     kernels::portable::gemm_bf16_packed_block(x.data(), s.k, v, bias.data() + s.begin, c.data(), nv, 0, s.m, 0, nv);
     check(c, "portable");
-    // The AMX walk, emulated everywhere and on the tiles where the CPU has them: whole, and in four blocks that
-    // cut rows and columns anywhere (each entry's sum depends on k alone: the same bits).
-    for (const bool hw : {false, true}) {
-      if (hw && !amx) continue;
-      const auto block = hw ? kernels::amx::gemm_bf16_packed_block : kernels::amx_emulated::gemm_bf16_packed_block;
-      const char* name = hw ? "amx" : "amx emulated";
+    // The AMX walk: emulated (plain loops), emulated tiles with the AVX-512 row packing (the same bits), and the
+    // hardware's tiles where the CPU has them: whole, and in four blocks that cut rows and columns anywhere (each
+    // entry's sum depends on k alone: the same bits).
+    std::vector<float> emulated;
+    for (const int path : {0, 1, 2}) {
+      if ((path == 1 && !avx512) || (path == 2 && !amx)) continue;
+      const auto block = path == 0   ? kernels::amx_emulated::gemm_bf16_packed_block
+                         : path == 1 ? kernels::amx_emulated_tiles::gemm_bf16_packed_block
+                                     : kernels::amx::gemm_bf16_packed_block;
+      const char* name = path == 0 ? "amx emulated" : path == 1 ? "amx emulated tiles" : "amx";
       std::vector<float> whole(c.size(), NAN), parts(c.size(), NAN);
       block(x.data(), s.k, v, bias.data() + s.begin, whole.data(), nv, 0, s.m, 0, nv);
       check(whole, name);
@@ -472,6 +482,8 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
         for (auto [n0, n1] : {std::pair{int64_t{0}, std::min(nh, nv)}, std::pair{std::min(nh, nv), nv}})
           block(x.data(), s.k, v, bias.data() + s.begin, parts.data(), nv, m0, m1, n0, n1);
       EXPECT_EQ(parts, whole) << name << ", in blocks";
+      if (path == 0) emulated = whole;
+      if (path == 1) EXPECT_EQ(whole, emulated) << "the AVX-512 row packing gives the plain one's bits";
     }
     if (bf16) {
       std::fill(c.begin(), c.end(), NAN);
@@ -514,6 +526,7 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
   kernels::PackedB packed;
   kernels::pack_bf16(w.data(), 4, 20, 20, 1, packed);
   std::vector<std::string> paths{"portable", "amx emulated"};
+  if (avx512) paths.push_back("amx emulated tiles");
   if (bf16) paths.push_back("avx512bf16");
   if (amx) paths.push_back("amx");
   for (const std::string& p : paths) {
@@ -522,7 +535,9 @@ TEST(Bf16Kernels, PackedProductMatchesTheFloat64ProductOfRoundedOperandsOnEveryP
       (p == "portable" ? kernels::portable::gemm_bf16_packed_block : kernels::avx512bf16::gemm_bf16_packed_block)(
           x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4, 1);
     else
-      (p == "amx" ? kernels::amx::gemm_bf16_packed_block : kernels::amx_emulated::gemm_bf16_packed_block)(
+      (p == "amx"                  ? kernels::amx::gemm_bf16_packed_block
+       : p == "amx emulated tiles" ? kernels::amx_emulated_tiles::gemm_bf16_packed_block
+                                   : kernels::amx_emulated::gemm_bf16_packed_block)(
           x.data(), 20, packed.view(), nullptr, c.data(), 4, 0, 3, 0, 4);
     for (int j = 0; j < 4; ++j) {
       EXPECT_TRUE(std::isnan(c[j])) << p;
@@ -545,23 +560,38 @@ TEST(Bf16Kernels, AmxProductKeepsItsBitsOversubscribed) {
   const Tensor x = testing::randn({m, k}, 31), w = testing::randn({n, k}, 32), bias = testing::randn({n}, 33);
   kernels::PackedB packed;
   kernels::pack_bf16(w.data(), n, k, k, 1, packed);
-  std::vector<float> alone(static_cast<size_t>(m * n), NAN);
+  const auto block8 = amx ? kernels::amx::gemm_int8_packed_block : kernels::amx_emulated::gemm_int8_packed_block;
+  kernels::Int8Rows xq, wq;
+  kernels::quantize_rows_int8(x.data(), m, k, k, xq, false);
+  kernels::quantize_rows_int8(w.data(), n, k, k, wq, true);
+  kernels::PackedB packed8;
+  kernels::pack_int8(wq.view(), packed8);
+  std::vector<float> alone(static_cast<size_t>(m * n), NAN), alone8(alone.size(), NAN);
   block(x.data(), k, packed.view(), bias.data(), alone.data(), n, 0, m, 0, n);
+  block8(xq.view(), packed8.view(), bias.data(), alone8.data(), n, 0, m, 0, n);
   constexpr int kThreads = 4, kRuns = 6;
-  std::vector<std::vector<float>> out(kThreads * kRuns, std::vector<float>(alone.size(), NAN));
+  std::vector<std::vector<float>> out(kThreads * kRuns, std::vector<float>(alone.size(), NAN)), out8 = out;
   {
     std::vector<std::thread> team;
     for (int t = 0; t < kThreads; ++t)
       team.emplace_back([&, t] {
         for (int r = 0; r < kRuns; ++r) {
-          std::vector<float>& c = out[static_cast<size_t>(t * kRuns + r)];
-          block(x.data(), k, packed.view(), bias.data(), c.data(), n, 0, m, 0, n);
-          std::this_thread::yield();  // give the core away while this thread's tiles are released
+          const size_t i = static_cast<size_t>(t * kRuns + r);
+          block(x.data(), k, packed.view(), bias.data(), out[i].data(), n, 0, m, 0, n);
+          std::this_thread::yield();  // give the core away between products (tiles released)
+          block8(xq.view(), packed8.view(), bias.data(), out8[i].data(), n, 0, m, 0, n);
         }
       });
     for (std::thread& th : team) th.join();
   }
-  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], alone) << "thread " << i / kRuns << " run " << i % kRuns;
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(out[i], alone) << "bf16, thread " << i / kRuns << " run " << i % kRuns;
+    EXPECT_EQ(out8[i], alone8) << "int8, thread " << i / kRuns << " run " << i % kRuns;
+  }
+  // The int8 walk gives the unpacked product's bits (as every int8 build).
+  std::vector<float> want8(alone.size(), NAN);
+  kernels::portable::gemm_int8_block(xq.view(), wq.view(), bias.data(), want8.data(), n, 0, m, 0, n);
+  EXPECT_EQ(alone8, want8);
   // The threaded driver of the AMX walk (M blocks of whole 32-row passes, shares of the panels), emulated: the
   // bits of one block, at 1 and 2 threads, on sizes that split rows and panels.
   for (const int64_t rows : {int64_t{17}, int64_t{45}, int64_t{130}}) {
@@ -570,7 +600,8 @@ TEST(Bf16Kernels, AmxProductKeepsItsBitsOversubscribed) {
     kernels::PackedB pw;
     kernels::pack_bf16(wr.data(), cols, kk, kk, 1, pw);
     std::vector<float> one(static_cast<size_t>(rows * cols), NAN);
-    kernels::amx_emulated::gemm_bf16_packed_block(xr.data(), kk, pw.view(), nullptr, one.data(), cols, 0, rows, 0, cols);
+    kernels::amx_emulated::gemm_bf16_packed_block(xr.data(), kk, pw.view(), nullptr, one.data(), cols, 0, rows, 0,
+                                                  cols);
     const int saved = omp_get_max_threads();
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
@@ -579,6 +610,11 @@ TEST(Bf16Kernels, AmxProductKeepsItsBitsOversubscribed) {
       EXPECT_EQ(c, one) << rows << " rows, " << threads << " threads";
     }
     omp_set_num_threads(saved);
+  }
+  if (kernels::gemm_int8_packed_runs()) {  // the int8 dispatcher, AMX or not: the same bits
+    std::vector<float> c8(alone.size(), NAN);
+    kernels::gemm_int8_packed(xq.view(), packed8.view(), bias.data(), c8.data(), n);
+    EXPECT_EQ(c8, want8) << "gemm_int8_packed under " << kernels::isa_name(kernels::active_isa());
   }
   // The dispatcher: the AMX walk from kAmxMinRows rows where active_isa() is amx, vdpbf16ps below.
   if (kernels::active_isa() >= Isa::kAvx512Bf16) {

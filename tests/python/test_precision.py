@@ -90,12 +90,13 @@ def test_module_set_precision_round_trips_and_is_recursive():
 def test_cpu_info_names_the_low_precision_paths():
     info = qkv.cpu_info()
     assert set(info) == {"isa", "attention", "sgemm", "bf16", "int8"}
-    # AVX512-BF16 runs vdpbf16ps (weights packed once); elsewhere the bf16 products convert to the float32 kernels.
+    # AMX runs tdpbf16ps from 16 rows, AVX512-BF16 vdpbf16ps (weights packed once); elsewhere the bf16 products
+    # convert to the float32 kernels.
     assert info["bf16"].startswith({"amx": "amx tdpbf16ps", "avx512bf16": "avx512bf16 vdpbf16ps"}
                                    .get(info["isa"], "converting"))
-    # vpdpbusd on packed weights: zmm on the AVX-512 VNNI levels, ymm on avx2vnni (AVX-VNNI without AVX-512, or
-    # forced by QKV_ISA); vpmaddwd or portable loops below.
-    packed = {"avx512vnni": "avx512vnni vpdpbusd", "avx512bf16": "avx512vnni vpdpbusd", "amx": "avx512vnni vpdpbusd",
+    # tdpbusd on AMX; vpdpbusd on packed weights: zmm on the AVX-512 VNNI levels, ymm on avx2vnni (AVX-VNNI
+    # without AVX-512, or forced by QKV_ISA); vpmaddwd or portable loops below.
+    packed = {"avx512vnni": "avx512vnni vpdpbusd", "avx512bf16": "avx512vnni vpdpbusd", "amx": "amx tdpbusd",
               "avx2vnni": "avx2vnni vpdpbusd ymm"}
     assert info["int8"].startswith(packed.get(info["isa"], ("avx2 vpmaddwd", "portable")))
     if info["isa"] == "avx2vnni":

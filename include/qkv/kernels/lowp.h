@@ -138,20 +138,32 @@ void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, c
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 }  // namespace portable
-// AMX (Isa::kAmx): tdpbf16ps on 32-row x 32-column passes of c, x in rows (ldx >= k apart); gemm_bf16_packed runs
-// it for m >= kAmxMinRows rows in rows (fewer rows, and a transposed x, run the avx512bf16 build). amx:: needs
-// cpu_supports(Isa::kAmx); amx_emulated:: is the same walk (packing, K tail, panels, epilogue) over an emulated
-// tile unit in plain loops, for tests on every CPU. Float32 accumulation in the tile's own order: within float32
-// slack of the float64 product of the rounded operands, not the vdpbf16ps build's bits.
+// AMX (Isa::kAmx): passes of 32 rows x 32 columns of c on the tiles, bf16 by tdpbf16ps (x in rows, ldx >= k apart;
+// float32 accumulation in the tile's own order: within float32 slack of the float64 product of the rounded
+// operands, not the vdpbf16ps build's bits) and int8 by tdpbusd (one step per block of kInt8Group k: the bits of
+// every other int8 build). gemm_bf16_packed and gemm_int8_packed run them for m >= kAmxMinRows rows (fewer rows,
+// and a transposed bf16 x, run the AVX-512 builds). amx:: needs cpu_supports(Isa::kAmx); amx_emulated_tiles:: is
+// the same code over an emulated tile unit (needs cpu_supports(Isa::kAvx512Bf16)); amx_emulated:: that walk with
+// plain loops for the row work too (every CPU). The three give the same bits where they run, for tests.
 inline constexpr int64_t kAmxMinRows = 16;
 namespace amx {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 }  // namespace amx
+namespace amx_emulated_tiles {
+void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
+                            int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace amx_emulated_tiles
 namespace amx_emulated {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
-// The whole product through gemm_bf16_packed's threaded AMX driver (passes of 32 rows), over the emulated unit.
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+// The whole bf16 product through gemm_bf16_packed's threaded AMX driver (passes of 32 rows), emulated.
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                       int64_t ldc);
 }  // namespace amx_emulated
