@@ -37,6 +37,7 @@ void probe_amx(CpuFeatures& c) {
   if (r != 0) {
     c.amx_refused = err == EINVAL ? "AMX unused: the kernel does not grant tile data (arch_prctl EINVAL: Linux < 5.16)"
                     : err == EPERM ? "AMX unused: the kernel refused tile data (arch_prctl EPERM)"
+                    : err == ENOSPC ? "AMX unused: a thread's signal stack is too small for the tile state (ENOSPC)"
                                    : "AMX unused: arch_prctl(ARCH_REQ_XCOMP_PERM) failed";
     return;
   }

@@ -8,7 +8,7 @@ namespace qkv::kernels {
 // Kernel paths, narrowest to widest. kAvx2 means AVX2 + FMA; kAvx512 means AVX-512 F, BW, DQ and VL (every AVX-512
 // kernel also uses AVX2 + FMA); kAvx512Vnni adds AVX512-VNNI (the int8 product's vpdpbusd zmm); kAvx512Bf16 adds
 // AVX512-BF16 as well (the bf16 product's vdpbf16ps); kAmx adds AMX-TILE, AMX-BF16 and AMX-INT8 with the OS's tile
-// state and Linux's permission to use it (the bf16 product's tdpbf16ps on rows enough for a tile). Only the
+// state and Linux's permission to use it (the bf16 and int8 products' tdpbf16ps and tdpbusd from 16 rows). Only the
 // low-precision kernels (qkv/kernels/lowp.h) have builds past kAvx512: the float32 kernels run their AVX-512 build
 // there, and the fused attention its avx512bf16 set on kAmx.
 // kAvx2Vnni (AVX2 + FMA + AVX-VNNI: the VEX-encoded vpdpbusd ymm of CPUs with AVX2 but no AVX-512, such as Alder
