@@ -27,10 +27,15 @@ struct Int8Out {
   int64_t blocks;
 };
 
-// A per-thread scratch buffer for the packed activation rows, grown with malloc (never freed before exit).
+// A per-thread scratch buffer for the packed activation rows, grown with malloc, freed when its thread ends (a
+// thread of the caller's, not only OpenMP's, may run the products).
 struct Scratch {
   uint32_t* p = nullptr;
   int64_t size = 0;
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(p); }
   uint32_t* get(int64_t words) {
     if (words > size) {
       std::free(p);
