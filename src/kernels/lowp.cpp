@@ -263,10 +263,6 @@ void pack_int8(const Int8View& w, PackedB& out) {
   }
 }
 
-namespace {
-
-}  // namespace
-
 namespace amx_emulated {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
@@ -296,8 +292,8 @@ void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block, int64_t
   // M blocks of packed rows (4 bytes per k-group) of about 256 KB at most, so they stay in L2.
   // sgemm's rule cuts rows in its 14-row panels: each stands for one pass of row_tile rows here.
   const int64_t passes = (m + row_tile - 1) / row_tile;
-  const int64_t pass_bytes = std::max<int64_t>(4 * w.groups * row_tile / 14, 1);
-  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / pass_bytes / 14 * 14);
+  const int64_t unit_bytes = std::max<int64_t>(4 * w.groups * row_tile / 14, 1);  // packed bytes per unit row
+  const int64_t mc_max = std::max<int64_t>(14, (int64_t{1} << 18) / unit_bytes / 14 * 14);
   Split split = choose_split(passes * 14, panels, threads, mc_max);
   split.mc = split.mc / 14 * row_tile;
   const int64_t m_blocks = (m + split.mc - 1) / split.mc, per_split = (panels + split.n_splits - 1) / split.n_splits;
@@ -313,21 +309,19 @@ void run_packed(int64_t m, int64_t k, const PackedBView& w, Block block, int64_t
   }
 }
 
-using AmxBlock = void (*)(const float*, int64_t, const PackedBView&, const float*, float*, int64_t, int64_t, int64_t,
-                         int64_t, int64_t);
-void run_amx(AmxBlock block, const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias,
-             float* c, int64_t ldc) {
-  run_packed(
-      m, w.k, w,
-      [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) { block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1); },
-      detail::kAmxRows);
+// The AMX products' driver: run_packed in whole 32-row passes.
+template <class Block>
+void run_amx(int64_t m, const PackedBView& w, Block block) {
+  run_packed(m, w.k, w, block, detail::kAmxRows);
 }
 
 }  // namespace
 
 void amx_emulated::gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias,
                                     float* c, int64_t ldc) {
-  run_amx(amx_emulated::gemm_bf16_packed_block, x, m, ldx, w, bias, c, ldc);
+  run_amx(m, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    amx_emulated::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1);
+  });
 }
 
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
@@ -341,7 +335,9 @@ void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView&
   // AMX from a few rows on (activations in rows): one pass computes 32; fewer rows, and decoding's one, stay on
   // vdpbf16ps, which reads the weight once for them at the same cost.
   if (active_isa() >= Isa::kAmx && xks == 1 && m >= kAmxMinRows) {
-    run_amx(amx::gemm_bf16_packed_block, x, m, ldx, w, bias, c, ldc);
+    run_amx(m, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+      amx::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1);
+    });
     return;
   }
   run_packed(m, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
@@ -360,12 +356,9 @@ void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias
                     "[gemm_int8] the packed int8 product needs AVX512-VNNI or AVX-VNNI (", isa_name(isa),
                     " is active)");
   if (isa >= Isa::kAmx && a.rows >= kAmxMinRows) {  // the same bits as the VNNI builds (exact int32 sums)
-    run_packed(
-        a.rows, w.k, w,
-        [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-          amx::gemm_int8_packed_block(a, w, bias, c, ldc, i0, i1, j0, j1);
-        },
-        detail::kAmxRows);
+    run_amx(a.rows, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+      amx::gemm_int8_packed_block(a, w, bias, c, ldc, i0, i1, j0, j1);
+    });
     return;
   }
   const auto block = isa >= Isa::kAvx512Vnni ? avx512vnni::gemm_int8_packed_block : avxvnni::gemm_int8_packed_block;

@@ -25,11 +25,6 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
-inline __mmask16 lanes(int64_t count) {
-  return count >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : static_cast<__mmask16>((1u << detail::max64(count, 0)) - 1u);
-}
-
 struct HardwareTiles {
   static void begin() {
     const TileConfig cfg;
@@ -85,23 +80,14 @@ struct Avx512Rows {
   static void pack_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * ldx;
-      for (int64_t g0 = 0; g0 < ld; g0 += 16) {  // 32 floats (k = 2 g0 ..) -> 16 words; past k zero
-        const int64_t k0 = 2 * g0;
-        const __m512i lo = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(lanes(k - k0), xr + k0));
-        const __m512i hi = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(lanes(k - k0 - 16), xr + k0 + 16));
-        _mm512_storeu_si512(dst + r * ld + g0, detail::bf16_adjacent_pairs(lo, hi));
-      }
+      for (int64_t g0 = 0; g0 < ld; g0 += 16)  // 32 floats (k = 2 g0 ..) -> 16 words; past k zero
+        _mm512_storeu_si512(dst + r * ld + g0, detail::bf16_pairs32(xr + 2 * g0, k - 2 * g0));
     }
   }
   static void pack_int8(const int16_t* q, int64_t ldq, int64_t rows, int64_t words, uint32_t* dst) {
-    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));  // v ^ 0x80 = v + 128 for v in [-128, 127]
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g0 = 0; g0 < words; g0 += 16) {  // 64 values -> 16 words (words is a multiple of 16)
-        const __m256i lo = _mm512_cvtepi16_epi8(_mm512_loadu_si512(q + r * ldq + 4 * g0));
-        const __m256i hi = _mm512_cvtepi16_epi8(_mm512_loadu_si512(q + r * ldq + 4 * g0 + 32));
-        const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        _mm512_storeu_si512(dst + r * words + g0, _mm512_xor_si512(bytes, offset));
-      }
+      for (int64_t g0 = 0; g0 < words; g0 += 16)  // 64 values -> 16 words (words is a multiple of 16)
+        _mm512_storeu_si512(dst + r * words + g0, detail::int8_quads64(q + r * ldq + 4 * g0));
   }
   static void int8_block(const int32_t* ci, const int32_t* colsum, const float* row_scale, int64_t scale_stride,
                          int64_t rows, float* f) {

@@ -113,7 +113,8 @@ void amx_bf16_block(const float* x, int64_t ldx, const PackedBView& w, const flo
 }
 
 // The int8 product (gemm_int8_packed_block's contract): one step per block of kInt8Group k, its int32 sums scaled
-// into float accumulators, then c = acc · the column's scale.
+// into float accumulators, then acc · the column's scale, to which the walk adds the bias (one float addition, as
+// on every int8 path).
 template <class Tiles, class Rows>
 void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc, int64_t m0,
                     int64_t m1, int64_t n0, int64_t n1) {
@@ -122,7 +123,7 @@ void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, 
   alignas(64) int32_t ci[kAmxRows * kPanel];
   alignas(64) float f[kAmxRows * kPanel];
   amx_walk<Tiles>(
-      w, nullptr, c, ldc, m0, m1, n0, n1, words,
+      w, bias, c, ldc, m0, m1, n0, n1, words,
       [&](int64_t r0, int64_t rows, uint32_t* dst) { Rows::pack_int8(a.q + r0 * a.ld, a.ld, rows, words, dst); },
       [&](const uint32_t* pa, int64_t p, int64_t rows, int64_t r0, float* ct) {
         const uint32_t* b = w.data + p * words * kPanel;
@@ -139,9 +140,6 @@ void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, 
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t l = 0; l < kPanel; ++l) ct[r * kPanel + l] = f[r * kPanel + l] * scale[l];
       });
-  if (bias == nullptr || m0 >= m1) return;
-  for (int64_t r = m0; r < m1; ++r)  // the bias as every int8 path adds it: after the scale, one float addition
-    for (int64_t j = n0; j < n1; ++j) c[r * ldc + j] += bias[j];
 }
 
 // The AMX tile unit in plain loops, as the instruction set reference writes TDPBF16PS (for each row m and word g,

@@ -15,10 +15,7 @@ namespace {
 
 constexpr int64_t kMR = detail::kPackedRows;  // rows of c per microkernel: 28 accumulators + 2 weights + 1 broadcast
 
-inline __mmask16 lanes(int64_t count) {
-  return count >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : static_cast<__mmask16>((1u << detail::max64(count, 0)) - 1u);
-}
+using detail::lanes;
 
 // The pair word of two rounded halves: even k low, odd k high.
 inline __m512i pair_words(__m512 even, __m512 odd) {
@@ -49,13 +46,8 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t
   alignas(64) uint32_t pairs[16];
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * ldx;
-    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-      // 32 floats (k = 2 g0 ..) -> 16 words; past k zero.
-      const int64_t k0 = 2 * g0;
-      const __mmask16 m0 = lanes(k - k0), m1 = lanes(k - k0 - 16);
-      const __m512i lo = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m0, xr + k0));
-      const __m512i hi = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m1, xr + k0 + 16));
-      _mm512_store_si512(pairs, detail::bf16_adjacent_pairs(lo, hi));
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // 32 floats (k = 2 g0 ..) -> 16 words; past k zero
+      _mm512_store_si512(pairs, detail::bf16_pairs32(xr + 2 * g0, k - 2 * g0));
       const int64_t gn = detail::min64(16, groups - g0);
       for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = pairs[g];
     }
@@ -66,14 +58,10 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t
 // 4 bytes q + 128.
 void pack_a_int8(const int16_t* q, int64_t ld, int64_t rows, int64_t groups, uint32_t* dst) {
   alignas(64) uint32_t words[16];
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));  // v ^ 0x80 = v + 128 for v in [-128, 127]
   for (int64_t r = 0; r < rows; ++r) {
     const int16_t* qr = q + r * ld;
     for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // 64 values -> 16 words
-      const __m256i lo = _mm512_cvtepi16_epi8(_mm512_loadu_si512(qr + 4 * g0));
-      const __m256i hi = _mm512_cvtepi16_epi8(_mm512_loadu_si512(qr + 4 * g0 + 32));
-      const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      _mm512_store_si512(words, _mm512_xor_si512(bytes, offset));
+      _mm512_store_si512(words, detail::int8_quads64(qr + 4 * g0));
       const int64_t gn = detail::min64(16, groups - g0);
       for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = words[g];
     }
