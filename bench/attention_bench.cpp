@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "qkv/core/rng.h"
+#include "qkv/core/storage_pool.h"
 #include "qkv/core/tensor.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
@@ -94,10 +95,22 @@ double sgemm_gflops(int n, int reps) {
   return 2.0 * n * n * n / t / 1e9;
 }
 
+// The ceilings' buffers come from the allocator the tensors use (storage_pool::system_alloc: 2 MiB pages where the
+// kernel grants them), so a kernel and its ceiling read memory through the same kind of pages.
+struct FreeBuffer {
+  void operator()(float* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<float[], FreeBuffer>;
+Buffer buffer(int64_t n) {
+  Buffer b(static_cast<float*>(qkv::storage_pool::system_alloc(static_cast<size_t>(n) * sizeof(float))));
+  if (!b) throw std::bad_alloc();
+  return b;
+}
+
 // Stream copy GB/s (STREAM convention: bytes read + bytes written) over buffers far larger than the L3 cache.
 double stream_copy_gbs(int64_t bytes, int reps, int threads) {
   const int64_t n = bytes / 4;
-  std::unique_ptr<float[]> src(new float[static_cast<size_t>(n)]), dst(new float[static_cast<size_t>(n)]);
+  const Buffer src = buffer(n), dst = buffer(n);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>(i & 1023), dst[i] = 0.0f;
   const double t = best_of(reps, [&] {
@@ -114,7 +127,7 @@ double stream_copy_gbs(int64_t bytes, int reps, int threads) {
 // Read-only sweep GB/s (a sum over the same buffer size): what a kernel that only reads, like decoding, can reach.
 double stream_read_gbs(int64_t bytes, int reps, int threads) {
   const int64_t n = bytes / 4;
-  std::unique_ptr<float[]> src(new float[static_cast<size_t>(n)]);
+  const Buffer src = buffer(n);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>(i & 1023);
   volatile float sink = 0.0f;

@@ -2,6 +2,8 @@
 // first). Under AddressSanitizer cached blocks are poisoned, so a use after free is still reported.
 #include "qkv/core/storage_pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -58,7 +60,7 @@ class Pool {
       }
       ++misses_;
     }
-    return std::aligned_alloc(64, cls);
+    return system_alloc(cls);
   }
 
   void give(void* p, size_t cls) {
@@ -141,6 +143,15 @@ Pool& pool() {
 }
 
 }  // namespace
+
+void* system_alloc(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < kHuge) return std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  if (bytes > SIZE_MAX - kHuge) return nullptr;
+  void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+  if (p != nullptr) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: a refusal changes nothing
+  return p;
+}
 
 size_t size_class(size_t bytes) {
   if (bytes < kMinPooledBytes) return (std::max<size_t>(bytes, 1) + 63) / 64 * 64;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/storage_pool.h"
 #include "qkv/kernels/cpu.h"
 #include "sgemm_kernels.h"
 
@@ -225,7 +226,7 @@ void sgemm_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ld
   if (std::strcmp(sgemm_backend(), "avx512") != 0 || n == 0 || k == 0) return;
   const int64_t kc_size = kc_of(k), panels = ceil_div(n, kNR);
   const size_t bytes = static_cast<size_t>(panels * kNR * k) * sizeof(float);
-  float* data = static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  float* data = static_cast<float*>(storage_pool::system_alloc(bytes));
   QKV_CHECK_RUNTIME(data != nullptr, "[sgemm_pack_b] cannot allocate ", bytes, " bytes for op(B) (", k, ", ", n, ")");
   out.data = std::shared_ptr<const float>(data, [](const float* p) { std::free(const_cast<float*>(p)); });
   out.k = k;

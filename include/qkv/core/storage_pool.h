@@ -4,7 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
 
 namespace qkv::storage_pool {
 
@@ -23,6 +25,29 @@ std::shared_ptr<float> allocate(int64_t n);
 // The capacity, in bytes, that allocate gives a request of `bytes` (its size class): at most 1/8 more than
 // asked for pooled sizes, rounded up to 64 bytes below kMinPooledBytes.
 size_t size_class(size_t bytes);
+
+// A block of `bytes` straight from the system, released with std::free (null when out of memory): 64-byte aligned;
+// from 2 MiB on, 2 MiB aligned with its whole 2 MiB pages advised as transparent huge pages (Linux's default THP
+// mode on Debian is "madvise"), so a kernel streaming a large weight or KV cache from memory walks one page table
+// entry per 2 MiB, not per 4 KiB. The pool's big blocks and the packed weights (sgemm's, bf16, int8) come from here.
+void* system_alloc(size_t bytes);
+
+// std::vector's allocator over system_alloc (the packed weights' storage).
+template <class T>
+struct SystemAllocator {
+  using value_type = T;
+  SystemAllocator() = default;
+  template <class U>
+  SystemAllocator(const SystemAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = n <= SIZE_MAX / sizeof(T) ? system_alloc(n * sizeof(T)) : nullptr;
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const SystemAllocator<U>&) const { return true; }
+};
 
 // Sets the bound on cached bytes, freeing cached buffers (largest first) until the pool fits; 0 disables caching.
 void set_limit(size_t bytes);

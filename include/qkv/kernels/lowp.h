@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "qkv/core/storage_pool.h"
+
 namespace qkv::kernels {
 
 // One float rounded to bfloat16 (kept as a float: its low 16 bits are zero).
@@ -99,7 +101,7 @@ struct PackedBView {
 };
 struct PackedB {
   int64_t n = 0, k = 0, groups = 0;  // groups = ceil(k / 2) for bf16, ceil(k / 4) for int8
-  std::vector<uint32_t> data;        // ceil(n / 32) panels of groups * 32 words
+  std::vector<uint32_t, storage_pool::SystemAllocator<uint32_t>> data;  // ceil(n / 32) panels of groups * 32 words
   std::vector<int32_t> colsum;       // int8 only: per panel, block and column (blocks of kInt8Group k)
   std::vector<float> scale;          // int8 only: likewise
   PackedBView view(int64_t begin, int64_t end) const;
