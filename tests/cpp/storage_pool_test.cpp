@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,6 +48,45 @@ TEST(StoragePoolSizeClass, RoundsUpByAtMostAnEighthAndKeepsAlignment) {
     if (bytes >= pool::kMinPooledBytes) EXPECT_LE(c, bytes + bytes / 8) << bytes;
   }
   EXPECT_EQ(pool::size_class(size_t{1} << 20), size_t{1} << 20);  // a power of two is its own class
+}
+
+// The VmFlags of the mapping that holds p (/proc/self/smaps), or "" when none is found.
+std::string vm_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// From 2 MiB on a block starts on a 2 MiB boundary and its whole pages are advised as huge pages (the "hg" flag of
+// its mapping, where the kernel has THP); below, 64-byte alignment; every byte writable; impossible sizes fail.
+TEST(StoragePoolSystemAlloc, HugePagesFromTwoMegabytesOn) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const bool thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{100}, kHuge - 1, kHuge, kHuge + 4, size_t{5} << 20}) {
+    void* p = pool::system_alloc(bytes);
+    ASSERT_NE(p, nullptr) << bytes;
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    EXPECT_EQ(at % (bytes >= kHuge ? kHuge : 64), 0u) << bytes;
+    std::fill_n(static_cast<unsigned char*>(p), bytes, 0xab);
+    if (bytes >= kHuge && thp) EXPECT_NE(vm_flags(p).find(" hg"), std::string::npos) << bytes << ": " << vm_flags(p);
+    std::free(p);
+  }
+  EXPECT_EQ(pool::system_alloc(SIZE_MAX - 5), nullptr);
+  EXPECT_THROW(pool::SystemAllocator<uint32_t>().allocate(SIZE_MAX / 2), std::bad_alloc);
+  // Tensors of 2 MiB and more (through the pool) get such blocks.
+  const Tensor big = Tensor::empty({3 << 18});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kHuge, 0u);
 }
 
 TEST_F(StoragePool, FreedBufferServesTheNextAllocationOfItsClass) {
