@@ -20,6 +20,7 @@ struct Avx2 {
   using M = __m256;
   using Tail = __m256i;
   static constexpr int64_t kW = 8;
+  static constexpr int kRegs = 16;  // vector registers
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F zero() { return _mm256_setzero_ps(); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }

@@ -24,6 +24,7 @@ struct Avx512 {
   using M = __mmask16;
   using Tail = __mmask16;
   static constexpr int64_t kW = 16;
+  static constexpr int kRegs = 32;  // vector registers
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F zero() { return _mm512_setzero_ps(); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }

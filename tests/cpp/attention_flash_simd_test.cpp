@@ -36,6 +36,7 @@ struct Emulated {
   using M = MV;
   using Tail = int64_t;
   static constexpr int64_t kW = W;
+  static constexpr int kRegs = W == 16 ? 32 : 16;  // as AVX-512 and AVX2
   static F set1(float v) { return F{} + v; }
   static F zero() { return F{}; }
   static F load(const float* p) { F v; std::memcpy(&v, p, sizeof v); return v; }
@@ -210,6 +211,36 @@ TEST(AttentionFlashSimd, BackwardProbabilitiesMatchFloat64OracleOnEverySet) {
 // st[j·ld + i] = q_i · k_j for every query count a decoding tile holds (1-8), head sizes around and past the vector
 // widths and the register budget (up to 8 vectors of d at a time), keys past the 16-key blocks; columns past nq and
 // the rows' padding untouched.
+// Rows held in registers across the keys (dk of whole vectors: as many rows as the registers take, group after group)
+// give each score the bits of dot_key's, the rows reloaded per key: the same two chains.
+template <class V>
+void held_rows_keep_the_bits() {
+  std::mt19937 gen(8);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  for (int64_t nq : {1, 2, 3, 4, 5, 8})
+    for (int64_t dk : {V::kW, 4 * V::kW, 5 * V::kW, 8 * V::kW})
+      for (int64_t nk : {1, 7, 40}) {
+        const int64_t k_rs = dk + 5, ld = 8;
+        std::vector<float> q(static_cast<size_t>(nq * dk)), k(static_cast<size_t>(nk * k_rs));
+        for (float& v : q) v = value(gen);
+        for (float& v : k) v = value(gen);
+        std::vector<float> st(static_cast<size_t>(nk * ld), 0.0f);
+        dot_scores_impl<V>(q.data(), nq, dk, k.data(), k_rs, nk, st.data(), ld);
+        for (int64_t j = 0; j < nk; ++j)
+          for (int64_t i = 0; i < nq; ++i) {
+            float want = 0.0f;
+            dot_key<V, 1>(q.data() + i * dk, dk, k.data() + j * k_rs, &want);
+            ASSERT_EQ(st[static_cast<size_t>(j * ld + i)], want)
+                << V::kW << " lanes, nq " << nq << " dk " << dk << " key " << j << " query " << i;
+          }
+      }
+}
+
+TEST(AttentionFlashSimd, DotScoresOfRowsHeldInRegistersKeepTheBits) {
+  held_rows_keep_the_bits<Emulated8>();
+  held_rows_keep_the_bits<Emulated16>();
+}
+
 TEST(AttentionFlashSimd, DotScoresMatchFloat64OracleOnEverySet) {
   std::mt19937 gen(6);
   std::uniform_real_distribution<float> value(-2.0f, 2.0f);
