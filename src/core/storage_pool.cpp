@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "qkv/core/error.h"
@@ -146,8 +147,12 @@ Pool& pool() {
 
 void* system_alloc(size_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes < kHuge) return std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  static const bool huge = [] {
+    const char* v = std::getenv("QKV_HUGE_PAGES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
   if (bytes > SIZE_MAX - kHuge) return nullptr;
+  if (bytes < kHuge || !huge) return std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
   void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
   if (p != nullptr) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: a refusal changes nothing
   return p;

@@ -30,6 +30,9 @@ size_t size_class(size_t bytes);
 // from 2 MiB on, 2 MiB aligned with its whole 2 MiB pages advised as transparent huge pages (Linux's default THP
 // mode on Debian is "madvise"), so a kernel streaming a large weight or KV cache from memory walks one page table
 // entry per 2 MiB, not per 4 KiB. The pool's big blocks and the packed weights (sgemm's, bf16, int8) come from here.
+// The first large allocations of a process can then wait for the kernel to compact memory into 2 MiB pages (THP
+// defrag "madvise": a model's first load 1-2 s instead of 0.5 s on a fragmented host, measured on a Zen 4 guest);
+// the environment variable QKV_HUGE_PAGES=0, read on first use, gives plain 64-byte-aligned blocks instead.
 void* system_alloc(size_t bytes);
 
 // std::vector's allocator over system_alloc (the packed weights' storage).
