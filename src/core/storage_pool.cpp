@@ -172,7 +172,7 @@ std::shared_ptr<float> allocate(int64_t n) {
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
   const size_t cls = size_class(bytes);
   if (cls < kMinPooledBytes) {
-    void* p = std::aligned_alloc(64, cls);
+    void* p = system_alloc(cls);  // below 2 MiB: 64-byte aligned
     QKV_CHECK_RUNTIME(p != nullptr, "[tensor] out of memory allocating ", bytes, " bytes");
     return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
   }
