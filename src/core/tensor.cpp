@@ -16,6 +16,35 @@ namespace {
 // Storage comes from the caching pool (src/core/storage_pool.cpp): big buffers freed by one step serve the next.
 std::shared_ptr<float> allocate(int64_t n) { return storage_pool::allocate(n); }
 
+// dst = src element by element over `shape`, both strided, not overlapping: rows of the last dim, their starts
+// walked once; large copies split the rows over the threads. For clone and copy_from (a KV cache's append).
+void copy_strided(const Shape& shape, float* dst, const Shape& dst_strides, const float* src, const Shape& src_strides) {
+  const int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  if (shape.empty()) {
+    *dst = *src;
+    return;
+  }
+  const int64_t cols = shape.back(), rows = n / cols, ds = dst_strides.back(), ss = src_strides.back();
+  std::vector<int64_t> dst_starts(static_cast<size_t>(rows)), src_starts(static_cast<size_t>(rows));
+  const Shape outer(shape.begin(), shape.end() - 1);
+  for_each_offset(outer, Shape(dst_strides.begin(), dst_strides.end() - 1),
+                  [&](int64_t i, int64_t off) { dst_starts[static_cast<size_t>(i)] = off; });
+  for_each_offset(outer, Shape(src_strides.begin(), src_strides.end() - 1),
+                  [&](int64_t i, int64_t off) { src_starts[static_cast<size_t>(i)] = off; });
+  // A destination that repeats an element (stride 0: an expanded view) keeps one writer, as before.
+  bool repeats = false;
+  for (size_t d = 0; d < shape.size(); ++d) repeats |= shape[d] > 1 && dst_strides[d] == 0;
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 18) && !repeats)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + src_starts[static_cast<size_t>(r)];
+    float* d = dst + dst_starts[static_cast<size_t>(r)];
+    if (ds == 1 && ss == 1) std::memcpy(d, s, static_cast<size_t>(cols) * sizeof(float));
+    else
+      for (int64_t j = 0; j < cols; ++j) d[j * ds] = s[j * ss];
+  }
+}
+
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape) {
@@ -283,19 +312,7 @@ Tensor Tensor::clone() const {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
     return t;
   }
-  // Rows of the last dim (their starts walked once); large copies split the rows over the threads.
-  const int64_t cols = shape_.back(), cs = strides_.back(), rows = cols > 0 ? n / cols : 0;
-  std::vector<int64_t> starts(static_cast<size_t>(rows));
-  const Shape outer(shape_.begin(), shape_.end() - 1), outer_strides(strides_.begin(), strides_.end() - 1);
-  for_each_offset(outer, outer_strides, [&](int64_t i, int64_t off) { starts[static_cast<size_t>(i)] = off; });
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 18))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* s = src + starts[static_cast<size_t>(r)];
-    float* d = dst + r * cols;
-    if (cs == 1) std::memcpy(d, s, static_cast<size_t>(cols) * sizeof(float));
-    else
-      for (int64_t j = 0; j < cols; ++j) d[j] = s[j * cs];
-  }
+  copy_strided(shape_, dst, t.strides(), src, strides_);
   return t;
 }
 
@@ -306,10 +323,9 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   Tensor s = src.expand(shape_);
-  // Materialise first so that overlapping source and destination are safe.
-  std::vector<float> tmp = s.to_vector();
-  float* dst = data();
-  for_each_offset(shape_, strides_, [&](int64_t i, int64_t off) { dst[off] = tmp[i]; });
+  // Source and destination may overlap only within one storage: materialise the source first there.
+  if (shares_storage(s)) s = s.clone();
+  copy_strided(shape_, data(), strides_, s.data(), s.strides());
 }
 
 void Tensor::fill(float value) {

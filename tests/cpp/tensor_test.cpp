@@ -204,6 +204,29 @@ TEST(Tensor, CopyFromBroadcastsAndHandlesOverlap) {
   EXPECT_TRUE(ThrowsArg([&] { t.copy_from(Tensor::zeros({4})); }, "[expand]"));
 }
 
+TEST(Tensor, CopyFromStridedRowsOfAnotherStorage) {
+  // A KV cache's append: a transposed (B, T, H, D) -> (B, H, T, D) view into a slice of the cache's time axis,
+  // large enough for the threaded rows (2^18 elements and more).
+  const Tensor src = iota({4, 70, 8, 128}).transpose(1, 2);
+  Tensor cache = Tensor::zeros({4, 8, 100, 128});
+  cache.slice(2, 10, 80).copy_from(src);
+  EXPECT_EQ(cache.slice(2, 10, 80).to_vector(), src.to_vector());
+  for (const Tensor& rest : {cache.slice(2, 0, 10), cache.slice(2, 80, 100)})
+    for (float x : rest.to_vector()) ASSERT_EQ(x, 0.0f);
+  // Last dims strided on either side.
+  const Tensor a = iota({6, 5});
+  Tensor d = Tensor::zeros({5, 6});
+  d.transpose(0, 1).copy_from(a);
+  EXPECT_EQ(d.to_vector(), a.transpose(0, 1).contiguous().to_vector());
+  Tensor e = Tensor::zeros({6, 5});
+  e.transpose(0, 1).copy_from(a.transpose(0, 1));
+  EXPECT_EQ(e.to_vector(), a.to_vector());
+  // Scalars.
+  Tensor s = Tensor::zeros({});
+  s.copy_from(Tensor::from_vector({1}, {7}).view({}));
+  EXPECT_EQ(s.to_vector(), std::vector<float>{7});
+}
+
 TEST(Tensor, FromBlobWrapsWithoutCopy) {
   auto buf = std::make_shared<std::vector<float>>(std::vector<float>{0, 1, 2, 3, 4, 5});
   const Tensor t = Tensor::from_blob(buf->data(), {3, 2}, {1, 3}, buf);
