@@ -52,9 +52,20 @@ const Kernels& pick(FlashIsa isa) {
                       "[attention] the AVX512-BF16 kernels were requested but this CPU lacks them");
     return flash::avx512bf16_kernels();
   }
+  if (isa == FlashIsa::kAmx) {
+    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAmx),
+                      "[attention] the AMX kernels were requested but this CPU lacks AMX or its tile data permission");
+    return flash::amx_kernels();
+  }
+  if (isa == FlashIsa::kAmxEmulated) {
+    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512Bf16),
+                      "[attention] the emulated AMX kernels were requested but this CPU lacks AVX512-BF16");
+    return flash::amx_emulated_kernels();
+  }
   // kAuto: the widest path QKV_ISA allows (AVX512-VNNI and AVX-VNNI add nothing here: avx2vnni runs the AVX2 set;
-  // AVX512-BF16 adds the bf16 products).
+  // AVX512-BF16 adds the bf16 products, AMX puts them on tiles).
   const Isa active = active_isa();
+  if (active >= Isa::kAmx) return flash::amx_kernels();
   if (active >= Isa::kAvx512Bf16) return flash::avx512bf16_kernels();
   if (active >= Isa::kAvx512) return flash::avx512_kernels();
   if (active >= Isa::kAvx2) return flash::avx2_kernels();

@@ -1,7 +1,8 @@
 // The bf16 products of the fused attention forward (attention_flash_kernels.h GemmBf16) with AVX512-BF16's
 // vdpbf16ps: register blocks of up to 12 rows by 2 vectors or 6 by 4, as the float32 AVX-512 product, each
 // broadcast word carrying two bfloat16 of A. The rest of the set is avx512_kernels()'s. Compiled with
-// -mavx512bf16 on top of the AVX-512 flags; picked at run time only when the CPU has it.
+// -mavx512bf16 on top of the AVX-512 flags; picked at run time only when the CPU has it. The amx sets at the end are
+// this one with the bf16 products on AMX tiles, the hardware's or emulated (lowp_amx.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -128,6 +129,27 @@ const Kernels& avx512bf16_kernels() {
     s.gemm_bf16 = gemm_bf16;
     s.pairs_of_rows = pairs_of_rows;
     s.pairs_of_adjacent = pairs_of_adjacent;
+    return s;
+  }();
+  return k;
+}
+
+// avx512bf16's set with its bf16 products on tiles (lowp_amx.cpp).
+const Kernels& amx_kernels() {
+  static const Kernels k = [] {
+    Kernels s = avx512bf16_kernels();
+    s.name = "amx";
+    s.gemm_bf16 = gemm_bf16_amx;
+    return s;
+  }();
+  return k;
+}
+
+const Kernels& amx_emulated_kernels() {
+  static const Kernels k = [] {
+    Kernels s = amx_kernels();
+    s.name = "amx-emulated";
+    s.gemm_bf16 = gemm_bf16_amx_emulated;
     return s;
   }();
   return k;

@@ -66,5 +66,11 @@ const Kernels& portable_kernels();
 const Kernels& avx2_kernels();    // only call when the CPU has AVX2 and FMA
 const Kernels& avx512_kernels();  // only call when the CPU has AVX-512 F, BW, DQ and VL
 const Kernels& avx512bf16_kernels();  // avx512's, plus gemm_bf16: only call when the CPU has AVX512-BF16
+// avx512bf16's with gemm_bf16 on AMX tiles (only call when cpu_supports(Isa::kAmx)), or over the emulated tile unit
+// (tests; only call when the CPU has AVX512-BF16). The products themselves: lowp_amx.cpp.
+const Kernels& amx_kernels();
+const Kernels& amx_emulated_kernels();
+void gemm_bf16_amx(const GemmBf16& g);
+void gemm_bf16_amx_emulated(const GemmBf16& g);
 
 }  // namespace qkv::kernels::flash

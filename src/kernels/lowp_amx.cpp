@@ -1,6 +1,7 @@
 // The packed bf16 and int8 products on AMX tiles (qkv/kernels/lowp.h, amx::): lowp_amx_impl.h's walk over the
 // hardware's tile unit, and (amx_emulated_tiles::, for tests on any AVX-512 CPU) over the emulated one, both with
-// this file's AVX-512 row work. The tile instructions are written as inline assembly with a memory clobber (the
+// this file's AVX-512 row work; and the fused attention's bf16 products on the same two tile units (flash::, the
+// amx and amx-emulated sets of attention_flash_avx512bf16.cpp). The tile instructions are written as inline assembly with a memory clobber (the
 // compiler's _tile_loadd declares no memory read, and _tile_loadconfig only the first 8 bytes of the
 // configuration); the activation rows are rounded and paired with bf16_round16_hi (the bits of every other path).
 // Compiled with the AVX-512 flags; amx:: runs only when active_isa() is amx, which the CPU probe sets only once
@@ -8,6 +9,7 @@
 // before returning.
 #include <immintrin.h>
 
+#include "attention_flash_kernels.h"
 #include "lowp_amx_impl.h"
 #include "lowp_avx512_impl.h"
 #include "qkv/kernels/lowp.h"
@@ -128,5 +130,16 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
   detail::amx_int8_block<detail::EmulatedTiles, Avx512Rows>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 }  // namespace amx_emulated_tiles
+
+namespace flash {
+void gemm_bf16_amx(const GemmBf16& g) {
+  detail::amx_pairs_product<HardwareTiles>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c, g.c_rs,
+                                           g.row_scale, g.accumulate);
+}
+void gemm_bf16_amx_emulated(const GemmBf16& g) {
+  detail::amx_pairs_product<detail::EmulatedTiles>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c,
+                                                   g.c_rs, g.row_scale, g.accumulate);
+}
+}  // namespace flash
 
 }  // namespace qkv::kernels

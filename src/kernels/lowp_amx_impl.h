@@ -142,6 +142,52 @@ void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, 
       });
 }
 
+// The fused attention's bf16 products (attention_flash_kernels.h GemmBf16) on the same tile unit:
+//   C(r, c) = (accumulate ? row_scale[r] C(r, c) : 0) + sum_k A(r, k) B(k, c),  r < rows, c < cols, k < depth words,
+//   A(r, k) = a[r a_rs + k a_ks], B(k, c) = b[k b_ks + c]   (row_scale null = 1).
+// A is copied into passes of 32 rows and B into panels of 32 columns, both zero-padded to whole tiles of 16 words
+// along k (so one tile configuration serves every shape, and A may be either layout), then each 32 x 32 block of C
+// is one pass of tile steps, added to C in float32.
+thread_local Scratch amx_pairs_a, amx_pairs_b;
+
+template <class Tiles>
+void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t* a, int64_t a_rs, int64_t a_ks,
+                       const uint32_t* b, int64_t b_ks, float* c, int64_t c_rs, const float* row_scale,
+                       bool accumulate) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t kw = (max64(depth, 0) + kAmxWords - 1) / kAmxWords * kAmxWords;
+  const int64_t passes = (rows + kAmxRows - 1) / kAmxRows, panels = (cols + kPanel - 1) / kPanel;
+  uint32_t* pa = amx_pairs_a.get(max64(1, passes * kAmxRows * kw));  // row r at pa + r kw
+  uint32_t* pb = amx_pairs_b.get(max64(1, panels * kw * kPanel));    // panel p, word k at pb + (p kw + k) kPanel
+  for (int64_t r = 0; r < passes * kAmxRows; ++r)
+    for (int64_t k = 0; k < kw; ++k) pa[r * kw + k] = r < rows && k < depth ? a[r * a_rs + k * a_ks] : 0u;
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t k = 0; k < kw; ++k)
+      for (int64_t l = 0; l < kPanel; ++l) {
+        const int64_t col = p * kPanel + l;
+        pb[(p * kw + k) * kPanel + l] = k < depth && col < cols ? b[k * b_ks + col] : 0u;
+      }
+  alignas(64) float ct[kAmxRows * kPanel];
+  Tiles::begin();
+  for (int64_t t = 0; t < passes; ++t)
+    for (int64_t p = 0; p < panels; ++p) {
+      Tiles::zero_c();
+      const uint32_t* a0 = pa + t * kAmxRows * kw;
+      const uint32_t* b0 = pb + p * kw * kPanel;
+      for (int64_t k0 = 0; k0 < kw; k0 += kAmxWords)
+        Tiles::step_bf16(a0 + k0, a0 + 16 * kw + k0, kw * 4, b0 + k0 * kPanel, b0 + k0 * kPanel + 16, kPanel * 4);
+      Tiles::store_c(ct);
+      const int64_t r_end = min64(kAmxRows, rows - t * kAmxRows), l_end = min64(kPanel, cols - p * kPanel);
+      for (int64_t r = 0; r < r_end; ++r) {
+        const int64_t row = t * kAmxRows + r;
+        float* y = c + row * c_rs + p * kPanel;
+        const float s = row_scale != nullptr ? row_scale[row] : 1.0f;
+        for (int64_t l = 0; l < l_end; ++l) y[l] = accumulate ? s * y[l] + ct[r * kPanel + l] : ct[r * kPanel + l];
+      }
+    }
+  Tiles::end();
+}
+
 // The AMX tile unit in plain loops, as the instruction set reference writes TDPBF16PS (for each row m and word g,
 // c[m][n] += a_even·b_even, then += a_odd·b_odd: float32 adds of exact products) and TDPBUSD (int32 sums of
 // unsigned x signed bytes). What it tests is the walk above, not the hardware's rounding.

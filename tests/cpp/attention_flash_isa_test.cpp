@@ -76,7 +76,9 @@ Tensor out_like(const Case& c, uint64_t seed) { return testing::randn({c.q[0], c
 
 void CheckIsa(FlashIsa isa) {
   if (!isa_available(isa)) {  // nothing to run on this CPU: auto must then never pick it (errors: see below)
-    EXPECT_NE(std::string(kernels::flash_isa_name(FlashIsa::kAuto)), isa == FlashIsa::kAvx512 ? "avx512" : "avx2");
+    const char* name = isa == FlashIsa::kAvx512 ? "avx512" : isa == FlashIsa::kAvx512Bf16 ? "avx512bf16"
+                       : isa == FlashIsa::kAmx ? "amx" : isa == FlashIsa::kAmxEmulated ? "amx-emulated" : "avx2";
+    EXPECT_NE(std::string(kernels::flash_isa_name(FlashIsa::kAuto)), name);
     return;
   }
   uint64_t seed = 10;
@@ -108,9 +110,16 @@ TEST(AttentionFlashIsa, Avx512MatchesOracleAndPortableOnTailShapes) { CheckIsa(F
 // The avx512bf16 set at float32: the avx512 set's products (its bf16 products: precision_test.cpp).
 TEST(AttentionFlashIsa, Avx512Bf16MatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAvx512Bf16); }
 
+// The amx sets at float32: the avx512 set's products as well (their bf16 products on tiles: precision_fronts_test.cpp,
+// bf16_training_test.cpp).
+TEST(AttentionFlashIsa, AmxMatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAmx); }
+TEST(AttentionFlashIsa, AmxEmulatedMatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAmxEmulated); }
+
 TEST(AttentionFlashIsa, AutoPicksTheWidestAvailableSet) {
   const std::string name = kernels::flash_isa_name(FlashIsa::kAuto);
-  if (isa_available(FlashIsa::kAvx512Bf16))
+  if (isa_available(FlashIsa::kAmx))
+    EXPECT_EQ(name, "amx");
+  else if (isa_available(FlashIsa::kAvx512Bf16))
     EXPECT_EQ(name, "avx512bf16");
   else if (isa_available(FlashIsa::kAvx512))
     EXPECT_EQ(name, "avx512");
@@ -121,7 +130,8 @@ TEST(AttentionFlashIsa, AutoPicksTheWidestAvailableSet) {
 }
 
 TEST(AttentionFlashIsaErrors, MissingInstructionSetThrowsNamingAttention) {
-  for (FlashIsa isa : {FlashIsa::kAvx2, FlashIsa::kAvx512, FlashIsa::kAvx512Bf16}) {
+  for (FlashIsa isa : {FlashIsa::kAvx2, FlashIsa::kAvx512, FlashIsa::kAvx512Bf16, FlashIsa::kAmx,
+                       FlashIsa::kAmxEmulated}) {
     if (isa_available(isa)) continue;
     FlashConfig cfg;
     cfg.isa = isa;

@@ -89,7 +89,8 @@ std::vector<Case> cases() {
 TEST(Bf16AttentionBackward, EveryFlashSetFollowsTheBf16SchemeAndItsAccuracy) {
   std::vector<FlashIsa> sets;
   std::string ran;
-  for (FlashIsa isa : {FlashIsa::kPortable, FlashIsa::kAvx2, FlashIsa::kAvx512, FlashIsa::kAvx512Bf16})
+  for (FlashIsa isa : {FlashIsa::kPortable, FlashIsa::kAvx2, FlashIsa::kAvx512, FlashIsa::kAvx512Bf16,
+                       FlashIsa::kAmx, FlashIsa::kAmxEmulated})
     if (testing::flash::available(isa)) {
       sets.push_back(isa);
       ran += std::string(ran.empty() ? "" : ",") + kernels::flash_isa_name(isa);

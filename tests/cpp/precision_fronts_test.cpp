@@ -9,6 +9,7 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attention_oracle.h"
@@ -114,10 +115,12 @@ TEST(PrecisionFronts, Bf16AttentionWithinTwiceTheInputErrorOnEveryFlashSet) {
   std::vector<std::pair<kernels::FlashIsa, Isa>> sets{{kernels::FlashIsa::kPortable, Isa::kPortable},
                                                       {kernels::FlashIsa::kAvx2, Isa::kAvx2},
                                                       {kernels::FlashIsa::kAvx512, Isa::kAvx512},
-                                                      {kernels::FlashIsa::kAvx512Bf16, Isa::kAvx512Bf16}};
+                                                      {kernels::FlashIsa::kAvx512Bf16, Isa::kAvx512Bf16},
+                                                      {kernels::FlashIsa::kAmx, Isa::kAmx},
+                                                      {kernels::FlashIsa::kAmxEmulated, Isa::kAvx512Bf16}};
   std::string ran;
   for (const auto& [set, isa] : sets)
-    if (kernels::cpu_supports(isa)) ran += std::string(ran.empty() ? "" : ",") + kernels::isa_name(isa);
+    if (kernels::cpu_supports(isa)) ran += std::string(ran.empty() ? "" : ",") + kernels::flash_isa_name(set);
   std::cout << "[ paths    ] bf16 attention: ran " << ran << "\n";
   for (const Case& c : cases) {
     SCOPED_TRACE(str(c.q) + " " + str(c.k));
@@ -154,18 +157,18 @@ TEST(PrecisionFronts, Bf16AttentionWithinTwiceTheInputErrorOnEveryFlashSet) {
     for (const auto& [set, isa] : sets) {
       if (!kernels::cpu_supports(isa)) continue;
       for (int64_t tile : {int64_t{0}, int64_t{16}}) {
-        SCOPED_TRACE(std::string(kernels::isa_name(isa)) + " tiles " + std::to_string(tile));
+        SCOPED_TRACE(std::string(kernels::flash_isa_name(set)) + " tiles " + std::to_string(tile));
         kernels::FlashConfig cfg;
         cfg.isa = set;
         cfg.fwd_q_tile = cfg.fwd_k_tile = tile;
         const Tensor out = kernels::attention_flash_forward(qr, kr, vr, o16, batch, scale, cfg).out;
         const double err = max_abs_diff(testing::to_double(out), exact);
         EXPECT_LE(err, 2 * input_err + 1e-5) << "error " << err << ", float64 of bf16 inputs " << input_err;
-        if (isa != Isa::kAvx512Bf16) {  // float32 products on the rounded inputs: the fp32 kernel's bits
+        if (isa < Isa::kAvx512Bf16) {  // float32 products on the rounded inputs: the fp32 kernel's bits
           EXPECT_TRUE(testing::AllClose(out, kernels::attention_flash_forward(qr, kr, vr, o, batch, scale, cfg).out,
                                         testing::kExact));
         }
-        if (tile == 0) std::cout << "[ bf16 attn] " << kernels::isa_name(isa) << " " << str(c.q) << ": error " << err
+        if (tile == 0) std::cout << "[ bf16 attn] " << kernels::flash_isa_name(set) << " " << str(c.q) << ": error " << err
                                  << ", float64 of bf16 inputs " << input_err << "\n";
       }
     }
@@ -187,6 +190,48 @@ TEST(PrecisionFronts, Bf16AttentionWithinTwiceTheInputErrorOnEveryFlashSet) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).rfind("[attention] precision int8", 0), 0u) << e.what();
   }
+}
+
+// The bf16 attention's products on AMX tiles (the emulated tile unit where the CPU has no AMX) from 4 threads at
+// once on this machine's 2 cores, each giving the core away while it holds tile state: every run gives the bits of
+// a run alone. Where neither exists, both sets must refuse by name.
+TEST(PrecisionFronts, AmxAttentionKeepsItsBitsOversubscribed) {
+  const bool amx = kernels::cpu_supports(Isa::kAmx), emulated = kernels::cpu_supports(Isa::kAvx512Bf16);
+  std::cout << "[ paths    ] amx attention oversubscribed: "
+            << (amx ? "amx tiles" : emulated ? "amx emulated (no AMX on this CPU)" : "none (no AVX512-BF16)") << "\n";
+  kernels::FlashConfig cfg;
+  cfg.isa = amx ? kernels::FlashIsa::kAmx : kernels::FlashIsa::kAmxEmulated;
+  cfg.threads = 1;
+  const Tensor q = round_to_bf16(testing::randn({1, 2, 70, 64}, 51));
+  const Tensor k = round_to_bf16(testing::randn({1, 2, 90, 64}, 52));
+  const Tensor v = round_to_bf16(testing::randn({1, 2, 90, 64}, 53));
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  o.precision = Precision::kBFloat16;
+  const Shape batch = attention_check(q, k, v, o, "attention");
+  const float scale = attention_scale(o, q.size(-1));
+  if (!amx && !emulated) {
+    EXPECT_THROW(kernels::attention_flash_forward(q, k, v, o, batch, scale, cfg), std::runtime_error);
+    cfg.isa = kernels::FlashIsa::kAmx;
+    EXPECT_THROW(kernels::attention_flash_forward(q, k, v, o, batch, scale, cfg), std::runtime_error);
+    return;
+  }
+  const std::vector<float> alone = kernels::attention_flash_forward(q, k, v, o, batch, scale, cfg).out.to_vector();
+  constexpr int kThreads = 4, kRuns = 4;
+  std::vector<std::vector<float>> out(kThreads * kRuns);
+  {
+    std::vector<std::thread> team;
+    for (int t = 0; t < kThreads; ++t)
+      team.emplace_back([&, t] {
+        for (int r = 0; r < kRuns; ++r) {
+          out[static_cast<size_t>(t * kRuns + r)] =
+              kernels::attention_flash_forward(q, k, v, o, batch, scale, cfg).out.to_vector();
+          std::this_thread::yield();
+        }
+      });
+    for (std::thread& th : team) th.join();
+  }
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], alone) << "thread " << i / kRuns << " run " << i % kRuns;
 }
 
 }  // namespace

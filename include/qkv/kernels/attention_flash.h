@@ -12,7 +12,10 @@ namespace qkv::kernels {
 // the AVX-512 set plus the bf16 products that precision kBFloat16 runs on vdpbf16ps, else AVX-512 F/BW/DQ/VL, else
 // AVX2+FMA (avx2vnni included), else portable; QKV_ISA caps it). A named set runs whatever QKV_ISA says, and throws
 // std::runtime_error when the CPU lacks it.
-enum class FlashIsa { kAuto, kPortable, kAvx2, kAvx512, kAvx512Bf16 };
+// kAmx: the avx512bf16 set with its bf16 products on AMX tiles (tdpbf16ps; the CPU must have AMX and Linux must
+// have granted the tile data). kAmxEmulated: the same walk over an emulated tile unit in plain loops, for tests on
+// any AVX512-BF16 CPU (slow: not for use).
+enum class FlashIsa { kAuto, kPortable, kAvx2, kAvx512, kAvx512Bf16, kAmx, kAmxEmulated };
 
 struct FlashConfig {
   FlashIsa isa = FlashIsa::kAuto;

@@ -10,7 +10,7 @@ namespace qkv::kernels {
 // AVX512-BF16 as well (the bf16 product's vdpbf16ps); kAmx adds AMX-TILE, AMX-BF16 and AMX-INT8 with the OS's tile
 // state and Linux's permission to use it (the bf16 and int8 products' tdpbf16ps and tdpbusd from 16 rows). Only the
 // low-precision kernels (qkv/kernels/lowp.h) have builds past kAvx512: the float32 kernels run their AVX-512 build
-// there, and the fused attention its avx512bf16 set on kAmx.
+// there, and the fused attention its amx set on kAmx (the avx512bf16 set with its bf16 products on tiles).
 // kAvx2Vnni (AVX2 + FMA + AVX-VNNI: the VEX-encoded vpdpbusd ymm of CPUs with AVX2 but no AVX-512, such as Alder
 // Lake) is a side branch, not a rung of the ladder: it sits between kAvx2 and kAvx512 so that `>= kAvx2` and
 // `>= kAvx512` stay right (it runs every AVX2 kernel and no AVX-512 one), but the AVX-512 levels do not imply
