@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "qkv/core/error.h"
@@ -323,8 +324,17 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   Tensor s = src.expand(shape_);
-  // Source and destination may overlap only within one storage: materialise the source first there.
-  if (shares_storage(s)) s = s.clone();
+  if (numel() == 0) return;
+  // Where the memory the two layouts span intersects (one storage, or two wrappers of the same buffer), the
+  // source is materialised first.
+  const auto span = [](const Tensor& t) {
+    int64_t last = 0;
+    for (size_t d = 0; d < t.shape().size(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+    return std::pair<const float*, const float*>(t.data(), t.data() + last);
+  };
+  const auto [d0, d1] = span(*this);
+  const auto [s0, s1] = span(s);
+  if (!(d1 < s0 || s1 < d0)) s = s.clone();
   copy_strided(shape_, data(), strides_, s.data(), s.strides());
 }
 

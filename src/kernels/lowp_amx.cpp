@@ -1,9 +1,9 @@
 // The packed bf16 and int8 products on AMX tiles (qkv/kernels/lowp.h, amx::): lowp_amx_impl.h's walk over the
 // hardware's tile unit, and (amx_emulated_tiles::, for tests on any AVX-512 CPU) over the emulated one, both with
 // this file's AVX-512 row work; and the fused attention's bf16 products on the same two tile units (flash::, the
-// amx and amx-emulated sets of attention_flash_avx512bf16.cpp). The tile instructions are written as inline assembly with a memory clobber (the
-// compiler's _tile_loadd declares no memory read, and _tile_loadconfig only the first 8 bytes of the
-// configuration); the activation rows are rounded and paired with bf16_round16_hi (the bits of every other path).
+// amx and amx-emulated sets of attention_flash_avx512bf16.cpp). The tile instructions are written as inline
+// assembly with a memory clobber (the compiler's _tile_loadd declares no memory read, and _tile_loadconfig only the
+// first 8 bytes of the configuration); the activation rows are rounded and paired with bf16_round16_hi (the bits of every other path).
 // Compiled with the AVX-512 flags; amx:: runs only when active_isa() is amx, which the CPU probe sets only once
 // Linux has granted this process the tile data. Each call configures the tiles on its thread and releases them
 // before returning.

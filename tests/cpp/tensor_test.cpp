@@ -221,6 +221,15 @@ TEST(Tensor, CopyFromStridedRowsOfAnotherStorage) {
   Tensor e = Tensor::zeros({6, 5});
   e.transpose(0, 1).copy_from(a.transpose(0, 1));
   EXPECT_EQ(e.to_vector(), a.to_vector());
+  // Two wrappers of one buffer (numpy views, say) whose spans overlap: the source is staged as within one storage
+  // (copied row by row in place, row 0 would overwrite elements 3 and 6 before they are read).
+  std::vector<float> buf(12);
+  std::iota(buf.begin(), buf.end(), 0.0f);
+  const Tensor lo = Tensor::from_blob(buf.data(), {3, 3}, {}, nullptr);
+  Tensor hi = Tensor::from_blob(buf.data() + 3, {3, 3}, {}, nullptr);
+  const std::vector<float> want = lo.transpose(0, 1).contiguous().to_vector();
+  hi.transpose(0, 1).copy_from(lo.transpose(0, 1));
+  EXPECT_EQ(hi.transpose(0, 1).contiguous().to_vector(), want);
   // Scalars.
   Tensor s = Tensor::zeros({});
   s.copy_from(Tensor::from_vector({1}, {7}).view({}));
