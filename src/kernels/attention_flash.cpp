@@ -35,40 +35,39 @@ using flash::kShortTk;
 using flash::MaskView;
 using flash::Operand;
 
+// The named sets, widest first: what each needs and what a request on a CPU without it says. kAuto takes the first
+// that active_isa() (hence QKV_ISA) allows, skipping the emulated tiles (AVX512-VNNI and AVX-VNNI add nothing here:
+// avx2vnni runs the AVX2 set; AVX512-BF16 adds the bf16 products, AMX puts them on tiles).
+struct NamedSet {
+  FlashIsa isa;
+  Isa needs;
+  bool automatic;
+  const Kernels& (*set)();
+  const char* refusal;
+};
+constexpr NamedSet kNamedSets[] = {
+    {FlashIsa::kAmx, Isa::kAmx, true, flash::amx_kernels,
+     "[attention] the AMX kernels were requested but this CPU lacks AMX or its tile data permission"},
+    {FlashIsa::kAmxEmulated, Isa::kAvx512Bf16, false, flash::amx_emulated_kernels,
+     "[attention] the emulated AMX kernels were requested but this CPU lacks AVX512-BF16"},
+    {FlashIsa::kAvx512Bf16, Isa::kAvx512Bf16, true, flash::avx512bf16_kernels,
+     "[attention] the AVX512-BF16 kernels were requested but this CPU lacks them"},
+    {FlashIsa::kAvx512, Isa::kAvx512, true, flash::avx512_kernels,
+     "[attention] the AVX-512 kernels were requested but this CPU lacks them"},
+    {FlashIsa::kAvx2, Isa::kAvx2, true, flash::avx2_kernels,
+     "[attention] the AVX2+FMA kernels were requested but this CPU lacks them"},
+};
+
 const Kernels& pick(FlashIsa isa) {
   if (isa == FlashIsa::kPortable) return flash::portable_kernels();
-  if (isa == FlashIsa::kAvx2) {
-    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx2),
-                      "[attention] the AVX2+FMA kernels were requested but this CPU lacks them");
-    return flash::avx2_kernels();
-  }
-  if (isa == FlashIsa::kAvx512) {
-    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512),
-                      "[attention] the AVX-512 kernels were requested but this CPU lacks them");
-    return flash::avx512_kernels();
-  }
-  if (isa == FlashIsa::kAvx512Bf16) {
-    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512Bf16),
-                      "[attention] the AVX512-BF16 kernels were requested but this CPU lacks them");
-    return flash::avx512bf16_kernels();
-  }
-  if (isa == FlashIsa::kAmx) {
-    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAmx),
-                      "[attention] the AMX kernels were requested but this CPU lacks AMX or its tile data permission");
-    return flash::amx_kernels();
-  }
-  if (isa == FlashIsa::kAmxEmulated) {
-    QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512Bf16),
-                      "[attention] the emulated AMX kernels were requested but this CPU lacks AVX512-BF16");
-    return flash::amx_emulated_kernels();
-  }
-  // kAuto: the widest path QKV_ISA allows (AVX512-VNNI and AVX-VNNI add nothing here: avx2vnni runs the AVX2 set;
-  // AVX512-BF16 adds the bf16 products, AMX puts them on tiles).
   const Isa active = active_isa();
-  if (active >= Isa::kAmx) return flash::amx_kernels();
-  if (active >= Isa::kAvx512Bf16) return flash::avx512bf16_kernels();
-  if (active >= Isa::kAvx512) return flash::avx512_kernels();
-  if (active >= Isa::kAvx2) return flash::avx2_kernels();
+  for (const NamedSet& n : kNamedSets) {
+    if (n.isa == isa) {
+      QKV_CHECK_RUNTIME(cpu_supports(n.needs), n.refusal);
+      return n.set();
+    }
+    if (isa == FlashIsa::kAuto && n.automatic && active >= n.needs) return n.set();
+  }
   return flash::portable_kernels();
 }
 

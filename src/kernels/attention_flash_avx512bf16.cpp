@@ -134,24 +134,23 @@ const Kernels& avx512bf16_kernels() {
   return k;
 }
 
-// avx512bf16's set with its bf16 products on tiles (lowp_amx.cpp).
+// avx512bf16's set with its bf16 products on tiles (lowp_amx.cpp), the hardware's or emulated.
+namespace {
+Kernels on_tiles(const char* name, void (*gemm)(const GemmBf16&)) {
+  Kernels s = avx512bf16_kernels();
+  s.name = name;
+  s.gemm_bf16 = gemm;
+  return s;
+}
+}  // namespace
+
 const Kernels& amx_kernels() {
-  static const Kernels k = [] {
-    Kernels s = avx512bf16_kernels();
-    s.name = "amx";
-    s.gemm_bf16 = gemm_bf16_amx;
-    return s;
-  }();
+  static const Kernels k = on_tiles("amx", gemm_bf16_amx);
   return k;
 }
 
 const Kernels& amx_emulated_kernels() {
-  static const Kernels k = [] {
-    Kernels s = amx_kernels();
-    s.name = "amx-emulated";
-    s.gemm_bf16 = gemm_bf16_amx_emulated;
-    return s;
-  }();
+  static const Kernels k = on_tiles("amx-emulated", gemm_bf16_amx_emulated);
   return k;
 }
 

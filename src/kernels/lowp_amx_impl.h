@@ -147,8 +147,8 @@ void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, 
 //   A(r, k) = a[r a_rs + k a_ks], B(k, c) = b[k b_ks + c]   (row_scale null = 1).
 // A is copied into passes of 32 rows and B into panels of 32 columns, both zero-padded to whole tiles of 16 words
 // along k (so one tile configuration serves every shape, and A may be either layout), then each 32 x 32 block of C
-// is one pass of tile steps, added to C in float32.
-thread_local Scratch amx_pairs_a, amx_pairs_b;
+// is one pass of tile steps, added to C in float32. A's copy takes the walk's scratch (amx_scratch), B's its own.
+thread_local Scratch amx_pairs_b;
 
 template <class Tiles>
 void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t* a, int64_t a_rs, int64_t a_ks,
@@ -157,7 +157,7 @@ void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t
   if (rows <= 0 || cols <= 0) return;
   const int64_t kw = (max64(depth, 0) + kAmxWords - 1) / kAmxWords * kAmxWords;
   const int64_t passes = (rows + kAmxRows - 1) / kAmxRows, panels = (cols + kPanel - 1) / kPanel;
-  uint32_t* pa = amx_pairs_a.get(max64(1, passes * kAmxRows * kw));  // row r at pa + r kw
+  uint32_t* pa = amx_scratch.get(max64(1, passes * kAmxRows * kw));  // row r at pa + r kw
   uint32_t* pb = amx_pairs_b.get(max64(1, panels * kw * kPanel));    // panel p, word k at pb + (p kw + k) kPanel
   for (int64_t r = 0; r < passes * kAmxRows; ++r)
     for (int64_t k = 0; k < kw; ++k) pa[r * kw + k] = r < rows && k < depth ? a[r * a_rs + k * a_ks] : 0u;
