@@ -204,7 +204,8 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
 }
 
 ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
-                                const std::vector<int64_t>* positions) const {
+                                const std::vector<int64_t>* positions,
+                                const std::shared_ptr<const RopeTable>& rope) const {
   const LlamaConfig& k = config_;
   QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == k.hidden_size, "[llama] attention input ", str(x.shape()),
                 " must be (B, T, ", k.hidden_size, ")");
@@ -213,15 +214,15 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   ad::Var q = ad::permute(ad::reshape(q_proj.forward(c, x), {b, t, k.num_attention_heads, d}), {0, 2, 1, 3});
   ad::Var kk = ad::permute(ad::reshape(k_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
-  if (positions != nullptr) {
+  if (positions != nullptr)
     QKV_CHECK_ARG(static_cast<int64_t>(positions->size()) == t && !cache, "[llama] ", positions->size(),
                   " positions for the attention input ", str(x.shape()), cache ? " with a KV cache" : "");
-    q = ad::rope(q, *positions, k.rope_theta, RopeVariant::kHalfSplit);
-    kk = ad::rope(kk, *positions, k.rope_theta, RopeVariant::kHalfSplit);
-  } else {
-    q = ad::rope(q, offset, k.rope_theta, RopeVariant::kHalfSplit);
-    kk = ad::rope(kk, offset, k.rope_theta, RopeVariant::kHalfSplit);
-  }
+  const std::shared_ptr<const RopeTable> angles =
+      rope != nullptr ? rope
+                      : std::make_shared<const RopeTable>(positions != nullptr ? rope_table(*positions, d, k.rope_theta)
+                                                                               : rope_table(offset, t, d, k.rope_theta));
+  q = ad::rope(q, angles, RopeVariant::kHalfSplit);
+  kk = ad::rope(kk, angles, RopeVariant::kHalfSplit);
   const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
   AttentionOptions o =
       attention_options(scale, sliding_ ? k.sliding_window : 0, k.attn_logit_softcapping, attention_precision());
@@ -293,8 +294,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, int64_t layer, Rng& r
 }
 
 ad::Var LlamaDecoderLayer::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
-                                   const std::vector<int64_t>* positions) const {
-  ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions);
+                                   const std::vector<int64_t>* positions,
+                                   const std::shared_ptr<const RopeTable>& rope) const {
+  ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions, rope);
   if (sandwich_) {
     const ad::Var y = ad::add(x, post_attention_layernorm.forward(c, h));
     return ad::add(y, post_feedforward_layernorm->forward(c, mlp.forward(c, pre_feedforward_layernorm->forward(c, y))));
@@ -307,7 +309,9 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
     : embed_tokens((c.validate(), c.vocab_size), c.hidden_size, rng),
       norm(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset),
       // HF multiplies by sqrt(E) rounded to the weights' dtype (float32).
-      embed_scale_(c.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0f) {
+      embed_scale_(c.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0f),
+      head_dim_(c.head_dim),
+      rope_theta_(c.rope_theta) {
   register_module("embed_tokens", &embed_tokens);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers.push_back(std::make_unique<LlamaDecoderLayer>(c, i, rng));
@@ -333,8 +337,13 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   const int64_t offset = caches && !caches->empty() ? (*caches)[0].length() : 0;
   ad::Var x = embed_tokens.forward(c, ids);
   if (embed_scale_ != 1.0f) x = ad::scale(x, embed_scale_);
+  // The rotary angles once for every layer (positions of the wrong count are refused by the first attention).
+  const int64_t t = ids.shape[1];
+  const auto rope = std::make_shared<const RopeTable>(
+      positions != nullptr && static_cast<int64_t>(positions->size()) == t ? rope_table(*positions, head_dim_, rope_theta_)
+                                                                           : rope_table(offset, t, head_dim_, rope_theta_));
   for (size_t i = 0; i < layers.size(); ++i)
-    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions);
+    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope);
   return norm.forward(c, x);
 }
 

@@ -255,31 +255,45 @@ Var add_sinusoidal(const Var& x, int64_t offset, float base) {
   return add(x, Var(sinusoidal_table(x.size(-2), x.size(-1), offset, base)));
 }
 
-namespace {
-
-// The rotation of rows at `where` (an offset or a list of positions); its backward is the inverse rotation, the
-// same angles with the pair members negated around it.
-template <class Where>
-Var rope_at(const Var& x, const Where& where, float base, RopeVariant variant) {
+// The backward of a rotation is the inverse rotation: the same angles with the pair members negated around it.
+Var rope(const Var& x, std::shared_ptr<const RopeTable> table, RopeVariant variant) {
   detail::check_defined(x, "rope", "x");
-  const Tensor y = rope_apply(x.value, where, base, variant);
-  return record(y, {&x}, [x, where, base, variant](Tape& t, Douts d) {
+  QKV_CHECK_ARG(table != nullptr, "[rope] the table is null");
+  const Tensor y = rope_apply(x.value, *table, variant);
+  return record(y, {&x}, [x, table, variant](Tape& t, Douts d) {
     Tensor g = d[0].clone();
     negate_pair_members(g, variant);
-    g = rope_apply(g, where, base, variant);
+    g = rope_apply(g, *table, variant);
     negate_pair_members(g, variant);
     t.accumulate_owned(x, g);
   });
 }
 
+namespace {
+
+// The arguments as rope_apply would check them, before the table is made (whose own errors say rope_table).
+void check_rope_input(const Var& x, float base) {
+  detail::check_defined(x, "rope", "x");
+  QKV_CHECK_ARG(x.dim() >= 2, "[rope_apply] x ", str(x.shape()), " must be (..., T, D) with rank >= 2");
+  QKV_CHECK_ARG(x.size(-1) >= 2 && x.size(-1) % 2 == 0, "[rope_apply] x ", str(x.shape()),
+                " must have an even, positive last dimension D");
+  QKV_CHECK_ARG(std::isfinite(base) && base > 0.0f, "[rope_apply] base must be finite and > 0, got ", base);
+}
+
 }  // namespace
 
 Var rope(const Var& x, int64_t offset, float base, RopeVariant variant) {
-  return rope_at(x, offset, base, variant);
+  check_rope_input(x, base);
+  QKV_CHECK_ARG(offset >= 0, "[rope_apply] offset must be >= 0, got ", offset);
+  return rope(x, std::make_shared<const RopeTable>(rope_table(offset, x.size(-2), x.size(-1), base)), variant);
 }
 
 Var rope(const Var& x, const std::vector<int64_t>& positions, float base, RopeVariant variant) {
-  return rope_at(x, positions, base, variant);
+  check_rope_input(x, base);
+  QKV_CHECK_ARG(static_cast<int64_t>(positions.size()) == x.size(-2), "[rope_apply] got ", positions.size(),
+                " positions for x ", str(x.shape()), " (need one per row T = ", x.size(-2), ")");
+  for (int64_t p : positions) QKV_CHECK_ARG(p >= 0, "[rope_apply] positions must be >= 0, got ", p);
+  return rope(x, std::make_shared<const RopeTable>(rope_table(positions, x.size(-1), base)), variant);
 }
 
 Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_t max_distance,

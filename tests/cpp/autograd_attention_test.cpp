@@ -250,6 +250,13 @@ TEST(GradPositional, RopeBackwardIsTheInverseRotation) {
     EXPECT_TRUE(GradsMatchAffine([variant](const Vars& v) { return ad::rope(v[0], 3, 10000.0f, variant); }, {x},
                                  107))
         << static_cast<int>(variant);
+    // A shared table (what a model hands its layers), kept alive by the tape after the caller drops it.
+    EXPECT_TRUE(GradsMatchAffine(
+        [variant](const Vars& v) {
+          return ad::rope(v[0], std::make_shared<const RopeTable>(rope_table({7, 2, 0, 9, 4}, 6, 500.0f)), variant);
+        },
+        {x}, 108))
+        << static_cast<int>(variant);
   }
 }
 

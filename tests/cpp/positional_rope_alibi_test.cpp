@@ -118,6 +118,37 @@ TEST(Rope, StridedInputAndExplicitPositions) {
   EXPECT_EQ(base.to_vector(), randn({2, 5, 3, 4}, 105).to_vector());
 }
 
+TEST(Rope, OneTableRotatesEveryTensorOfItsPositions) {
+  // A model's queries and keys of every layer share one table: the same bits as each call making its own.
+  const std::vector<int64_t> positions{9, 0, 4, 4, 31};
+  const RopeTable table = rope_table(positions, 6, 500.0f);
+  EXPECT_EQ(table.rows, 5);
+  EXPECT_EQ(table.dim, 6);
+  for (RopeVariant variant : {RopeVariant::kHalfSplit, RopeVariant::kInterleaved}) {
+    const Tensor q = randn({2, 5, 7, 6}, 106).transpose(1, 2);  // (B, T, Hq, D) read as (B, Hq, T, D)
+    const Tensor k = randn({2, 5, 3, 6}, 107).transpose(1, 2);
+    EXPECT_TRUE(AllClose(rope_apply(q, table, variant), rope_apply(q, positions, 500.0f, variant), kExact));
+    EXPECT_TRUE(AllClose(rope_apply(k, table, variant), rope_apply(k.contiguous(), positions, 500.0f, variant),
+                         kExact));
+    // A last dimension that is itself strided is made contiguous first.
+    const Tensor wide = randn({5, 12}, 108);
+    const Tensor every_other = wide.reshape({5, 6, 2}).select(2, 1);
+    ASSERT_NE(every_other.stride(-1), 1);
+    EXPECT_TRUE(AllClose(rope_apply(every_other, table, variant),
+                         rope_apply(every_other.contiguous(), table, variant), kExact));
+  }
+  // Consecutive positions: the offset form.
+  EXPECT_TRUE(AllClose(rope_apply(randn({3, 4, 8}, 109), rope_table(5, 4, 8)), rope_apply(randn({3, 4, 8}, 109), 5),
+                       kExact));
+  // A table of other positions or another D is refused, naming both shapes.
+  EXPECT_TRUE(ThrowsArg([&] { rope_apply(Tensor::zeros({2, 4, 6}), table); }, "[rope_apply]"));
+  EXPECT_TRUE(ThrowsArg([&] { rope_apply(Tensor::zeros({5, 8}), table); }, "5 positions x D 6"));
+  EXPECT_TRUE(ThrowsArg([] { rope_table(std::vector<int64_t>{1, 2}, 5); }, "[rope_table]"));
+  EXPECT_TRUE(ThrowsArg([] { rope_table(std::vector<int64_t>{1, -2}, 4); }, "[rope_table]"));
+  EXPECT_TRUE(ThrowsArg([] { rope_table(0, 3, 4, -1.0f); }, "[rope_table]"));
+  EXPECT_TRUE(ThrowsArg([] { rope_table(-1, 3, 4); }, "[rope_table]"));
+}
+
 TEST(Rope, ErrorsNameTheOp) {
   EXPECT_TRUE(ThrowsArg([] { rope_apply(Tensor::zeros({2, 5})); }, "[rope_apply]"));  // odd D
   EXPECT_TRUE(ThrowsArg([] { rope_apply(Tensor::zeros({2, 0})); }, "[rope_apply]"));

@@ -18,6 +18,7 @@
 #include "qkv/nn/layer_norm.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
+#include "qkv/ops/positional/rope.h"
 
 namespace qkv::models {
 
@@ -75,8 +76,11 @@ class LlamaAttention : public nn::Module {
   // appended to it (offset must equal cache->length()) and the queries attend to every cached position.
   // positions: T global positions of x's rows instead (context parallelism, c.sequence_shard(): the rotary angles
   // are the global ones and the attention runs through the shard, across the processes; no cache then).
+  // rope: the angles of those positions (rope_table with D = head_dim, base rope_theta), made once by the model for
+  // all its layers; null: made here.
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
-                  const std::vector<int64_t>* positions = nullptr) const;
+                  const std::vector<int64_t>* positions = nullptr,
+                  const std::shared_ptr<const RopeTable>& rope = nullptr) const;
 
   nn::Linear q_proj, k_proj, v_proj, o_proj;
 
@@ -105,7 +109,8 @@ class LlamaDecoderLayer : public nn::Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, int64_t layer, Rng& rng);
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
-                  const std::vector<int64_t>* positions = nullptr) const;
+                  const std::vector<int64_t>* positions = nullptr,
+                  const std::shared_ptr<const RopeTable>& rope = nullptr) const;
 
   LlamaAttention self_attn;
   LlamaMlp mlp;
@@ -133,6 +138,8 @@ class LlamaModel : public nn::Module {
 
  private:
   float embed_scale_;
+  int64_t head_dim_;
+  float rope_theta_;
 };
 
 // HF's *ForCausalLM: "model.*" and "lm_head.weight" (V, E), absent when the embeddings are tied.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -117,6 +118,9 @@ Var rope(const Var& x, int64_t offset = 0, float base = 10000.0f, RopeVariant va
 // Same, row t at positions[t] (T entries, each >= 0): the global positions of a shard under context parallelism.
 Var rope(const Var& x, const std::vector<int64_t>& positions, float base = 10000.0f,
          RopeVariant variant = RopeVariant::kHalfSplit);
+// Same, with the angles of a table (rope_table; T == table->rows, D == table->dim), kept for the backward: one
+// table rotates the queries and keys of every layer of a forward.
+Var rope(const Var& x, std::shared_ptr<const RopeTable> table, RopeVariant variant = RopeVariant::kHalfSplit);
 // table: (num_buckets, H)  ->  (1, H, Tq, Tk) as qkv::t5_relative_bias; the gradient scatter-adds into table.
 Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_t max_distance = 128,
             int64_t query_offset = 0);

@@ -26,4 +26,18 @@ Tensor rope_apply(const Tensor& x, int64_t offset = 0, float base = 10000.0f,
 Tensor rope_apply(const Tensor& x, const std::vector<int64_t>& positions, float base = 10000.0f,
                   RopeVariant variant = RopeVariant::kHalfSplit);
 
+// The angles' cos and sin for T positions and D features (D/2 frequencies), by the recipe above. A model makes one
+// per forward and rotates the queries and keys of every layer with it, as HF's rotary embedding hands its
+// (cos, sin) to each layer; the two calls above make one per call.
+struct RopeTable {
+  int64_t rows = 0, dim = 0;    // T, D
+  std::vector<float> cos, sin;  // (T, D/2), row t for position positions[t]
+};
+// D even and positive, base > 0 and finite, positions >= 0 (offset: positions offset .. offset + T - 1).
+RopeTable rope_table(const std::vector<int64_t>& positions, int64_t dim, float base = 10000.0f);
+RopeTable rope_table(int64_t offset, int64_t rows, int64_t dim, float base = 10000.0f);
+// x: (..., T, D) with T == table.rows, D == table.dim  ->  rotated copy, contiguous; x may be strided (the rows of a
+// permuted view are read in place).
+Tensor rope_apply(const Tensor& x, const RopeTable& table, RopeVariant variant = RopeVariant::kHalfSplit);
+
 }  // namespace qkv
