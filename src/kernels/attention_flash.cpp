@@ -247,8 +247,8 @@ AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv
   return r;
 }
 
-static AttentionResult forward(const Ctx& cx, const Shape& batch, const FlashConfig& config) {
-  const int64_t nb = shape_numel(batch), tq = cx.tq, dv = cx.dv;
+static AttentionResult forward(const Ctx& cx_in, const Shape& batch, const FlashConfig& config) {
+  const int64_t nb = shape_numel(batch), tq = cx_in.tq, dv = cx_in.dv;
   Shape out_shape = batch, lse_shape = batch;
   out_shape.push_back(tq);
   out_shape.push_back(dv);
@@ -261,8 +261,16 @@ static AttentionResult forward(const Ctx& cx, const Shape& batch, const FlashCon
   float* lse = r.lse.data();
 
   const int threads = thread_count(config);
-  const int64_t fq = cx.fq, fk = cx.fk;
+  const int64_t fq = cx_in.fq, fk = cx_in.fk;
   const int64_t nqt = ceil_div(tq, fq);
+  // bf16 products: K and V paired once per head where more than one query tile reads them (more than one tile of
+  // a head, or heads that share K and V), instead of once per tile that reads them.
+  Ctx cx = cx_in;
+  flash::PairedKv paired;
+  if (cx.bf16 && cx.fwd_rows() > flash::kSmallQ && (nqt > 1 || nb > 1)) {
+    paired = flash::pair_kv(cx, nb, threads);
+    cx.paired = &paired;
+  }
   const int64_t units = nb * nqt;
   const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, fk));
   // Work for the team size: the multiply-adds, or, where the rows are few (decoding), the K/V reads, each charged as

@@ -74,6 +74,21 @@ struct MaskView {
   }
 };
 
+// The bf16 forward's K and V as pair words, made once per kv head before the query tiles (each of which would
+// otherwise pair every key tile it reads again): K paired along d, Tk rows of ceil(Dk/2) words; V paired across
+// keys (2r, 2r + 1), ceil(Tk/2) rows of Dv words, the row past an odd Tk 0. kv[b]: batch b's head in them. The
+// words live in the calling thread's scratch (pair_kv), valid until its next call there.
+struct PairedKv {
+  const uint32_t* k = nullptr;
+  const uint32_t* v = nullptr;
+  std::vector<int64_t> kv;
+  int64_t k_words = 0, v_words = 0;  // words per head
+  int64_t dk2 = 0, dv = 0;
+  const uint32_t* k_rows(int64_t b, int64_t j) const { return k + kv[static_cast<size_t>(b)] * k_words + j * dk2; }
+  // Keys j.. (j even) as pair rows.
+  const uint32_t* v_pairs(int64_t b, int64_t j) const { return v + kv[static_cast<size_t>(b)] * v_words + j / 2 * dv; }
+};
+
 // What both passes share: inputs, sizes, the causal offset, the window, the soft cap and the microkernels.
 struct Ctx {
   const Kernels* kr = nullptr;
@@ -93,6 +108,7 @@ struct Ctx {
   // Precision kBFloat16 on a set with bf16 products: the forward's query tiles (all but decoding's few-query ones)
   // run Q·Kᵀ and P·V on bf16 pairs, P rounded to bf16 after the float32 softmax.
   bool bf16 = false;
+  const PairedKv* paired = nullptr;  // bf16: K and V paired once per head (null: each tile pairs its own)
   // Precision kBFloat16 in the backward (every set): P and dS rounded to bf16 before the dV, dK and dQ products,
   // as a bf16 FlashAttention backward does (its inputs are rounded by attention_flash_backward; scores, LSE,
   // delta and every accumulation stay float32).
@@ -197,6 +213,8 @@ struct BwdCtx {
 // The tile math (attention_flash_tiles.cpp, where each states its contract in full):
 // fwd_tile: the online softmax of query rows i0..i0+bq of batch b over keys [j_begin, j_end), leaving m, l, o in w.
 void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin, int64_t j_end, FwdWork& w);
+// pair_kv: K and V of the nb batches as PairedKv (each distinct head once), OpenMP over heads and rows.
+PairedKv pair_kv(const Ctx& cx, int64_t nb, int threads);
 // fwd_finish: out rows = o / l and lse from w (0 and -inf for a row that saw no key).
 void fwd_finish(const FwdWork& w, int64_t bq, int64_t dv, float* out, float* lse);
 // bwd_key_tile: dK, dV of key tile kt of batch b, and its share of dQ added into dq (Tq x Dk).

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "attention_flash_impl.h"
 #include "attention_flash_kernels.h"
 #include "lowp_impl.h"
+#include "scratch.h"
 
 namespace qkv::kernels::flash {
 namespace {
@@ -73,6 +76,42 @@ void pairs_across_rows(const Kernels& kr, const float* x, int64_t rs, int64_t ro
 // ---------------------------------------------------------------------------------------------------------------
 // Forward
 
+PairedKv pair_kv(const Ctx& cx, int64_t nb, int threads) {
+  const Kernels& kr = *cx.kr;
+  PairedKv p;
+  p.dk2 = ceil_div(cx.dk, 2);
+  p.dv = cx.dv;
+  p.k_words = cx.tk * p.dk2;
+  p.v_words = ceil_div(cx.tk, 2) * cx.dv;
+  // Batches that read one head (GQA under a mask: a group's query heads) share its pairs; a head is known by where
+  // its K and V begin.
+  std::vector<int64_t> first;  // a batch of each distinct head
+  std::map<std::pair<const float*, const float*>, int64_t> head_of;
+  p.kv.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const auto [it, added] = head_of.try_emplace({cx.k.at(b), cx.v.at(b)}, static_cast<int64_t>(first.size()));
+    if (added) first.push_back(b);
+    p.kv[static_cast<size_t>(b)] = it->second;
+  }
+  const int64_t heads = static_cast<int64_t>(first.size()), block = 64, blocks = ceil_div(cx.tk, block);
+  thread_local detail::Scratch k_scratch, v_scratch;
+  uint32_t* const k = k_scratch.get(heads * p.k_words);
+  uint32_t* const v = v_scratch.get(heads * p.v_words);
+  p.k = k;
+  p.v = v;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t it = 0; it < heads * blocks; ++it) {
+    const int64_t h = it / blocks, j0 = it % blocks * block, j1 = std::min(cx.tk, j0 + block);
+    const int64_t b = first[static_cast<size_t>(h)];
+    for (int64_t j = j0; j < j1; ++j)  // row by row: a paged cache's rows are not evenly spaced
+      pairs_along_rows(kr, cx.k.row(b, j), 0, 1, cx.dk, k + h * p.k_words + j * p.dk2, p.dk2);
+    for (int64_t j = j0; j < j1; j += 2)  // block is even: a pair never straddles two blocks
+      kr.pairs_of_rows(cx.v.row(b, j), j + 1 < cx.tk ? cx.v.row(b, j + 1) : nullptr, cx.dv,
+                       v + h * p.v_words + j / 2 * p.dv);
+  }
+  return p;
+}
+
 // Online softmax of query rows i0..i0+bq of batch b over keys [j_begin, j_end): leaves the running max m (log2
 // units), sum l and unnormalised output o (bq x Dv) in w.
 void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin, int64_t j_end, FwdWork& w) {
@@ -132,8 +171,9 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     if (small) {
       kr.dot_scores(qt, bq, dk, kj, cx.k.rs, n, st, ld);
     } else if (bf16) {
-      uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words)
-      pairs_along_rows(kr, kj, cx.k.rs, n, dk, k2, dk2);
+      const uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words)
+      if (cx.paired) k2 = cx.paired->k_rows(b, j0);
+      else pairs_along_rows(kr, kj, cx.k.rs, n, dk, w.k2.data(), dk2);
       GemmBf16 g;
       g.rows = n, g.cols = nc, g.depth = dk2;
       g.a = k2, g.a_rs = dk2, g.a_ks = 1;
@@ -171,9 +211,12 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     if (bf16) {  // P (rounded) as pairs along keys, the V tile likewise; then O = alpha·O + P·V on the pairs
       const int64_t n2 = ceil_div(n, 2);
       uint32_t* p2 = w.p2.data();
-      uint32_t* v2 = w.v2.data();
       pairs_across_rows(kr, st + c0, ld, n, qend - c0, p2 + c0, ld);
-      pairs_across_rows(kr, vj, cx.v.rs, n, dv, v2, dv);
+      // V's pairs of the head serve a tile that starts on an even key and ends on a pair (or at the last key,
+      // where the pair's other half is 0); any other tile pairs its own, so no key outside it takes part.
+      const uint32_t* v2 = w.v2.data();
+      if (cx.paired && j0 % 2 == 0 && (n % 2 == 0 || j0 + n == cx.tk)) v2 = cx.paired->v_pairs(b, j0);
+      else pairs_across_rows(kr, vj, cx.v.rs, n, dv, w.v2.data(), dv);
       GemmBf16 g;
       g.rows = qend - c0, g.cols = dv, g.depth = n2;
       g.a = p2 + c0, g.a_rs = 1, g.a_ks = ld;
