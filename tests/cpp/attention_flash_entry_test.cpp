@@ -12,6 +12,7 @@
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/attention_varlen.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv {
 namespace {
@@ -170,6 +171,48 @@ TEST(AttentionKvCache, PagedAndContiguousMatchFloat64OracleAndAppendInPlace) {
       }
       // Blocks no sequence owns stay as they were.
       if (paged) EXPECT_TRUE(NormClose(kc.select(0, 7).slice(0, 0, bs), testing::to_double(kc0.select(0, 7)), 0.0, "unowned"));
+    }
+  }
+}
+
+// bf16 with enough new queries for the paired path (K and V paired once per head, read through the block table):
+// pages of an odd and an even size, so that page boundaries cut key tiles at odd keys, with and without a window;
+// each sequence against the float64 oracle on its bf16-rounded q, k, v (the rounded P is the only difference).
+TEST(AttentionKvCache, Bf16PagedPrefillMatchesTheOracleOnRoundedInputs) {
+  const int64_t B = 2, hq = 4, hkv = 2, d = 24, tnew = 37;
+  const std::vector<int32_t> cached{11, 0};
+  for (int64_t bs : {5, 8}) {
+    const int64_t max_blocks = (cached[0] + tnew + bs - 1) / bs, blocks = B * max_blocks;
+    std::vector<int32_t> table;
+    for (int64_t i = 0; i < blocks; ++i) table.push_back(static_cast<int32_t>((i * 7 + 3) % blocks));
+    for (int64_t window : {-1, 6}) {
+      SCOPED_TRACE("page " + std::to_string(bs) + " window " + std::to_string(window));
+      Tensor kc = randn({blocks, bs, hkv, d}, 21), vc = randn({blocks, bs, hkv, d}, 22);
+      const Tensor q = randn({B, tnew, hq, d}, 23), kn = randn({B, tnew, hkv, d}, 24), vn = randn({B, tnew, hkv, d}, 25);
+      AttentionOptions o;
+      o.causal = Causal::kBottomRight;
+      o.window_left = window;
+      o.precision = Precision::kBFloat16;
+      const AttentionResult r = attention_with_kvcache(q, kc, vc, kn, vn, cached, table, max_blocks, o);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t tk = cached[static_cast<size_t>(b)] + tnew;
+        auto gather = [&](const Tensor& cache) {  // (Hkv, tk, D), rounded to bf16
+          std::vector<float> x(static_cast<size_t>(hkv * tk * d));
+          for (int64_t p = 0; p < tk; ++p) {
+            const int64_t row = table[static_cast<size_t>(b * max_blocks + p / bs)] * bs + p % bs;
+            for (int64_t h = 0; h < hkv; ++h)
+              for (int64_t c = 0; c < d; ++c)
+                x[static_cast<size_t>((h * tk + p) * d + c)] = cache.data()[(row * hkv + h) * d + c];
+          }
+          return round_to_bf16(Tensor::from_vector({hkv, tk, d}, x));
+        };
+        AttentionOptions so = o;
+        so.enable_gqa = true;
+        so.precision = Precision::kFloat32;
+        const Oracle ref = oracle(round_to_bf16(q.select(0, b).transpose(0, 1).contiguous()), gather(kc), gather(vc),
+                                  so, Tensor());
+        EXPECT_TRUE(NormClose(r.out.select(0, b).transpose(0, 1).contiguous(), ref.out, 1e-2, "out")) << "b " << b;
+      }
     }
   }
 }
