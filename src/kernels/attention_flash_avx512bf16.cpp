@@ -54,6 +54,11 @@ inline void micro(const GemmBf16& g, const uint32_t* a, const uint32_t* b, float
     a += a_ks;
     b += b_ks;
   }
+  if (!g.accumulate && g.scale != 1.0f) {
+    const __m512 s = _mm512_set1_ps(g.scale);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], s);
+  }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) {
       if (kTail && v == NV - 1) _mm512_mask_storeu_ps(c + r * g.c_rs + 16 * v, last, acc[r][v]);

@@ -179,9 +179,8 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       g.a = k2, g.a_rs = dk2, g.a_ks = 1;
       g.b = w.q2.data() + c0, g.b_ks = ld;
       g.c = sc, g.c_rs = ld;
+      g.scale = cx.c2;
       kr.gemm_bf16(g);
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < nc; ++i) sc[j * ld + i] *= cx.c2;
     } else {
       Gemm g;
       g.rows = n, g.cols = nc, g.depth = dk;
@@ -306,7 +305,7 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
     const float* qi = qb + i0 * cx.q.rs;
     const float* gi = gb + i0 * bx.d_out.rs;
     const int64_t bq2 = ceil_div(bq, 2);
-    if (pairs) {  // S = Q·Kᵀ, then scaled; dP = dO·Vᵀ
+    if (pairs) {  // S = Q·Kᵀ, scaled as it is stored; dP = dO·Vᵀ
       pairs_along_rows(kr, qi, cx.q.rs, bq, dk, w.q2.data(), dk2);
       pairs_along_rows(kr, gi, bx.d_out.rs, bq, dv, w.g2.data(), dv2);
       GemmBf16 g;
@@ -314,8 +313,9 @@ void bwd_key_tile(const Ctx& cx, const BwdCtx& bx, int64_t b, int64_t kt, float*
       g.a = w.q2.data(), g.a_rs = dk2, g.a_ks = 1;
       g.b = w.kt2.data(), g.b_ks = ld;
       g.c = w.s.data(), g.c_rs = ld;
+      g.scale = cx.c2;
       kr.gemm_bf16(g);
-      for (int64_t i = 0; i < bq * ld; ++i) w.s[static_cast<size_t>(i)] *= cx.c2;
+      g.scale = 1.0f;
       g.depth = dv2;
       g.a = w.g2.data(), g.a_rs = dv2;
       g.b = w.vt2.data();

@@ -134,11 +134,11 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
 namespace flash {
 void gemm_bf16_amx(const GemmBf16& g) {
   detail::amx_pairs_product<HardwareTiles>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c, g.c_rs,
-                                           g.row_scale, g.accumulate);
+                                           g.row_scale, g.accumulate, g.scale);
 }
 void gemm_bf16_amx_emulated(const GemmBf16& g) {
   detail::amx_pairs_product<detail::EmulatedTiles>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c,
-                                                   g.c_rs, g.row_scale, g.accumulate);
+                                                   g.c_rs, g.row_scale, g.accumulate, g.scale);
 }
 }  // namespace flash
 

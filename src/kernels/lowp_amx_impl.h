@@ -143,8 +143,8 @@ void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, 
 }
 
 // The fused attention's bf16 products (attention_flash_kernels.h GemmBf16) on the same tile unit:
-//   C(r, c) = (accumulate ? row_scale[r] C(r, c) : 0) + sum_k A(r, k) B(k, c),  r < rows, c < cols, k < depth words,
-//   A(r, k) = a[r a_rs + k a_ks], B(k, c) = b[k b_ks + c]   (row_scale null = 1).
+//   C(r, c) = accumulate ? row_scale[r] C(r, c) + sum_k A(r, k) B(k, c) : scale sum_k A(r, k) B(k, c),
+//   r < rows, c < cols, k < depth words, A(r, k) = a[r a_rs + k a_ks], B(k, c) = b[k b_ks + c] (row_scale null = 1).
 // A is copied into passes of 32 rows and B into panels of 32 columns, both zero-padded to whole tiles of 16 words
 // along k (so one tile configuration serves every shape, and A may be either layout), then each 32 x 32 block of C
 // is one pass of tile steps, added to C in float32. A's copy takes the walk's scratch (amx_scratch), B's its own.
@@ -153,7 +153,7 @@ thread_local Scratch amx_pairs_b;
 template <class Tiles>
 void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t* a, int64_t a_rs, int64_t a_ks,
                        const uint32_t* b, int64_t b_ks, float* c, int64_t c_rs, const float* row_scale,
-                       bool accumulate) {
+                       bool accumulate, float scale) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t kw = (max64(depth, 0) + kAmxWords - 1) / kAmxWords * kAmxWords;
   const int64_t passes = (rows + kAmxRows - 1) / kAmxRows, panels = (cols + kPanel - 1) / kPanel;
@@ -182,7 +182,7 @@ void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t
         const int64_t row = t * kAmxRows + r;
         float* y = c + row * c_rs + p * kPanel;
         const float s = row_scale != nullptr ? row_scale[row] : 1.0f;
-        for (int64_t l = 0; l < l_end; ++l) y[l] = accumulate ? s * y[l] + ct[r * kPanel + l] : ct[r * kPanel + l];
+        for (int64_t l = 0; l < l_end; ++l) y[l] = accumulate ? s * y[l] + ct[r * kPanel + l] : ct[r * kPanel + l] * scale;
       }
     }
   Tiles::end();
