@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "attention_flash_kernels.h"
@@ -77,8 +78,9 @@ struct MaskView {
 // The bf16 forward's K and V as pair words, made once per kv head before the query tiles (each of which would
 // otherwise pair every key tile it reads again): K paired along d, Tk rows of ceil(Dk/2) words; V paired across
 // keys (2r, 2r + 1), ceil(Tk/2) rows of Dv words, the row past an odd Tk 0. kv[b]: batch b's head in them. The
-// words live in the calling thread's scratch (pair_kv), valid until its next call there.
+// words live in buffers of the tensors' caching pool (qkv/core/storage_pool.h: reused by the next call, bounded).
 struct PairedKv {
+  std::shared_ptr<float> k_buf, v_buf;
   const uint32_t* k = nullptr;
   const uint32_t* v = nullptr;
   std::vector<int64_t> kv;

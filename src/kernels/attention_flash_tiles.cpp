@@ -9,7 +9,7 @@
 #include "attention_flash_impl.h"
 #include "attention_flash_kernels.h"
 #include "lowp_impl.h"
-#include "scratch.h"
+#include "qkv/core/storage_pool.h"
 
 namespace qkv::kernels::flash {
 namespace {
@@ -94,9 +94,10 @@ PairedKv pair_kv(const Ctx& cx, int64_t nb, int threads) {
     p.kv[static_cast<size_t>(b)] = it->second;
   }
   const int64_t heads = static_cast<int64_t>(first.size()), block = 64, blocks = ceil_div(cx.tk, block);
-  thread_local detail::Scratch k_scratch, v_scratch;
-  uint32_t* const k = k_scratch.get(heads * p.k_words);
-  uint32_t* const v = v_scratch.get(heads * p.v_words);
+  p.k_buf = storage_pool::allocate(heads * p.k_words);  // float-sized words, written and read as uint32_t only
+  p.v_buf = storage_pool::allocate(heads * p.v_words);
+  uint32_t* const k = reinterpret_cast<uint32_t*>(p.k_buf.get());
+  uint32_t* const v = reinterpret_cast<uint32_t*>(p.v_buf.get());
   p.k = k;
   p.v = v;
 #pragma omp parallel for schedule(static) num_threads(threads)

@@ -8,7 +8,6 @@
 #include <cstdlib>
 
 #include "qkv/kernels/lowp.h"
-#include "scratch.h"
 
 namespace qkv::kernels::detail {
 namespace {
@@ -28,6 +27,25 @@ struct Int8Out {
   int64_t blocks;
 };
 
+// A per-thread scratch buffer for the packed activation rows, grown with malloc, freed when its thread ends (a
+// thread of the caller's, not only OpenMP's, may run the products).
+struct Scratch {
+  uint32_t* p = nullptr;
+  int64_t size = 0;
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(p); }
+  uint32_t* get(int64_t words) {
+    if (words > size) {
+      std::free(p);
+      p = static_cast<uint32_t*>(std::malloc(static_cast<size_t>(words) * sizeof(uint32_t)));
+      size = p ? words : 0;
+      if (!p) std::abort();  // inside a parallel region nothing may throw; a few KB that cannot be had
+    }
+    return p;
+  }
+};
 thread_local Scratch packed_scratch;
 
 // Rows [m0, m1) of c over the view's columns [n0, n1): pack the activation rows (kPackedRows at a time), then for
