@@ -10,8 +10,9 @@ namespace qkv::kernels::flash {
 // One small matrix product on strided operands (all strides in elements of E):
 //   A(r, k) = a[r*a_rs + k*a_ks]   B(k, c) = b[k*b_ks + c]   C(r, c) = c[r*c_rs + c]
 //   C = accumulate ? row_scale[r] * C + sum_k A(r, k) * B(k, c) : scale * sum_k A(r, k) * B(k, c)
-// for r < rows, c < cols, k < depth; row_scale may be nullptr (= 1), scale is 1 but for GemmBf16. B's rows and C's rows are contiguous; A is read by broadcasts, so either of its
-// strides may be 1 (A or Aᵀ). Summation order over k is fixed: results never depend on threads.
+// for r < rows, c < cols, k < depth; row_scale may be nullptr (= 1), scale is 1 but for GemmBf16. B's rows and C's
+// rows are contiguous; A is read by broadcasts, so either of its strides may be 1 (A or Aᵀ). Summation order over k
+// is fixed: results never depend on threads.
 // Gemm: float32 operands. GemmBf16 (the precision kBFloat16 forward): a and b hold 32-bit words of two bfloat16
 // along k (low half: the even k), depth counts pairs, and A(r, k)·B(k, c) is the pair's two products; C stays float32.
 template <class E>

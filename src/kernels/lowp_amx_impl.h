@@ -182,7 +182,8 @@ void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t
         const int64_t row = t * kAmxRows + r;
         float* y = c + row * c_rs + p * kPanel;
         const float s = row_scale != nullptr ? row_scale[row] : 1.0f;
-        for (int64_t l = 0; l < l_end; ++l) y[l] = accumulate ? s * y[l] + ct[r * kPanel + l] : ct[r * kPanel + l] * scale;
+        for (int64_t l = 0; l < l_end; ++l)
+          y[l] = accumulate ? s * y[l] + ct[r * kPanel + l] : ct[r * kPanel + l] * scale;
       }
     }
   Tiles::end();

@@ -219,8 +219,9 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
                   " positions for the attention input ", str(x.shape()), cache ? " with a KV cache" : "");
   const std::shared_ptr<const RopeTable> angles =
       rope != nullptr ? rope
-                      : std::make_shared<const RopeTable>(positions != nullptr ? rope_table(*positions, d, k.rope_theta)
-                                                                               : rope_table(offset, t, d, k.rope_theta));
+                      : std::make_shared<const RopeTable>(positions != nullptr
+                                                              ? rope_table(*positions, d, k.rope_theta)
+                                                              : rope_table(offset, t, d, k.rope_theta));
   q = ad::rope(q, angles, RopeVariant::kHalfSplit);
   kk = ad::rope(kk, angles, RopeVariant::kHalfSplit);
   const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
@@ -339,9 +340,9 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   if (embed_scale_ != 1.0f) x = ad::scale(x, embed_scale_);
   // The rotary angles once for every layer (positions of the wrong count are refused by the first attention).
   const int64_t t = ids.shape[1];
-  const auto rope = std::make_shared<const RopeTable>(
-      positions != nullptr && static_cast<int64_t>(positions->size()) == t ? rope_table(*positions, head_dim_, rope_theta_)
-                                                                           : rope_table(offset, t, head_dim_, rope_theta_));
+  const bool given = positions != nullptr && static_cast<int64_t>(positions->size()) == t;
+  const auto rope = std::make_shared<const RopeTable>(given ? rope_table(*positions, head_dim_, rope_theta_)
+                                                            : rope_table(offset, t, head_dim_, rope_theta_));
   for (size_t i = 0; i < layers.size(); ++i)
     x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope);
   return norm.forward(c, x);

@@ -70,7 +70,8 @@ Tensor rope_apply(const Tensor& x, const RopeTable& tb, RopeVariant variant) {
   const Tensor xs = x.stride(-1) == 1 ? x : x.contiguous();
   const int64_t rows = x.numel() / D;
   std::vector<int64_t> at(static_cast<size_t>(rows));
-  const Shape lead(xs.shape().begin(), xs.shape().end() - 1), lead_strides(xs.strides().begin(), xs.strides().end() - 1);
+  const Shape lead(xs.shape().begin(), xs.shape().end() - 1);
+  const Shape lead_strides(xs.strides().begin(), xs.strides().end() - 1);
   for_each_offset(lead, lead_strides, [&](int64_t r, int64_t off) { at[static_cast<size_t>(r)] = off; });
   Tensor out = Tensor::empty(x.shape());
   const float* src = xs.data();

@@ -188,7 +188,8 @@ TEST(AttentionKvCache, Bf16PagedPrefillMatchesTheOracleOnRoundedInputs) {
     for (int64_t window : {-1, 6}) {
       SCOPED_TRACE("page " + std::to_string(bs) + " window " + std::to_string(window));
       Tensor kc = randn({blocks, bs, hkv, d}, 21), vc = randn({blocks, bs, hkv, d}, 22);
-      const Tensor q = randn({B, tnew, hq, d}, 23), kn = randn({B, tnew, hkv, d}, 24), vn = randn({B, tnew, hkv, d}, 25);
+      const Tensor q = randn({B, tnew, hq, d}, 23);
+      const Tensor kn = randn({B, tnew, hkv, d}, 24), vn = randn({B, tnew, hkv, d}, 25);
       AttentionOptions o;
       o.causal = Causal::kBottomRight;
       o.window_left = window;
