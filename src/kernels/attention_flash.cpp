@@ -267,9 +267,9 @@ static AttentionResult forward(const Ctx& cx_in, const Shape& batch, const Flash
   // a head, or heads that share K and V), instead of once per tile that reads them.
   Ctx cx = cx_in;
   flash::PairedKv paired;
-  if (cx.bf16 && cx.fwd_rows() > flash::kSmallQ && (nqt > 1 || nb > 1)) {
-    paired = flash::pair_kv(cx, nb, threads);
-    cx.paired = &paired;
+  if (cx.bf16 && cx.fwd_rows() > flash::kSmallQ) {
+    paired = flash::pair_kv(cx, nb, nqt, threads);
+    if (paired.k != nullptr) cx.paired = &paired;
   }
   const int64_t units = nb * nqt;
   const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, fk));

@@ -215,8 +215,9 @@ struct BwdCtx {
 // The tile math (attention_flash_tiles.cpp, where each states its contract in full):
 // fwd_tile: the online softmax of query rows i0..i0+bq of batch b over keys [j_begin, j_end), leaving m, l, o in w.
 void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin, int64_t j_end, FwdWork& w);
-// pair_kv: K and V of the nb batches as PairedKv (each distinct head once), OpenMP over heads and rows.
-PairedKv pair_kv(const Ctx& cx, int64_t nb, int threads);
+// pair_kv: K and V of the nb batches as PairedKv (each distinct head once), OpenMP over heads and rows, where a head
+// is read by more than one query tile (`tiles` per batch, or heads that batches share); otherwise none (k null).
+PairedKv pair_kv(const Ctx& cx, int64_t nb, int64_t tiles, int threads);
 // fwd_finish: out rows = o / l and lse from w (0 and -inf for a row that saw no key).
 void fwd_finish(const FwdWork& w, int64_t bq, int64_t dv, float* out, float* lse);
 // bwd_key_tile: dK, dV of key tile kt of batch b, and its share of dQ added into dq (Tq x Dk).

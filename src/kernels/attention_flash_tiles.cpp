@@ -76,7 +76,7 @@ void pairs_across_rows(const Kernels& kr, const float* x, int64_t rs, int64_t ro
 // ---------------------------------------------------------------------------------------------------------------
 // Forward
 
-PairedKv pair_kv(const Ctx& cx, int64_t nb, int threads) {
+PairedKv pair_kv(const Ctx& cx, int64_t nb, int64_t tiles, int threads) {
   const Kernels& kr = *cx.kr;
   PairedKv p;
   p.dk2 = ceil_div(cx.dk, 2);
@@ -94,6 +94,7 @@ PairedKv pair_kv(const Ctx& cx, int64_t nb, int threads) {
     p.kv[static_cast<size_t>(b)] = it->second;
   }
   const int64_t heads = static_cast<int64_t>(first.size()), block = 64, blocks = ceil_div(cx.tk, block);
+  if (tiles <= 1 && heads == nb) return PairedKv{};  // each key tile would be paired once either way
   p.k_buf = storage_pool::allocate(heads * p.k_words);  // float-sized words, written and read as uint32_t only
   p.v_buf = storage_pool::allocate(heads * p.v_words);
   uint32_t* const k = reinterpret_cast<uint32_t*>(p.k_buf.get());

@@ -175,11 +175,12 @@ TEST(AttentionKvCache, PagedAndContiguousMatchFloat64OracleAndAppendInPlace) {
   }
 }
 
-// bf16 with enough new queries for the paired path (K and V paired once per head, read through the block table):
-// pages of an odd and an even size, so that page boundaries cut key tiles at odd keys, with and without a window;
-// each sequence against the float64 oracle on its bf16-rounded q, k, v (the rounded P is the only difference).
+// bf16 with enough new queries for the paired path (a group's 4 x 131 stacked query rows make two query tiles, so K
+// and V are paired once per head, read through the block table): pages of an odd and an even size, so that page
+// boundaries cut key tiles at odd keys, with and without a window; each sequence against the float64 oracle on its
+// bf16-rounded q, k, v (the rounded P is the only difference).
 TEST(AttentionKvCache, Bf16PagedPrefillMatchesTheOracleOnRoundedInputs) {
-  const int64_t B = 2, hq = 4, hkv = 2, d = 24, tnew = 37;
+  const int64_t B = 2, hq = 8, hkv = 2, d = 24, tnew = 131;
   const std::vector<int32_t> cached{11, 0};
   for (int64_t bs : {5, 8}) {
     const int64_t max_blocks = (cached[0] + tnew + bs - 1) / bs, blocks = B * max_blocks;
