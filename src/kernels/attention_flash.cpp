@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "attention_flash_impl.h"
@@ -194,7 +195,7 @@ int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
 
 const char* flash_isa_name(FlashIsa isa) { return pick(isa).name; }
 
-static AttentionResult forward(const Ctx& cx, const Shape& batch, const FlashConfig& config);
+static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& config);
 
 AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const AttentionOptions& options, const Shape& batch, float scale,
@@ -207,7 +208,7 @@ AttentionResult attention_flash_forward(const Tensor& q, const Tensor& k, const 
   o.enable_gqa = false;  // k's heads now match kv_batch
   Ctx cx = make_ctx(stack_heads(q, batch, group), k, v, o, kv_batch, scale, config);
   cx.qdiv = group;
-  AttentionResult r = forward(cx, kv_batch, config);
+  AttentionResult r = forward(std::move(cx), kv_batch, config);
   r.out = unstack_heads(r.out, batch, group, tq);
   r.lse = unstack_heads(r.lse.unsqueeze(-1), batch, group, tq).squeeze(-1);
   return r;
@@ -239,7 +240,7 @@ AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv
     x->page_rows = kv.k_cache.size(1);
     x->page_stride = kv.k_cache.stride(0);
   }
-  AttentionResult r = forward(cx, batch, config);
+  AttentionResult r = forward(std::move(cx), batch, config);
   if (stack) {
     r.out = unstack_heads(r.out, Shape{hq}, group, q.size(1));
     r.lse = unstack_heads(r.lse.unsqueeze(-1), Shape{hq}, group, q.size(1)).squeeze(-1);
@@ -247,8 +248,9 @@ AttentionResult attention_flash_forward_paged(const Tensor& q, const KvPages& kv
   return r;
 }
 
-static AttentionResult forward(const Ctx& cx_in, const Shape& batch, const FlashConfig& config) {
-  const int64_t nb = shape_numel(batch), tq = cx_in.tq, dv = cx_in.dv;
+// cx by value: the bf16 pairs of K and V are made here and pointed to from it.
+static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& config) {
+  const int64_t nb = shape_numel(batch), tq = cx.tq, dv = cx.dv;
   Shape out_shape = batch, lse_shape = batch;
   out_shape.push_back(tq);
   out_shape.push_back(dv);
@@ -261,11 +263,10 @@ static AttentionResult forward(const Ctx& cx_in, const Shape& batch, const Flash
   float* lse = r.lse.data();
 
   const int threads = thread_count(config);
-  const int64_t fq = cx_in.fq, fk = cx_in.fk;
+  const int64_t fq = cx.fq, fk = cx.fk;
   const int64_t nqt = ceil_div(tq, fq);
   // bf16 products: K and V paired once per head where more than one query tile reads them (more than one tile of
   // a head, or heads that share K and V), instead of once per tile that reads them.
-  Ctx cx = cx_in;
   flash::PairedKv paired;
   if (cx.bf16 && cx.fwd_rows() > flash::kSmallQ) {
     paired = flash::pair_kv(cx, nb, nqt, threads);

@@ -80,15 +80,18 @@ struct MaskView {
 // keys (2r, 2r + 1), ceil(Tk/2) rows of Dv words, the row past an odd Tk 0. kv[b]: batch b's head in them. The
 // words live in buffers of the tensors' caching pool (qkv/core/storage_pool.h: reused by the next call, bounded).
 struct PairedKv {
-  std::shared_ptr<float> k_buf, v_buf;
-  const uint32_t* k = nullptr;
-  const uint32_t* v = nullptr;
+  std::shared_ptr<float> k, v;  // float-sized buffers holding the words (none: nothing paired)
   std::vector<int64_t> kv;
   int64_t k_words = 0, v_words = 0;  // words per head
   int64_t dk2 = 0, dv = 0;
-  const uint32_t* k_rows(int64_t b, int64_t j) const { return k + kv[static_cast<size_t>(b)] * k_words + j * dk2; }
+  static uint32_t* words(const std::shared_ptr<float>& buf) { return reinterpret_cast<uint32_t*>(buf.get()); }
+  const uint32_t* k_rows(int64_t b, int64_t j) const {
+    return words(k) + kv[static_cast<size_t>(b)] * k_words + j * dk2;
+  }
   // Keys j.. (j even) as pair rows.
-  const uint32_t* v_pairs(int64_t b, int64_t j) const { return v + kv[static_cast<size_t>(b)] * v_words + j / 2 * dv; }
+  const uint32_t* v_pairs(int64_t b, int64_t j) const {
+    return words(v) + kv[static_cast<size_t>(b)] * v_words + j / 2 * dv;
+  }
 };
 
 // What both passes share: inputs, sizes, the causal offset, the window, the soft cap and the microkernels.

@@ -95,12 +95,10 @@ PairedKv pair_kv(const Ctx& cx, int64_t nb, int64_t tiles, int threads) {
   }
   const int64_t heads = static_cast<int64_t>(first.size()), block = 64, blocks = ceil_div(cx.tk, block);
   if (tiles <= 1 && heads == nb) return PairedKv{};  // each key tile would be paired once either way
-  p.k_buf = storage_pool::allocate(heads * p.k_words);  // float-sized words, written and read as uint32_t only
-  p.v_buf = storage_pool::allocate(heads * p.v_words);
-  uint32_t* const k = reinterpret_cast<uint32_t*>(p.k_buf.get());
-  uint32_t* const v = reinterpret_cast<uint32_t*>(p.v_buf.get());
-  p.k = k;
-  p.v = v;
+  p.k = storage_pool::allocate(heads * p.k_words);  // float-sized words, written and read as uint32_t only
+  p.v = storage_pool::allocate(heads * p.v_words);
+  uint32_t* const k = PairedKv::words(p.k);
+  uint32_t* const v = PairedKv::words(p.v);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t it = 0; it < heads * blocks; ++it) {
     const int64_t h = it / blocks, j0 = it % blocks * block, j1 = std::min(cx.tk, j0 + block);

@@ -269,31 +269,14 @@ Var rope(const Var& x, std::shared_ptr<const RopeTable> table, RopeVariant varia
   });
 }
 
-namespace {
-
-// The arguments as rope_apply would check them, before the table is made (whose own errors say rope_table).
-void check_rope_input(const Var& x, float base) {
-  detail::check_defined(x, "rope", "x");
-  QKV_CHECK_ARG(x.dim() >= 2, "[rope_apply] x ", str(x.shape()), " must be (..., T, D) with rank >= 2");
-  QKV_CHECK_ARG(x.size(-1) >= 2 && x.size(-1) % 2 == 0, "[rope_apply] x ", str(x.shape()),
-                " must have an even, positive last dimension D");
-  QKV_CHECK_ARG(std::isfinite(base) && base > 0.0f, "[rope_apply] base must be finite and > 0, got ", base);
-}
-
-}  // namespace
-
 Var rope(const Var& x, int64_t offset, float base, RopeVariant variant) {
-  check_rope_input(x, base);
-  QKV_CHECK_ARG(offset >= 0, "[rope_apply] offset must be >= 0, got ", offset);
-  return rope(x, std::make_shared<const RopeTable>(rope_table(offset, x.size(-2), x.size(-1), base)), variant);
+  detail::check_defined(x, "rope", "x");
+  return rope(x, std::make_shared<const RopeTable>(rope_table_for(x.value, offset, base)), variant);
 }
 
 Var rope(const Var& x, const std::vector<int64_t>& positions, float base, RopeVariant variant) {
-  check_rope_input(x, base);
-  QKV_CHECK_ARG(static_cast<int64_t>(positions.size()) == x.size(-2), "[rope_apply] got ", positions.size(),
-                " positions for x ", str(x.shape()), " (need one per row T = ", x.size(-2), ")");
-  for (int64_t p : positions) QKV_CHECK_ARG(p >= 0, "[rope_apply] positions must be >= 0, got ", p);
-  return rope(x, std::make_shared<const RopeTable>(rope_table(positions, x.size(-1), base)), variant);
+  detail::check_defined(x, "rope", "x");
+  return rope(x, std::make_shared<const RopeTable>(rope_table_for(x.value, positions, base)), variant);
 }
 
 Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_t max_distance,

@@ -100,17 +100,24 @@ Tensor rope_apply(const Tensor& x, const RopeTable& tb, RopeVariant variant) {
   return out;
 }
 
-Tensor rope_apply(const Tensor& x, int64_t offset, float base, RopeVariant variant) {
+RopeTable rope_table_for(const Tensor& x, int64_t offset, float base) {
   check_x(x);
-  return rope_apply(x, make_table(consecutive(offset, x.size(-2), "rope_apply"), x.size(-1), base, "rope_apply"),
-                    variant);
+  return make_table(consecutive(offset, x.size(-2), "rope_apply"), x.size(-1), base, "rope_apply");
 }
 
-Tensor rope_apply(const Tensor& x, const std::vector<int64_t>& positions, float base, RopeVariant variant) {
+RopeTable rope_table_for(const Tensor& x, const std::vector<int64_t>& positions, float base) {
   check_x(x);
   QKV_CHECK_ARG(static_cast<int64_t>(positions.size()) == x.size(-2), "[rope_apply] got ", positions.size(),
                 " positions for x ", str(x.shape()), " (need one per row T = ", x.size(-2), ")");
-  return rope_apply(x, make_table(positions, x.size(-1), base, "rope_apply"), variant);
+  return make_table(positions, x.size(-1), base, "rope_apply");
+}
+
+Tensor rope_apply(const Tensor& x, int64_t offset, float base, RopeVariant variant) {
+  return rope_apply(x, rope_table_for(x, offset, base), variant);
+}
+
+Tensor rope_apply(const Tensor& x, const std::vector<int64_t>& positions, float base, RopeVariant variant) {
+  return rope_apply(x, rope_table_for(x, positions, base), variant);
 }
 
 }  // namespace qkv

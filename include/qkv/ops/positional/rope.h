@@ -39,5 +39,9 @@ RopeTable rope_table(int64_t offset, int64_t rows, int64_t dim, float base = 100
 // x: (..., T, D) with T == table.rows, D == table.dim  ->  rotated copy, contiguous; x may be strided (the rows of a
 // permuted view are read in place).
 Tensor rope_apply(const Tensor& x, const RopeTable& table, RopeVariant variant = RopeVariant::kHalfSplit);
+// The table rope_apply(x, offset | positions, base) rotates x with, x and the arguments checked as there (errors
+// named rope_apply): for a caller that keeps the table (the autograd op, for its backward).
+RopeTable rope_table_for(const Tensor& x, int64_t offset, float base);
+RopeTable rope_table_for(const Tensor& x, const std::vector<int64_t>& positions, float base);
 
 }  // namespace qkv
