@@ -205,13 +205,22 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
 
 ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                                 const std::vector<int64_t>* positions,
-                                const std::shared_ptr<const RopeTable>& rope) const {
+                                const std::shared_ptr<const RopeTable>& rope, int64_t last) const {
   const LlamaConfig& k = config_;
   QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == k.hidden_size, "[llama] attention input ", str(x.shape()),
                 " must be (B, T, ", k.hidden_size, ")");
   const int64_t b = x.size(0), t = x.size(1), d = k.head_dim, hkv = k.num_key_value_heads;
+  QKV_CHECK_ARG(last >= 0, "[llama] last must be >= 0, got ", last, " for the attention input ", str(x.shape()));
+  const nn::SequenceShard* shard = c.sequence_shard();
+  // The queries of the last tq rows (all by default): causal and window masks are aligned bottom-right, so those
+  // rows see the keys they see in the full product.
+  const int64_t tq = last > 0 && last < t ? last : t;
+  QKV_CHECK_ARG(shard == nullptr || tq == t, "[llama] the last ", last, " rows of the attention input ",
+                str(x.shape()), " under context parallelism (every shard's queries run around the ring)");
   // (B, T, H·D) -> (B, H, T, D)
-  ad::Var q = ad::permute(ad::reshape(q_proj.forward(c, x), {b, t, k.num_attention_heads, d}), {0, 2, 1, 3});
+  ad::Var q = ad::permute(
+      ad::reshape(q_proj.forward(c, tq < t ? ad::slice(x, 1, t - tq, t) : x), {b, tq, k.num_attention_heads, d}),
+      {0, 2, 1, 3});
   ad::Var kk = ad::permute(ad::reshape(k_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
   if (positions != nullptr)
@@ -222,7 +231,8 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
                       : std::make_shared<const RopeTable>(positions != nullptr
                                                               ? rope_table(*positions, d, k.rope_theta)
                                                               : rope_table(offset, t, d, k.rope_theta));
-  q = ad::rope(q, angles, RopeVariant::kHalfSplit);
+  q = ad::rope(q, tq < t ? std::make_shared<const RopeTable>(rope_table_rows(*angles, t - tq, tq)) : angles,
+               RopeVariant::kHalfSplit);
   kk = ad::rope(kk, angles, RopeVariant::kHalfSplit);
   const float scale = k.attention_scale > 0.0f ? k.attention_scale : 1.0f / std::sqrt(static_cast<float>(d));
   AttentionOptions o =
@@ -241,18 +251,17 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
       const Tensor out = attention_with_kvcache(q.value.transpose(1, 2), kp, vp, Tensor(), Tensor(), lens,
                                                 cache->block_table(), cache->max_pages(), o)
                              .out;
-      return o_proj.forward(c, ad::Var(out.reshape({b, t, k.num_attention_heads * d})));
+      return o_proj.forward(c, ad::Var(out.reshape({b, tq, k.num_attention_heads * d})));
     }
     kk = ad::Var(cache->keys());
     v = ad::Var(cache->values());
   }
   o.enable_gqa = q.size(1) != kk.size(1);
-  const nn::SequenceShard* shard = c.sequence_shard();
   QKV_CHECK_ARG(shard == nullptr || !sliding_, "[llama] sliding_window ", k.sliding_window, " with the input ",
                 str(x.shape()), ": context parallelism (ring attention) has no sliding window; use sliding_window 0");
   const ad::Var out = shard != nullptr ? shard->attention(q, kk, v, o) : ad::attention(q, kk, v, o);
   // (B, Hq, T, D) -> (B, T, Hq·D)
-  return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 2, 1, 3}), {b, t, k.num_attention_heads * d}));
+  return o_proj.forward(c, ad::reshape(ad::permute(out, {0, 2, 1, 3}), {b, tq, k.num_attention_heads * d}));
 }
 
 LlamaMlp::LlamaMlp(const LlamaConfig& c, Rng& rng)
@@ -296,13 +305,15 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, int64_t layer, Rng& r
 
 ad::Var LlamaDecoderLayer::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                                    const std::vector<int64_t>* positions,
-                                   const std::shared_ptr<const RopeTable>& rope) const {
-  ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions, rope);
+                                   const std::shared_ptr<const RopeTable>& rope, int64_t last) const {
+  const ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions, rope, last);
+  const int64_t t = x.size(1);
+  const ad::Var r = h.size(1) < t ? ad::slice(x, 1, t - h.size(1), t) : x;  // the residual of the rows it gave
   if (sandwich_) {
-    const ad::Var y = ad::add(x, post_attention_layernorm.forward(c, h));
+    const ad::Var y = ad::add(r, post_attention_layernorm.forward(c, h));
     return ad::add(y, post_feedforward_layernorm->forward(c, mlp.forward(c, pre_feedforward_layernorm->forward(c, y))));
   }
-  const ad::Var y = ad::add(x, h);
+  const ad::Var y = ad::add(r, h);
   return ad::add(y, mlp.forward(c, post_attention_layernorm.forward(c, y)));
 }
 
@@ -322,7 +333,7 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
 }
 
 ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
-                            const std::vector<int64_t>* positions) const {
+                            const std::vector<int64_t>* positions, int64_t last) const {
   QKV_CHECK_ARG(ids.shape.size() == 2 && ids.shape[0] > 0 && ids.shape[1] > 0 &&
                     static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1],
                 "[llama] ids ", str(ids.shape), " must be a non-empty (B, T) holding B·T values, got ",
@@ -343,8 +354,10 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   const bool given = positions != nullptr && static_cast<int64_t>(positions->size()) == t;
   const auto rope = std::make_shared<const RopeTable>(given ? rope_table(*positions, head_dim_, rope_theta_)
                                                             : rope_table(offset, t, head_dim_, rope_theta_));
+  QKV_CHECK_ARG(last >= 0, "[llama] last must be >= 0, got ", last, " for ids ", str(ids.shape));
   for (size_t i = 0; i < layers.size(); ++i)
-    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope);
+    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope,
+                           i + 1 == layers.size() ? last : 0);
   return norm.forward(c, x);
 }
 
@@ -359,7 +372,8 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Rng& rng) : model(c, rn
 ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
                                   int64_t logits_to_keep, const std::vector<int64_t>* positions) const {
   QKV_CHECK_ARG(logits_to_keep >= 0, "[llama] logits_to_keep must be >= 0, got ", logits_to_keep);
-  ad::Var h = model.forward(c, ids, caches, positions);
+  // The last layer's queries, residual and MLP on the kept rows only (all rows run around a shard's ring).
+  ad::Var h = model.forward(c, ids, caches, positions, c.sequence_shard() == nullptr ? logits_to_keep : 0);
   const int64_t t = h.size(1);
   if (logits_to_keep > 0 && logits_to_keep < t) h = ad::slice(h, 1, t - logits_to_keep, t);
   ad::Var logits = lm_head ? lm_head->forward(c, h) : ad::linear(h, c.param(model.embed_tokens.weight));

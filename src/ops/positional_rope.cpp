@@ -59,6 +59,15 @@ RopeTable rope_table(int64_t offset, int64_t rows, int64_t dim, float base) {
   return make_table(consecutive(offset, rows, "rope_table"), dim, base, "rope_table");
 }
 
+RopeTable rope_table_rows(const RopeTable& tb, int64_t first, int64_t rows) {
+  const int64_t half = tb.dim / 2;
+  QKV_CHECK_ARG(first >= 0 && rows >= 0 && first + rows <= tb.rows, "[rope_table_rows] rows ", first, " .. ",
+                first + rows, " of a table of ", tb.rows, " positions");
+  const int64_t from = first * half, to = (first + rows) * half;
+  return RopeTable{rows, tb.dim, std::vector<float>(tb.cos.begin() + from, tb.cos.begin() + to),
+                   std::vector<float>(tb.sin.begin() + from, tb.sin.begin() + to)};
+}
+
 Tensor rope_apply(const Tensor& x, const RopeTable& tb, RopeVariant variant) {
   check_x(x);
   const int64_t T = x.size(-2), D = x.size(-1), half = D / 2;

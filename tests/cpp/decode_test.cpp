@@ -581,20 +581,47 @@ TEST(LlamaDecoding, PagedCacheFollowsTheBf16Precision) {
 }
 
 // logits_to_keep = n: the last n positions of the full logits (tied and untied heads, final soft-cap); 0 and n >= T
-// give them all; a negative n is named.
+// give them all; a negative n is named. The last layer then runs its queries, residual and MLP on those n rows only:
+// with the last layer windowed too, and after a cached prefix (contiguous and paged caches), where the caches must
+// still take every row's keys and values (the next step's logits equal the full forward's).
 TEST(LlamaDecoding, LogitsToKeepAreTheLastRowsOfTheFullLogits) {
-  for (bool gemma : {false, true}) {
+  const auto columns = [](const Ids& ids, int64_t from, int64_t to) {
+    Ids out{{}, {ids.shape[0], to - from}};
+    for (int64_t r = 0; r < ids.shape[0]; ++r)
+      for (int64_t t = from; t < to; ++t) out.data.push_back(ids.data[static_cast<size_t>(r * ids.shape[1] + t)]);
+    return out;
+  };
+  for (int kind : {0, 1, 2}) {  // llama; gemma 2 (layer 0 windowed, soft-caps); gemma 2 with both layers windowed
+    models::LlamaConfig config = tiny_llama(kind > 0);
+    if (kind == 2) config.layer_sliding = {true, true};
     Rng rng(8);
-    const models::LlamaForCausalLM model(tiny_llama(gemma), rng);
+    const models::LlamaForCausalLM model(config, rng);
     const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9, 5}, {2, 5}};
     const Tensor full = model.logits(ids);  // (2, 5, V)
     for (int64_t n : {1, 2, 4}) {
       const Tensor kept = model.forward(nn::Context(), ids, nullptr, n).value;
       ASSERT_EQ(kept.shape(), (Shape{2, n, full.size(2)})) << n;
-      EXPECT_TRUE(AllClose(kept, full.slice(1, 5 - n, 5), qkv::testing::Tol{1e-6, 1e-6})) << "gemma " << gemma << " n " << n;
+      EXPECT_TRUE(AllClose(kept, full.slice(1, 5 - n, 5), qkv::testing::Tol{1e-6, 1e-6})) << "kind " << kind << " n " << n;
+      EXPECT_EQ(model.model.forward(nn::Context(), ids, nullptr, nullptr, n).value.shape(), (Shape{2, n, 16}));
     }
     for (int64_t n : {0, 5, 9}) EXPECT_EQ(model.forward(nn::Context(), ids, nullptr, n).value.shape(), full.shape());
     EXPECT_TRUE(ThrowsArg([&] { model.forward(nn::Context(), ids, nullptr, -1); }, "[llama] logits_to_keep"));
+    EXPECT_TRUE(ThrowsArg([&] { model.model.forward(nn::Context(), ids, nullptr, nullptr, -2); }, "[llama] last"));
+
+    const Ids longer{{3, 7, 1, 19, 4, 6, 4, 11, 2, 9, 5, 8}, {2, 6}};
+    const Tensor whole = model.logits(longer);  // (2, 6, V)
+    for (int64_t page : {0, 2})
+      for (int64_t n : {1, 2}) {
+        std::vector<nn::KvCache> caches = model.new_caches(2, 2, page);
+        model.forward(nn::Context(), columns(longer, 0, 2), &caches, 1);
+        const Tensor kept = model.forward(nn::Context(), columns(longer, 2, 5), &caches, n).value;
+        EXPECT_TRUE(AllClose(kept, whole.slice(1, 5 - n, 5), qkv::testing::Tol{1e-5, 1e-5}))
+            << "kind " << kind << " page " << page << " n " << n;
+        EXPECT_EQ(caches[1].length(), 5);
+        const Tensor step = model.forward(nn::Context(), columns(longer, 5, 6), &caches).value;
+        EXPECT_TRUE(AllClose(step, whole.slice(1, 5, 6), qkv::testing::Tol{1e-5, 1e-5}))
+            << "kind " << kind << " page " << page << " n " << n;
+      }
   }
 }
 

@@ -140,6 +140,15 @@ TEST(Rope, OneTableRotatesEveryTensorOfItsPositions) {
   // Consecutive positions: the offset form.
   EXPECT_TRUE(AllClose(rope_apply(randn({3, 4, 8}, 109), rope_table(5, 4, 8)), rope_apply(randn({3, 4, 8}, 109), 5),
                        kExact));
+  // Rows of a table (a model's last queries): the table of those positions.
+  const RopeTable rows = rope_table_rows(table, 2, 3);
+  EXPECT_EQ(rows.rows, 3);
+  EXPECT_EQ(rows.dim, 6);
+  EXPECT_EQ(rows.cos, rope_table(std::vector<int64_t>{4, 4, 31}, 6, 500.0f).cos);
+  EXPECT_EQ(rows.sin, rope_table(std::vector<int64_t>{4, 4, 31}, 6, 500.0f).sin);
+  EXPECT_EQ(rope_table_rows(table, 5, 0).rows, 0);
+  EXPECT_TRUE(ThrowsArg([&] { rope_table_rows(table, 3, 3); }, "[rope_table_rows] rows 3 .. 6 of a table of 5"));
+  EXPECT_TRUE(ThrowsArg([&] { rope_table_rows(table, -1, 2); }, "[rope_table_rows]"));
   // A table of other positions or another D is refused, naming both shapes.
   EXPECT_TRUE(ThrowsArg([&] { rope_apply(Tensor::zeros({2, 4, 6}), table); }, "[rope_apply]"));
   EXPECT_TRUE(ThrowsArg([&] { rope_apply(Tensor::zeros({5, 8}), table); }, "5 positions x D 6"));

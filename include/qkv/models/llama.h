@@ -78,9 +78,12 @@ class LlamaAttention : public nn::Module {
   // are the global ones and the attention runs through the shard, across the processes; no cache then).
   // rope: the angles of those positions (rope_table with D = head_dim, base rope_theta), made once by the model for
   // all its layers; null: made here.
+  // last: 0, or n > 0 for the outputs of x's last min(n, T) rows only (B, n, E): the keys and values of every row
+  // go to the attention (and the cache), the queries of those rows only (a prefill's last layer, whose other rows
+  // no logit reads). Not under a sequence shard.
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                   const std::vector<int64_t>* positions = nullptr,
-                  const std::shared_ptr<const RopeTable>& rope = nullptr) const;
+                  const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0) const;
 
   nn::Linear q_proj, k_proj, v_proj, o_proj;
 
@@ -108,9 +111,10 @@ class LlamaMlp : public nn::Module {
 class LlamaDecoderLayer : public nn::Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, int64_t layer, Rng& rng);
+  // last: as LlamaAttention's; the residual stream and the MLP then run on those rows only.
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                   const std::vector<int64_t>* positions = nullptr,
-                  const std::shared_ptr<const RopeTable>& rope = nullptr) const;
+                  const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0) const;
 
   LlamaAttention self_attn;
   LlamaMlp mlp;
@@ -129,8 +133,10 @@ class LlamaModel : public nn::Module {
   LlamaModel(const LlamaConfig& config, Rng& rng);
   // ids (B, T) -> final hidden states (B, T, E). caches: null, or one per layer (all of the same length).
   // positions: as LlamaAttention's (required under c.sequence_shard(), with no caches).
+  // last: 0, or n > 0 for the hidden states of the last min(n, T) positions only (B, n, E): the last layer runs its
+  // queries, residual and MLP on those rows (every layer's keys and values still cover all T). Not under a shard.
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
-                  const std::vector<int64_t>* positions = nullptr) const;
+                  const std::vector<int64_t>* positions = nullptr, int64_t last = 0) const;
 
   nn::Embedding embed_tokens;
   std::vector<std::unique_ptr<LlamaDecoderLayer>> layers;
@@ -152,7 +158,8 @@ class LlamaForCausalLM : public nn::Module {
   // reset for B rows (new_caches): positions continue from the caches' length, which grows by T.
   // Records its backward when `c` trains (caches are for inference only).
   // logits_to_keep (HF's name): 0 = logits at every position; n > 0 = at the last min(n, T) positions only, so a
-  // prompt's prefill runs the (E x V) head on one row instead of T.
+  // prompt's prefill runs the (E x V) head on one row instead of T, and the last layer its queries, o_proj and MLP
+  // on those rows (LlamaModel's `last`; not under a sequence shard).
   // positions: optional, the T global positions of the ids' columns under context parallelism (c.sequence_shard():
   // ids hold this process's positions, and every attention runs around the ring); default 0 .. T-1.
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr,

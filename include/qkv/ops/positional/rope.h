@@ -36,6 +36,8 @@ struct RopeTable {
 // D even and positive, base > 0 and finite, positions >= 0 (offset: positions offset .. offset + T - 1).
 RopeTable rope_table(const std::vector<int64_t>& positions, int64_t dim, float base = 10000.0f);
 RopeTable rope_table(int64_t offset, int64_t rows, int64_t dim, float base = 10000.0f);
+// Rows first .. first + rows - 1 of a table (the queries of a model's last rows), the same values.
+RopeTable rope_table_rows(const RopeTable& table, int64_t first, int64_t rows);
 // x: (..., T, D) with T == table.rows, D == table.dim  ->  rotated copy, contiguous; x may be strided (the rows of a
 // permuted view are read in place).
 Tensor rope_apply(const Tensor& x, const RopeTable& table, RopeVariant variant = RopeVariant::kHalfSplit);
