@@ -188,11 +188,8 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   }
   EXPECT_EQ(kernels::active_isa(), want);
   // The fused attention's sets: AVX512-VNNI and AVX-VNNI add nothing there (their sets are avx512's and avx2's),
-  // AVX512-BF16 adds the bf16 products.
-  const Isa flash = want == Isa::kAvx512Vnni ? Isa::kAvx512
-                    : want == Isa::kAvx2Vnni  ? Isa::kAvx2
-                    : want == Isa::kAmx       ? Isa::kAvx512Bf16
-                                              : want;
+  // AVX512-BF16 adds the bf16 products, AMX puts them on tiles (the amx set).
+  const Isa flash = want == Isa::kAvx512Vnni ? Isa::kAvx512 : want == Isa::kAvx2Vnni ? Isa::kAvx2 : want;
   EXPECT_EQ(std::string(kernels::flash_isa_name(kernels::FlashIsa::kAuto)), kernels::isa_name(flash));
   if (want < Isa::kAvx512) {
     EXPECT_EQ(std::string(kernels::sgemm_backend()), "openblas");

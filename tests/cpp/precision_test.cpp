@@ -134,9 +134,11 @@ TEST(Bf16Kernels, RoundToNearestEvenOnEveryPathMatchesOracle) {
   for (size_t i = 0; i < big.size(); ++i) want[i] = bf16_oracle(big[i]);
   kernels::bf16_round(big.data(), big.data(), static_cast<int64_t>(big.size()));
   for (size_t i = 0; i < big.size(); ++i) ASSERT_TRUE(same_value(big[i], want[i])) << i;
-  const bool packed = kernels::active_isa() >= Isa::kAvx512Bf16;
-  EXPECT_EQ(std::string(kernels::lowp_paths().bf16).rfind(packed ? "avx512bf16 vdpbf16ps" : "converting", 0), 0u)
-      << kernels::lowp_paths().bf16;
+  const Isa isa = kernels::active_isa();
+  const char* path = isa >= Isa::kAmx          ? "amx tdpbf16ps"
+                     : isa >= Isa::kAvx512Bf16 ? "avx512bf16 vdpbf16ps"
+                                               : "converting";
+  EXPECT_EQ(std::string(kernels::lowp_paths().bf16).rfind(path, 0), 0u) << kernels::lowp_paths().bf16;
 }
 
 // Random (rows, cols), quantized per row (weights) or per row and block of 64 columns (activations).
