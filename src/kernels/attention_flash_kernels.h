@@ -76,5 +76,7 @@ const Kernels& amx_kernels();
 const Kernels& amx_emulated_kernels();
 void gemm_bf16_amx(const GemmBf16& g);
 void gemm_bf16_amx_emulated(const GemmBf16& g);
+// The same walk over the emulated tile unit with plain-loop copies and stores (any CPU; lowp.cpp): their reference.
+void gemm_bf16_amx_reference(const GemmBf16& g);
 
 }  // namespace qkv::kernels::flash

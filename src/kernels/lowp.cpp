@@ -9,6 +9,7 @@
 
 #include <omp.h>
 
+#include "attention_flash_kernels.h"
 #include "lowp_amx_impl.h"
 #include "lowp_impl.h"
 #include "qkv/core/error.h"
@@ -273,6 +274,13 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
   detail::amx_int8_block<detail::EmulatedTiles, detail::ScalarRows>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 }  // namespace amx_emulated
+
+// The fused attention's bf16 products over the emulated tile unit with plain-loop copies and stores: the reference
+// that the amx and amx-emulated sets' products (lowp_amx.cpp, AVX-512 copies) are tested against.
+void flash::gemm_bf16_amx_reference(const flash::GemmBf16& g) {
+  detail::amx_pairs_product<detail::EmulatedTiles, detail::ScalarRows>(
+      g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c, g.c_rs, g.row_scale, g.accumulate, g.scale);
+}
 
 namespace {
 

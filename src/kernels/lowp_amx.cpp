@@ -9,6 +9,8 @@
 // before returning.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "attention_flash_kernels.h"
 #include "lowp_amx_impl.h"
 #include "lowp_avx512_impl.h"
@@ -77,6 +79,36 @@ struct HardwareTiles {
   }
 };
 
+// Lanes [0, n) of 16, n clamped to [0, 16].
+inline __mmask16 lanes(int64_t n) {
+  if (n >= 16) return static_cast<__mmask16>(0xFFFF);
+  return n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// x[i][j] <- x[j][i] for 16 vectors of 16 words: pairs of words, then of quads, then of 128-bit lanes.
+inline void transpose16(__m512i (&x)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);  // lane q: x[i][4q], x[i+1][4q], x[i][4q+1], x[i+1][4q+1]
+    t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + c], lane q: column 4q + c of rows i .. i + 3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // columns c, c + 4, c + 8, c + 12 from the four row groups' u[4g + c]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    x[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    x[c + 8] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+    x[c + 4] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    x[c + 12] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+  }
+}
+
 // The per-call row work with AVX-512: the bits of detail::ScalarRows.
 struct Avx512Rows {
   static void pack_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
@@ -90,6 +122,63 @@ struct Avx512Rows {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t g0 = 0; g0 < words; g0 += 16)  // 64 values -> 16 words (words is a multiple of 16)
         _mm512_storeu_si512(dst + r * words + g0, detail::int8_quads64(q + r * ldq + 4 * g0));
+  }
+  // amx_pairs_product's copies and block stores (ScalarRows' contract and bits). A in rows (a_ks 1) is copied row
+  // by row; A in columns (a_rs 1: P·V's probabilities, paired along keys) is transposed 16 x 16 words at a time.
+  static void pairs_a(const uint32_t* a, int64_t a_rs, int64_t a_ks, int64_t rows, int64_t depth, int64_t rows_padded,
+                      int64_t kw, uint32_t* dst) {
+    if (a_ks != 1 && a_rs != 1) {
+      detail::ScalarRows::pairs_a(a, a_rs, a_ks, rows, depth, rows_padded, kw, dst);
+      return;
+    }
+    if (a_ks == 1) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k0 = 0; k0 < kw; k0 += 16)
+          _mm512_storeu_si512(dst + r * kw + k0, _mm512_maskz_loadu_epi32(lanes(depth - k0), a + r * a_rs + k0));
+    } else {
+      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        const __mmask16 m = lanes(rows - r0);
+        for (int64_t k0 = 0; k0 < kw; k0 += 16) {
+          __m512i x[16];
+          for (int64_t i = 0; i < 16; ++i)
+            x[i] = k0 + i < depth ? _mm512_maskz_loadu_epi32(m, a + (k0 + i) * a_ks + r0) : _mm512_setzero_si512();
+          transpose16(x);
+          for (int64_t i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (r0 + i) * kw + k0, x[i]);
+        }
+      }
+    }
+    const int64_t done = a_ks == 1 ? rows : (rows + 15) / 16 * 16;  // the transposed rows past rows are zeros
+    std::memset(dst + done * kw, 0, static_cast<size_t>((rows_padded - done) * kw) * sizeof(uint32_t));
+  }
+  static void pairs_b(const uint32_t* b, int64_t b_ks, int64_t cols, int64_t depth, int64_t panels, int64_t kw,
+                      uint32_t* dst) {
+    for (int64_t p = 0; p < panels; ++p) {
+      const __mmask16 m0 = lanes(cols - p * 32), m1 = lanes(cols - p * 32 - 16);
+      for (int64_t k = 0; k < kw; ++k) {
+        uint32_t* o = dst + (p * kw + k) * 32;
+        const uint32_t* x = b + k * b_ks + p * 32;
+        const bool in = k < depth;
+        _mm512_storeu_si512(o, in ? _mm512_maskz_loadu_epi32(m0, x) : _mm512_setzero_si512());
+        _mm512_storeu_si512(o + 16, in ? _mm512_maskz_loadu_epi32(m1, x + 16) : _mm512_setzero_si512());
+      }
+    }
+  }
+  static void pairs_c(const float* ct, int64_t rows, int64_t cols, float* y, int64_t ys, const float* row_scale,
+                      bool accumulate, float scale) {
+    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = y + r * ys;
+      const __m512 s = _mm512_set1_ps(row_scale != nullptr ? row_scale[r] : 1.0f);
+      for (int v = 0; v < 2; ++v) {
+        const __mmask16 m = v == 0 ? m0 : m1;
+        if (m == 0) continue;
+        const __m512 x = _mm512_load_ps(ct + r * 32 + 16 * v);
+        const __m512 out = accumulate ? _mm512_add_ps(_mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, yr + 16 * v)), x)
+                                      : _mm512_mul_ps(x, sc);
+        _mm512_mask_storeu_ps(yr + 16 * v, m, out);
+      }
+    }
   }
   static void int8_block(const int32_t* ci, const int32_t* colsum, const float* row_scale, int64_t scale_stride,
                          int64_t rows, float* f) {
@@ -133,12 +222,12 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
 
 namespace flash {
 void gemm_bf16_amx(const GemmBf16& g) {
-  detail::amx_pairs_product<HardwareTiles>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c, g.c_rs,
-                                           g.row_scale, g.accumulate, g.scale);
+  detail::amx_pairs_product<HardwareTiles, Avx512Rows>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks,
+                                                       g.c, g.c_rs, g.row_scale, g.accumulate, g.scale);
 }
 void gemm_bf16_amx_emulated(const GemmBf16& g) {
-  detail::amx_pairs_product<detail::EmulatedTiles>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b, g.b_ks, g.c,
-                                                   g.c_rs, g.row_scale, g.accumulate, g.scale);
+  detail::amx_pairs_product<detail::EmulatedTiles, Avx512Rows>(g.rows, g.cols, g.depth, g.a, g.a_rs, g.a_ks, g.b,
+                                                               g.b_ks, g.c, g.c_rs, g.row_scale, g.accumulate, g.scale);
 }
 }  // namespace flash
 

@@ -30,7 +30,8 @@
 //   pack_int8(q, ldq, rows, words, dst): rows of int8 values held in int16 (ldq apart) as words of 4 bytes q + 128,
 //     row r at dst + r * words;
 //   int8_block(ci, colsum, row_scale, scale_stride, rows, f): for r < rows, l < 32,
-//     f[r][l] = fma(float(ci[r][l] - 128 colsum[l]), row_scale[r * scale_stride], f[r][l]).
+//     f[r][l] = fma(float(ci[r][l] - 128 colsum[l]), row_scale[r * scale_stride], f[r][l]);
+//   pairs_a, pairs_b, pairs_c: amx_pairs_product's copies of its operands and its stores (below).
 #pragma once
 
 #include <cstdint>
@@ -148,25 +149,21 @@ void amx_int8_block(const Int8View& a, const PackedBView& w, const float* bias, 
 // A is copied into passes of 32 rows and B into panels of 32 columns, both zero-padded to whole tiles of 16 words
 // along k (so one tile configuration serves every shape, and A may be either layout), then each 32 x 32 block of C
 // is one pass of tile steps, added to C in float32. A's copy takes the walk's scratch (amx_scratch), B's its own.
+// Rows copies A (pairs_a) and B (pairs_b) and writes each block into C (pairs_c).
 thread_local Scratch amx_pairs_b;
 
-template <class Tiles>
+template <class Tiles, class Rows>
 void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t* a, int64_t a_rs, int64_t a_ks,
                        const uint32_t* b, int64_t b_ks, float* c, int64_t c_rs, const float* row_scale,
                        bool accumulate, float scale) {
   if (rows <= 0 || cols <= 0) return;
-  const int64_t kw = (max64(depth, 0) + kAmxWords - 1) / kAmxWords * kAmxWords;
+  depth = max64(depth, 0);
+  const int64_t kw = (depth + kAmxWords - 1) / kAmxWords * kAmxWords;
   const int64_t passes = (rows + kAmxRows - 1) / kAmxRows, panels = (cols + kPanel - 1) / kPanel;
   uint32_t* pa = amx_scratch.get(max64(1, passes * kAmxRows * kw));  // row r at pa + r kw
   uint32_t* pb = amx_pairs_b.get(max64(1, panels * kw * kPanel));    // panel p, word k at pb + (p kw + k) kPanel
-  for (int64_t r = 0; r < passes * kAmxRows; ++r)
-    for (int64_t k = 0; k < kw; ++k) pa[r * kw + k] = r < rows && k < depth ? a[r * a_rs + k * a_ks] : 0u;
-  for (int64_t p = 0; p < panels; ++p)
-    for (int64_t k = 0; k < kw; ++k)
-      for (int64_t l = 0; l < kPanel; ++l) {
-        const int64_t col = p * kPanel + l;
-        pb[(p * kw + k) * kPanel + l] = k < depth && col < cols ? b[k * b_ks + col] : 0u;
-      }
+  Rows::pairs_a(a, a_rs, a_ks, rows, depth, passes * kAmxRows, kw, pa);
+  Rows::pairs_b(b, b_ks, cols, depth, panels, kw, pb);
   alignas(64) float ct[kAmxRows * kPanel];
   Tiles::begin();
   for (int64_t t = 0; t < passes; ++t)
@@ -177,14 +174,9 @@ void amx_pairs_product(int64_t rows, int64_t cols, int64_t depth, const uint32_t
       for (int64_t k0 = 0; k0 < kw; k0 += kAmxWords)
         Tiles::step_bf16(a0 + k0, a0 + 16 * kw + k0, kw * 4, b0 + k0 * kPanel, b0 + k0 * kPanel + 16, kPanel * 4);
       Tiles::store_c(ct);
-      const int64_t r_end = min64(kAmxRows, rows - t * kAmxRows), l_end = min64(kPanel, cols - p * kPanel);
-      for (int64_t r = 0; r < r_end; ++r) {
-        const int64_t row = t * kAmxRows + r;
-        float* y = c + row * c_rs + p * kPanel;
-        const float s = row_scale != nullptr ? row_scale[row] : 1.0f;
-        for (int64_t l = 0; l < l_end; ++l)
-          y[l] = accumulate ? s * y[l] + ct[r * kPanel + l] : ct[r * kPanel + l] * scale;
-      }
+      const int64_t r0 = t * kAmxRows;
+      Rows::pairs_c(ct, min64(kAmxRows, rows - r0), min64(kPanel, cols - p * kPanel), c + r0 * c_rs + p * kPanel, c_rs,
+                    row_scale != nullptr ? row_scale + r0 : nullptr, accumulate, scale);
     }
   Tiles::end();
 }
@@ -283,6 +275,33 @@ struct ScalarRows {
           word |= static_cast<uint32_t>(static_cast<uint8_t>(q[r * ldq + 4 * g + i] + 128)) << (8 * i);
         dst[r * words + g] = word;
       }
+  }
+  // amx_pairs_product's copies: A(r, k) = a[r a_rs + k a_ks] as rows of kw words at dst, r < rows_padded (zero
+  // from depth on and from rows on); B(k, col) = b[k b_ks + col] as panels of 32 columns, word k of panel p's lane l
+  // at dst[(p kw + k) kPanel + l] (zero from depth on and from cols on).
+  static void pairs_a(const uint32_t* a, int64_t a_rs, int64_t a_ks, int64_t rows, int64_t depth, int64_t rows_padded,
+                      int64_t kw, uint32_t* dst) {
+    for (int64_t r = 0; r < rows_padded; ++r)
+      for (int64_t k = 0; k < kw; ++k) dst[r * kw + k] = r < rows && k < depth ? a[r * a_rs + k * a_ks] : 0u;
+  }
+  static void pairs_b(const uint32_t* b, int64_t b_ks, int64_t cols, int64_t depth, int64_t panels, int64_t kw,
+                      uint32_t* dst) {
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t k = 0; k < kw; ++k)
+        for (int64_t l = 0; l < kPanel; ++l) {
+          const int64_t col = p * kPanel + l;
+          dst[(p * kw + k) * kPanel + l] = k < depth && col < cols ? b[k * b_ks + col] : 0u;
+        }
+  }
+  // One block of C from ct (32 x 32): y[r ys + l] for r < rows, l < lanes becomes s_r y + ct (accumulate; s_r =
+  // row_scale[r], or 1 where row_scale is null) or ct · scale.
+  static void pairs_c(const float* ct, int64_t rows, int64_t lanes, float* y, int64_t ys, const float* row_scale,
+                      bool accumulate, float scale) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float s = row_scale != nullptr ? row_scale[r] : 1.0f;
+      for (int64_t l = 0; l < lanes; ++l)
+        y[r * ys + l] = accumulate ? s * y[r * ys + l] + ct[r * kPanel + l] : ct[r * kPanel + l] * scale;
+    }
   }
   static void int8_block(const int32_t* ci, const int32_t* colsum, const float* row_scale, int64_t scale_stride,
                          int64_t rows, float* f) {

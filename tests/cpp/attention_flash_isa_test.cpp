@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "../../src/kernels/attention_flash_kernels.h"
 #include "attention_flash_testing.h"
 #include "attention_oracle.h"
 #include "ops_testing.h"
@@ -114,6 +119,102 @@ TEST(AttentionFlashIsa, Avx512Bf16MatchesOracleAndPortableOnTailShapes) { CheckI
 // bf16_training_test.cpp).
 TEST(AttentionFlashIsa, AmxMatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAmx); }
 TEST(AttentionFlashIsa, AmxEmulatedMatchesOracleAndPortableOnTailShapes) { CheckIsa(FlashIsa::kAmxEmulated); }
+
+// The amx sets' bf16 products (kernels::flash::GemmBf16 on tiles) against their reference (the emulated tile unit
+// with plain-loop copies and stores): the emulated unit with the AVX-512 copies bit for bit, the hardware's within
+// float32 rounding of the float64 product; both A layouts (rows: the scores' K, columns: P·V's probabilities), with
+// and without accumulation and row scales, on sizes that leave partial tiles, and nothing written outside C's block.
+TEST(AttentionFlashIsa, AmxProductsMatchTheirReference) {
+  const bool emulated = isa_available(FlashIsa::kAmxEmulated), amx = isa_available(FlashIsa::kAmx);
+  std::cout << "[ paths    ] amx products: reference" << (emulated ? ",amx-emulated" : "") << (amx ? ",amx" : "")
+            << (emulated && amx ? "" : "; not on this CPU:") << (emulated ? "" : " amx-emulated")
+            << (amx ? "" : " amx") << "\n";
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal;
+  auto word = [&] {  // two bfloat16, both from normal draws
+    float x0 = normal(gen), x1 = normal(gen);
+    uint32_t b0, b1;
+    std::memcpy(&b0, &x0, 4);
+    std::memcpy(&b1, &x1, 4);
+    return (b0 >> 16) | (b1 & 0xffff0000u);
+  };
+  auto half = [](uint32_t w, int h) {
+    const uint32_t u = h ? (w & 0xffff0000u) : (w << 16);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return static_cast<double>(f);
+  };
+  const float poison = -12345.0f;
+  for (const int64_t rows : {1, 5, 33, 70, 96})
+    for (const int64_t cols : {1, 17, 32, 45, 100})
+      for (const int64_t depth : {1, 7, 16, 17, 40})
+        for (int mode = 0; mode < 6; ++mode) {
+          const bool a_in_rows = mode % 2 == 0, accumulate = mode / 2 != 2, scaled_rows = mode / 2 == 1;
+          const int64_t a_rs = a_in_rows ? depth + 3 : 1, a_ks = a_in_rows ? 1 : rows + 5;
+          const int64_t b_ks = cols + 2, c_rs = cols + 4;
+          std::vector<uint32_t> a(static_cast<size_t>(a_in_rows ? rows * a_rs : depth * a_ks));
+          std::vector<uint32_t> b(static_cast<size_t>(depth * b_ks));
+          for (uint32_t& x : a) x = word();
+          for (uint32_t& x : b) x = word();
+          std::vector<float> c0(static_cast<size_t>(rows * c_rs) + 8, poison), row_scale(static_cast<size_t>(rows));
+          for (int64_t r = 0; r < rows; ++r) {
+            row_scale[static_cast<size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 5);
+            for (int64_t j = 0; j < cols; ++j) c0[static_cast<size_t>(r * c_rs + j)] = normal(gen);
+          }
+          kernels::flash::GemmBf16 g;
+          g.rows = rows, g.cols = cols, g.depth = depth;
+          g.a = a.data(), g.a_rs = a_rs, g.a_ks = a_ks;
+          g.b = b.data(), g.b_ks = b_ks;
+          g.c_rs = c_rs;
+          g.row_scale = scaled_rows ? row_scale.data() : nullptr;
+          g.accumulate = accumulate;
+          g.scale = accumulate ? 1.0f : 0.125f;
+          std::vector<double> want(c0.size());  // float64 of the same operands
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < cols; ++j) {
+              double sum = 0.0;
+              for (int64_t k = 0; k < depth; ++k) {
+                const uint32_t x = a[static_cast<size_t>(r * a_rs + k * a_ks)];
+                const uint32_t y = b[static_cast<size_t>(k * b_ks + j)];
+                sum += half(x, 0) * half(y, 0) + half(x, 1) * half(y, 1);
+              }
+              const size_t i = static_cast<size_t>(r * c_rs + j);
+              const double s = scaled_rows ? row_scale[static_cast<size_t>(r)] : 1.0;
+              want[i] = accumulate ? s * c0[i] + sum : sum * g.scale;
+            }
+          std::vector<float> ref = c0;
+          g.c = ref.data();
+          kernels::flash::gemm_bf16_amx_reference(g);
+          const std::string at = "rows " + std::to_string(rows) + " cols " + std::to_string(cols) + " depth " +
+                                 std::to_string(depth) + " mode " + std::to_string(mode);
+          for (size_t i = 0; i < ref.size(); ++i) {
+            const bool inside = static_cast<int64_t>(i) < rows * c_rs && static_cast<int64_t>(i) % c_rs < cols;
+            if (!inside) {
+              ASSERT_EQ(ref[i], poison) << at << " wrote outside C at " << i;
+              continue;
+            }
+            ASSERT_NEAR(ref[i], want[i], 1e-5 * (1.0 + std::abs(want[i])) * static_cast<double>(depth)) << at;
+          }
+          if (emulated) {
+            std::vector<float> got = c0;
+            g.c = got.data();
+            kernels::flash::gemm_bf16_amx_emulated(g);
+            for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << at << " at " << i;
+          }
+          if (amx) {
+            std::vector<float> got = c0;
+            g.c = got.data();
+            kernels::flash::gemm_bf16_amx(g);
+            for (size_t i = 0; i < got.size(); ++i) {
+              if (ref[i] == poison) {
+                ASSERT_EQ(got[i], poison) << at << " wrote outside C at " << i;
+                continue;
+              }
+              ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::abs(want[i])) * static_cast<double>(depth)) << at;
+            }
+          }
+        }
+}
 
 TEST(AttentionFlashIsa, AutoPicksTheWidestAvailableSet) {
   const std::string name = kernels::flash_isa_name(FlashIsa::kAuto);
