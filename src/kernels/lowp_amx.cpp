@@ -79,12 +79,6 @@ struct HardwareTiles {
   }
 };
 
-// Lanes [0, n) of 16, n clamped to [0, 16].
-inline __mmask16 lanes(int64_t n) {
-  if (n >= 16) return static_cast<__mmask16>(0xFFFF);
-  return n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1u);
-}
-
 // x[i][j] <- x[j][i] for 16 vectors of 16 words: pairs of words, then of quads, then of 128-bit lanes.
 inline void transpose16(__m512i (&x)[16]) {
   __m512i t[16], u[16];
@@ -134,10 +128,11 @@ struct Avx512Rows {
     if (a_ks == 1) {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t k0 = 0; k0 < kw; k0 += 16)
-          _mm512_storeu_si512(dst + r * kw + k0, _mm512_maskz_loadu_epi32(lanes(depth - k0), a + r * a_rs + k0));
+          _mm512_storeu_si512(dst + r * kw + k0,
+                              _mm512_maskz_loadu_epi32(detail::lanes(depth - k0), a + r * a_rs + k0));
     } else {
       for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        const __mmask16 m = lanes(rows - r0);
+        const __mmask16 m = detail::lanes(rows - r0);
         for (int64_t k0 = 0; k0 < kw; k0 += 16) {
           __m512i x[16];
           for (int64_t i = 0; i < 16; ++i)
@@ -153,7 +148,7 @@ struct Avx512Rows {
   static void pairs_b(const uint32_t* b, int64_t b_ks, int64_t cols, int64_t depth, int64_t panels, int64_t kw,
                       uint32_t* dst) {
     for (int64_t p = 0; p < panels; ++p) {
-      const __mmask16 m0 = lanes(cols - p * 32), m1 = lanes(cols - p * 32 - 16);
+      const __mmask16 m0 = detail::lanes(cols - p * 32), m1 = detail::lanes(cols - p * 32 - 16);
       for (int64_t k = 0; k < kw; ++k) {
         uint32_t* o = dst + (p * kw + k) * 32;
         const uint32_t* x = b + k * b_ks + p * 32;
@@ -165,7 +160,7 @@ struct Avx512Rows {
   }
   static void pairs_c(const float* ct, int64_t rows, int64_t cols, float* y, int64_t ys, const float* row_scale,
                       bool accumulate, float scale) {
-    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
+    const __mmask16 m0 = detail::lanes(cols), m1 = detail::lanes(cols - 16);
     const __m512 sc = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < rows; ++r) {
       float* yr = y + r * ys;
