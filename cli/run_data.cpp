@@ -82,17 +82,15 @@ RunData load_run_data(RunConfig& c, const data::Vocabulary* given) {
     };
     auto drop_long = [&](std::vector<data::TextPair>& pairs, const std::string& file) {
       Dropped r{file, 0, pairs.size(), 0};
-      size_t kept = 0;
-      for (auto& p : pairs) {
+      // std::erase_if keeps the survivors in order without assigning a pair onto itself (a self move-assignment
+      // empties a std::string: every pair before the first dropped one lost its text).
+      std::erase_if(pairs, [&](const data::TextPair& p) {
         const size_t n = std::max(data::tokenize(p.src, kind).size(), data::tokenize(p.tgt, kind).size());
-        if (static_cast<int64_t>(n) > c.max_tokens) {
-          ++r.dropped;
-          r.longest = std::max(r.longest, n);
-        } else {
-          pairs[kept++] = std::move(p);
-        }
-      }
-      pairs.resize(kept);
+        if (static_cast<int64_t>(n) <= c.max_tokens) return false;
+        ++r.dropped;
+        r.longest = std::max(r.longest, n);
+        return true;
+      });
       return r;
     };
     const Dropped dtrain = drop_long(train, c.test_data.empty() ? c.data + " (train split)" : c.data);

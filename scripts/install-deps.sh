@@ -51,14 +51,17 @@ fi
 
 # --- Python virtualenv -----------------------------------------------------
 REQ="$ROOT/scripts/requirements.txt"
+# Packages installed without their dependencies (a test asset whose __init__ imports packages qkv does not use).
+REQ_NODEPS="$ROOT/scripts/requirements-nodeps.txt"
 STAMP="$VENV/.qkv-requirements"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "install-deps: creating $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-if ! cmp -s "$REQ" "$STAMP"; then
-  echo "install-deps: pip install -r scripts/requirements.txt"
+if ! cat "$REQ" "$REQ_NODEPS" | cmp -s - "$STAMP"; then
+  echo "install-deps: pip install -r scripts/requirements.txt -r scripts/requirements-nodeps.txt"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install -q -r "$REQ"
-  cp "$REQ" "$STAMP"
+  "$VENV/bin/python" -m pip install -q --no-deps -r "$REQ_NODEPS"
+  cat "$REQ" "$REQ_NODEPS" > "$STAMP"
 fi
