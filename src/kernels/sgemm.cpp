@@ -15,6 +15,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/storage_pool.h"
 #include "qkv/kernels/cpu.h"
+#include "qkv/kernels/grad.h"
 #include "sgemm_kernels.h"
 
 namespace qkv::kernels {
@@ -283,6 +284,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     }
     for (int64_t v : {n, k, lda, ldb})
       QKV_CHECK_RUNTIME(v <= INT_MAX, "[sgemm] size ", v, " exceeds the BLAS int range");
+    const SmallBlasGuard guard(blas_work(m, n, k));  // the thread count of this shape, whoever calls
     const int incx = trans_a ? static_cast<int>(lda) : 1;  // op(A) is the 1 x k row
     if (beta == 0.0f) std::fill_n(c, n, 0.0f);            // beta = 0 never reads C (it may hold NaN)
     if (trans_b) {  // B is (n, k): c = B a
@@ -299,6 +301,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     run_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pre ? packed : nullptr, packed_col0);
     return;
   }
+  const SmallBlasGuard guard(blas_work(m, n, k));  // the thread count of this shape, whoever calls
   cblas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -94,9 +94,8 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
   {
     // Few rows (decoding) make the product memory-bound: a large weight keeps the threads even for one row (a
     // 768 x 768 weight is 2.4 MB: ~120 µs on one core).
-    const double weights = static_cast<double>(weight.numel());
-    const kernels::SmallBlasGuard guard(std::max(static_cast<double>(x.numel()) * static_cast<double>(weight.size(0)),
-                                                 kernels::kWeightReadWork * weights));
+    const int64_t in = weight.size(1), rows = in ? x.numel() / in : 0;
+    const kernels::SmallBlasGuard guard(kernels::blas_work(rows, weight.size(0), in));
     out = qkv::linear(x.value, weight.value, bias.value);
   }
   return record(out, {&x, &weight, &bias}, [x, weight, bias](Tape& t, Douts d) {

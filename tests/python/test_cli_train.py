@@ -188,6 +188,23 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path):
 
 # --- bad inputs: one line on stderr, non-zero exit ------------------------------------------------------------------
 
+def test_tsv_run_learns_a_vocabulary_of_its_characters_and_translates_to_text(tmp_path):
+    # The held-out split and the --max-tokens filter once emptied every pair before the first dropped one (a
+    # self move-assignment): a vocabulary of the 4 specials, empty translations, exact match 1.0 on empty strings.
+    words = ["cat", "dog", "bird", "fish", "lamp", "tree", "moon", "star", "rain", "wind", "sand", "rock"]
+    (tmp_path / "t.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in words * 4))
+    (tmp_path / "test.tsv").write_text("frog\tgorf\nsnow\twons\n")
+    for extra in (["--test-fraction", "0.2"], ["--test-data", str(tmp_path / "test.tsv")]):
+        out = tmp_path / ("run" + extra[0])
+        ok(qkv("train", "--data", str(tmp_path / "t.tsv"), *extra, "--steps", "2", "--out", str(out)))
+        vocab = (out / "vocab.txt").read_text().split("\n")
+        assert all(ch in vocab for ch in set("".join(words))), vocab
+        assert len([v for v in vocab if v]) >= 4 + len(set("".join(words))), vocab
+        lines = ok(qkv("translate", str(out), stdin="cat\ndog\n")).stdout.splitlines()
+        assert len(lines) == 2 and all(line.strip() for line in lines), lines
+        assert "exact_match 1.0000" not in ok(qkv("eval", str(out))).stdout
+
+
 def test_empty_corpus_is_one_line(tmp_path):
     (tmp_path / "empty.tsv").write_text("\n\n")
     one_line_error(qkv("train", "--data", str(tmp_path / "empty.tsv"), "--out", str(tmp_path / "o")),

@@ -31,6 +31,16 @@ Tensor sum_to_trailing(const Tensor& g, const Shape& shape);
 // at fp32, bf16 and int8 alike (bf16 and int8 read 2 and 1 bytes where their multiply-adds run 2 and 4 times faster).
 inline constexpr double kWeightReadWork = 16.0;
 
+// The work a (m, k)·(k, n) product is charged with when choosing its threads: its multiply-adds, and at least
+// kWeightReadWork per element of the (k, n) operand it reads. kernels::sgemm applies it to every product it hands
+// to OpenBLAS (and ad::linear to its whole call), so a linear layer of one shape runs on the same number of OpenBLAS
+// threads whether its weight is prepared or not: OpenBLAS's bits may depend on its thread count (they do for a
+// 74 x 64 x 192 product under OPENBLAS_CORETYPE=Haswell on AMD Zen 4 and Zen 5).
+inline double blas_work(int64_t m, int64_t n, int64_t k) {
+  const double nk = static_cast<double>(n) * static_cast<double>(k);
+  return nk * (static_cast<double>(m) > kWeightReadWork ? static_cast<double>(m) : kWeightReadWork);
+}
+
 // Keeps BLAS on the calling thread for products below ~8M multiply-adds (OpenBLAS shares our OpenMP pool and would
 // otherwise open a parallel region per small GEMM: hundreds per step of an RNN, each a stall when the machine is
 // busy). Sets the OpenMP thread count to 1 for its scope when `multiply_adds` is small, and restores it.
