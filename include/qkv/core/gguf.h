@@ -40,13 +40,15 @@ enum class Type : uint32_t {
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
   I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30, TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+  NVFP4 = 40, Q1_0 = 41,
 };
 
 // True for the numbers above (the types ggml defines); false for removed or unknown numbers.
 bool type_known(uint32_t type);
 // "Q4_K", ...; "type <n>" for an unknown number.
 std::string type_name(Type type);
-// Elements per block (1 for F32/F16/BF16/ints, 32 for Q4_0..Q8_1, IQ4_NL, MXFP4, 256 for the K and IQ types);
+// Elements per block (1 for F32/F16/BF16/ints, 32 for Q4_0..Q8_1, IQ4_NL, MXFP4, 64 for NVFP4, 128 for Q1_0,
+// 256 for the K, IQ and TQ types);
 // 0 for an unknown number.
 int64_t block_size(Type type);
 // Bytes per block; 0 for an unknown number.
