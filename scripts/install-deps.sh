@@ -18,6 +18,7 @@ PYTHON="${PYTHON:-python3}"
 # fonts-wqy-microhei     : a CJK font, so that the browser and the PNG figures draw Chinese tokens and labels
 # libfreetype-dev        : FreeType, which draws the figures' non-ASCII text with that font
 # openmpi-bin, libopenmpi-dev : Open MPI (mpirun, the C library): data-parallel training and ring attention
+# libpcre2-dev           : PCRE2, the Unicode regexes of the language-model tokenizers (src/text/)
 # git                    : its French and Simplified Chinese .mo catalogs are the translation experiment's corpus
 APT_PACKAGES=(
   git
@@ -32,6 +33,7 @@ APT_PACKAGES=(
   libcpp-httplib-dev
   chromium chromium-driver fonts-wqy-microhei libfreetype-dev
   openmpi-bin libopenmpi-dev
+  libpcre2-dev
 )
 command -v cmake >/dev/null 2>&1 || APT_PACKAGES+=(cmake)
 
