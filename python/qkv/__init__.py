@@ -11,6 +11,7 @@ from . import _qkv
 from ._qkv import __version__  # noqa: F401
 from . import positional  # noqa: F401
 from ._qkv import CausalLM, SentenceEncoder, WordPieceTokenizer  # noqa: F401
+from ._qkv import ChatTemplate, find_chat_template  # noqa: F401
 from ._qkv import Tokenizer  # noqa: F401
 
 # Calls whose arguments match no signature raise a one-line TypeError (never a dump of the arrays passed).
