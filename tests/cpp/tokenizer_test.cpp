@@ -47,7 +47,9 @@ TEST(ByteLevelMap, IsABijectionWithGpt2sPrintableBytesKept) {
     const char32_t cp = byte_to_unicode(static_cast<uint8_t>(b));
     EXPECT_TRUE(seen.insert(cp).second);
     EXPECT_EQ(unicode_to_byte(cp), b);
-    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE) EXPECT_EQ(cp, char32_t(b));
+    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE) {
+      EXPECT_EQ(cp, char32_t(b));
+    }
   }
   EXPECT_EQ(byte_to_unicode(' '), U'\u0120');   // Ġ
   EXPECT_EQ(byte_to_unicode('\n'), U'\u010A');  // Ċ
@@ -91,7 +93,7 @@ TokenizerSpec spm_toy(bool byte_fallback, bool fuse_unk) {
     s.vocab.push_back(std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">");
   }
   const std::string u = "\xE2\x96\x81";
-  for (const std::string t : {u, std::string("h"), std::string("i"), u + "h", u + "hi"}) s.vocab.push_back(t);
+  for (const std::string& t : {u, std::string("h"), std::string("i"), u + "h", u + "hi"}) s.vocab.push_back(t);
   s.merges = {{u, "h"}, {u + "h", "i"}};
   s.byte_fallback = byte_fallback;
   s.fuse_unk = fuse_unk;
