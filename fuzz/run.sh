@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang-14 and runs each for a bounded time on its seed corpus.
-# Usage: fuzz/run.sh [seconds=60] [target ...]   targets: safetensors mo tsv wordpiece json (default: all)
+# Usage: fuzz/run.sh [seconds=60] [target ...]   targets: safetensors mo tsv wordpiece json gguf (default: all)
 # env: FUZZ_BUILD=build-fuzz, JOBS=2. Exit status != 0 on any crash, leak, sanitizer report or broken invariant.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_TOTAL="${1:-60}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(safetensors mo tsv wordpiece json)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(safetensors mo tsv wordpiece json gguf)
 BUILD="${FUZZ_BUILD:-$ROOT/build-fuzz}"
 CXX_FUZZ="${CXX_FUZZ:-clang++-14}"
 

@@ -83,7 +83,85 @@ def broken():
     yield "bad_lone_surrogate", raw(b'{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', four)
 
 
+GGUF_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus_gguf")
+
+
+def gguf_file(build):
+    """The bytes gguf.GGUFWriter writes after build(writer)."""
+    import tempfile
+
+    import gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "x.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        build(w, gguf)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(path, "rb") as fh:
+            return fh.read()
+
+
+def gguf_seeds():
+    """Small GGUF files written by the gguf package (every value type, quantized tensors, custom alignment) and
+    broken copies of them, one per rule of qkv/core/gguf.h."""
+    rng = np.random.default_rng(0)
+
+    def model(w, gguf):
+        Q = gguf.GGMLQuantizationType
+        w.add_uint32("llama.block_count", 2)
+        w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        w.add_bool("tokenizer.ggml.add_bos_token", True)
+        w.add_int64("i64", -5)
+        w.add_float64("f64", 0.25)
+        w.add_array("tokenizer.ggml.tokens", ["<s>", "a", "\u2581b"])
+        w.add_array("tokenizer.ggml.scores", [0.0, -1.5, -2.0])
+        w.add_array("tokenizer.ggml.token_type", [3, 1, 1])
+        w.add_tensor("f32", rng.standard_normal((2, 3)).astype(np.float32))
+        q8 = gguf.quants.quantize(rng.standard_normal((2, 32)).astype(np.float32), Q.Q8_0)
+        w.add_tensor("q8", q8, raw_dtype=Q.Q8_0)
+        q4k = rng.integers(0, 256, (1, 144), dtype=np.uint8)
+        q4k[:, :4] = np.frombuffer(np.float16([0.01, 0.002]).tobytes(), np.uint8)
+        w.add_tensor("q4k", q4k, raw_dtype=Q.Q4_K)
+
+    def aligned(w, gguf):
+        w.add_custom_alignment(64)
+        w.add_tensor("a", np.float16([1, 2, 3]))
+        w.add_tensor("b", np.float32([4]))
+
+    valid = gguf_file(model)
+    yield "valid_model", valid
+    yield "valid_v2", valid[:4] + struct.pack("<I", 2) + valid[8:]
+    yield "valid_alignment_64", gguf_file(aligned)
+    yield "valid_empty", b"GGUF" + struct.pack("<Iqq", 3, 0, 0)
+    yield "bad_magic", b"GGUX" + valid[4:]
+    yield "bad_version_1", valid[:4] + struct.pack("<I", 1) + valid[8:]
+    yield "bad_big_endian", valid[:4] + struct.pack(">I", 3) + valid[8:]
+    yield "bad_tensor_count", valid[:8] + struct.pack("<q", 1 << 40) + valid[16:]
+    yield "bad_truncated", valid[: len(valid) // 2]
+    key = b"llama.block_count"
+    i = valid.index(key)
+    yield "bad_duplicate_key", valid.replace(struct.pack("<Q", 3) + b"i64", struct.pack("<Q", 3) + b"f64", 1)
+    yield "bad_value_type", valid[: i + len(key)] + struct.pack("<I", 13) + valid[i + len(key) + 4:]
+    t = valid.index(b"q8", valid.index(b"f32"))
+    # q8's info: name, n_dims, ne[0], ne[1], type, offset
+    yield "bad_negative_dim", valid[: t + 6] + struct.pack("<q", -32) + valid[t + 14:]
+    yield "bad_block_multiple", valid[: t + 6] + struct.pack("<q", 48) + valid[t + 14:]
+    yield "bad_ggml_type", valid[: t + 22] + struct.pack("<I", 31) + valid[t + 26:]
+    yield "bad_offset", valid[: t + 26] + struct.pack("<Q", 24) + valid[t + 34:]
+
+
 def main():
+    os.makedirs(GGUF_OUT, exist_ok=True)
+    for old in os.listdir(GGUF_OUT):
+        if old.endswith(".gguf"):
+            os.remove(os.path.join(GGUF_OUT, old))
+    for name, data in gguf_seeds():
+        assert len(data) <= 4096, name
+        with open(os.path.join(GGUF_OUT, name + ".gguf"), "wb") as fh:
+            fh.write(data)
     os.makedirs(OUT, exist_ok=True)
     for old in os.listdir(OUT):
         if old.endswith(".safetensors"):

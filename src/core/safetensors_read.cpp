@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "qkv/core/error.h"
+#include "qkv/core/half.h"
 #include "qkv/core/safetensors.h"
 #include "safetensors_internal.h"
 
@@ -24,22 +25,6 @@ using namespace safetensors_internal;
 namespace {
 
 // --- conversion to float32 ------------------------------------------------------------------------------------
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  const uint32_t mant = h & 0x3FFu;
-  uint32_t bits;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal, exact
-    bits = std::bit_cast<uint32_t>(v) | sign;
-  } else if (exp == 31) {
-    bits = sign | 0x7F800000u | (mant << 13);  // inf or NaN (payload kept, as numpy does)
-  } else {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
 
 // Decodes one 8-bit float with `ebits` exponent and `mbits` mantissa bits; `dtype` picks the inf/NaN rules.
 float f8_to_f32(uint8_t b, int ebits, int mbits, int bias, SafeTensorsDtype dtype) {
@@ -122,7 +107,7 @@ void convert(const SafeTensorsEntry& e, const uint8_t* src, size_t n, float* dst
     case SafeTensorsDtype::F64: convert_int<double>(src, n, dst); return;
     case SafeTensorsDtype::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case SafeTensorsDtype::F16:
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_le<uint16_t>(src + 2 * i));
+      for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_float(load_le<uint16_t>(src + 2 * i));
       return;
     case SafeTensorsDtype::BF16:
       for (size_t i = 0; i < n; ++i)
