@@ -12,6 +12,7 @@ namespace py = pybind11;
 
 namespace qkv::python {
 void bind_varlen(py::module_& m);  // flash_attn_varlen_func[_backward], flash_attn_with_kvcache (python/src/varlen.cpp)
+void bind_gguf(py::module_& m);  // gguf_read, gguf_dequantize (python/src/gguf.cpp)
 void bind_chat_template(py::module_& m);  // ChatTemplate, find_chat_template (python/src/chat_template.cpp)
 void bind_tokenizer(py::module_& m);  // Tokenizer.from_pretrained, DecodeStream (python/src/tokenizer.cpp)
 }  // namespace qkv::python
@@ -63,6 +64,7 @@ PYBIND11_MODULE(_qkv, m) {
   qkv::python::bind_llama(m);
   qkv::python::bind_train(m);
   qkv::python::bind_safetensors(m);
+  qkv::python::bind_gguf(m);
   qkv::python::bind_metrics(m);
   qkv::python::bind_chat_template(m);
   qkv::python::bind_tokenizer(m);
