@@ -59,6 +59,18 @@ LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precisio
   }
 }
 
+LinearWeight LinearWeight::quantized(kernels::QuantMatrix weight) {
+  QKV_CHECK_ARG(weight.defined(), "[linear] the quantized weight (", weight.rows, ", ", weight.cols,
+                ") has no data");
+  LinearWeight w;
+  w.precision_ = kernels::quant_gemm_integer(weight.type) ? Precision::kInt8 : Precision::kFloat32;
+  w.begin_ = 0;
+  w.end_ = weight.rows;
+  w.in_ = weight.cols;
+  w.quant_ = std::make_shared<const kernels::QuantMatrix>(std::move(weight));
+  return w;
+}
+
 LinearWeight LinearWeight::rows(int64_t begin, int64_t end) const {
   QKV_CHECK_ARG(defined() && 0 <= begin && begin <= end && end <= out_features(), "[linear] rows [", begin, ", ",
                 end, ") outside the weight's ", out_features(), " output features");
@@ -71,7 +83,7 @@ LinearWeight LinearWeight::rows(int64_t begin, int64_t end) const {
 
 Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
   QKV_CHECK_ARG(w.defined(), "[linear] the LinearWeight is empty (default-constructed)");
-  if (w.precision_ == Precision::kFloat32) {
+  if (w.precision_ == Precision::kFloat32 && !w.quant_) {
     const bool aligned = w.begin_ % kernels::kSgemmPanel == 0;  // a row slice read from the packed panels
     return detail::linear(x, w.weight_, bias, aligned ? w.packed32_.get() : nullptr, w.begin_);
   }
@@ -79,7 +91,8 @@ Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
     QKV_CHECK_ARG(x.defined(), "[linear] undefined input");
     return linear(round_to_bf16(x), w.weight_, bias);
   }
-  const char* kind = w.precision_ == Precision::kInt8 ? "int8" : "bf16";
+  const std::string kind = w.quant_ ? gguf::type_name(w.quant_->type)
+                                   : w.precision_ == Precision::kInt8 ? "int8" : "bf16";
   QKV_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) == w.in_, "[linear] x ",
                 x.defined() ? str(x.shape()) : std::string("(undefined)"), " must have last dim in_features = ", w.in_,
                 " (", kind, " weight (", w.out_features(), ", ", w.in_, "))");
@@ -94,6 +107,10 @@ Tensor linear(const Tensor& x, const LinearWeight& w, const Tensor& bias) {
   const Tensor xc = x.contiguous();
   const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
   const float* b = bc.defined() ? bc.data() : nullptr;
+  if (w.quant_) {  // the stored blocks of rows [begin_, end_)
+    kernels::gemm_quant(xc.data(), rows, w.in_, w.quant_->slice(w.begin_, w.end_), b, out.data(), outf);
+    return out;
+  }
   if (w.precision_ == Precision::kBFloat16) {
     kernels::gemm_bf16_packed(xc.data(), rows, w.in_, w.packed_->view(w.begin_, w.end_), b, out.data(), outf);
     return out;

@@ -8,6 +8,7 @@
 #include "qkv/core/precision.h"
 #include "qkv/core/tensor.h"
 #include "qkv/kernels/lowp.h"
+#include "qkv/kernels/quant_gemm.h"
 #include "qkv/kernels/sgemm.h"
 
 namespace qkv {
@@ -25,12 +26,18 @@ Tensor round_to_bf16(const Tensor& x);
 //              on the avx2vnni path, packed for vpdpbusd (in <= 65536), otherwise rows for the vpmaddwd / portable
 //              kernel. All give the same bits.
 // rows(begin, end) is the weight of output channels [begin, end) without copying (a packed Q/K/V projection).
+// quantized(w): a GGUF weight (out, in) kept in its stored blocks (qkv/kernels/quant_gemm.h); linear() runs
+// kernels::gemm_quant on it. Its precision() is kInt8 where the type has the integer block product (Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0: int8 activations per 32, int32 sums) and kFloat32 for the types read through float32 rows.
 class LinearWeight {
  public:
   LinearWeight() = default;
   LinearWeight(const Tensor& weight, Precision precision);
+  static LinearWeight quantized(kernels::QuantMatrix weight);
 
   Precision precision() const { return precision_; }
+  bool quantized() const { return quant_ != nullptr; }
+  const kernels::QuantMatrix* quant() const { return quant_.get(); }  // every row; nullptr unless quantized()
   int64_t out_features() const { return end_ - begin_; }
   int64_t in_features() const { return in_; }
   bool defined() const { return in_ >= 0; }
@@ -43,6 +50,7 @@ class LinearWeight {
   std::shared_ptr<const kernels::Int8Rows> int8_;  // kInt8 without a packed build: every row; [begin_, end_) used
   std::shared_ptr<const kernels::PackedB> packed_;  // AVX512-BF16 kBFloat16, avx512vnni/avx2vnni kInt8: every row
   std::shared_ptr<const kernels::SgemmPackedB> packed32_;  // kFloat32 on sgemm's AVX-512 kernel: every row
+  std::shared_ptr<const kernels::QuantMatrix> quant_;      // quantized(): every row; [begin_, end_) used
   int64_t begin_ = 0, end_ = 0, in_ = -1;
 };
 

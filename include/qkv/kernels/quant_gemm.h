@@ -1,0 +1,94 @@
+// Linear layers on ggml-quantized weights read in their stored blocks (GGUF tensors): y = x·Wᵀ + bias with the
+// activations quantized per 32 as llama.cpp does and exact integer sums per block; a float32 path for other types.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/core/gguf.h"
+
+namespace qkv::kernels {
+
+// A weight matrix W (rows n = output features, cols k = input features) in ggml's stored layout: row j is
+// gguf::row_bytes(type, k) bytes at data + j * row_bytes, its k elements in blocks of gguf::block_size(type).
+// A GGUF tensor with ne = (k, n) is such a matrix. `owner` keeps the bytes alive (the mapping, a buffer); the view
+// copies nothing, and slice(begin, end) is the rows [begin, end) (a pointer offset).
+struct QuantMatrix {
+  gguf::Type type = gguf::Type::F32;
+  int64_t rows = 0;  // n
+  int64_t cols = 0;  // k
+  int64_t row_bytes = 0;
+  const uint8_t* data = nullptr;
+  std::shared_ptr<const void> owner;
+
+  // Checks: cols >= 0 a multiple of the type's block size, rows >= 0, data non-null when rows * cols > 0, a type
+  // ggml defines; std::invalid_argument "[quant_matrix] ..." otherwise.
+  static QuantMatrix view(gguf::Type type, int64_t rows, int64_t cols, const void* data,
+                          std::shared_ptr<const void> owner = {});
+  // A 2-D GGUF tensor (ne = (k, n)); `owner` should keep its File alive (e.g. std::make_shared<gguf::File>(file)).
+  static QuantMatrix from_tensor(const gguf::TensorInfo& tensor, std::shared_ptr<const void> owner);
+
+  QuantMatrix slice(int64_t begin, int64_t end) const;  // rows [begin, end); std::invalid_argument outside
+  bool defined() const { return data != nullptr || rows * cols == 0; }
+};
+
+// True for the weight types with an integer product (activations quantized per 32, exact int32 sums per block):
+// Q4_0, Q5_0, Q8_0 (activations as ggml's Q8_0) and Q4_1, Q5_1 (as ggml's Q8_1, with the block sum).
+bool quant_gemm_integer(gguf::Type type);
+
+// y (m, n) = x (m, k) · Wᵀ + bias (n, or nullptr); rows of x ldx apart, of y ldy apart.
+//   Integer types: each row of x is quantized per block of 32 as ggml's quantize_row_q8_0_ref / q8_1_ref
+//   (d = amax / 127 stored as fp16, q = roundf(x / d) computed as x * (1 / d), and for Q8_1 s = fp16(d · Σq)); per
+//   block the exact int32 sum Σ w·q, then acc += sumi · (dw · dx) (+ mw · sx for Q4_1 / Q5_1) in float32, blocks in
+//   order from acc = 0, and y = acc + bias. A block of x with a non-finite value makes its row's outputs NaN.
+//   Other types (F32, F16, BF16, Q8_1, the K-quants): each weight row dequantized to float32 (kernels::
+//   dequantize_row) and dotted with x in float32 in a fixed order (8 lanes by index mod 8, then a fixed tree).
+// Every path gives the portable reference's bits; a row's outputs do not depend on m, on the row's place in the
+// batch or on the thread count. Threads: OpenMP over fixed blocks of output columns.
+// Errors (std::invalid_argument "[gemm_quant] ..." naming the shapes): m < 0, ldx < k, ldy < n, null pointers
+// where rows are read or written, an undefined matrix; a type without a dequantizer throws std::runtime_error.
+void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
+                int64_t ldy);
+
+// What gemm_quant runs here: "avx512vnni", "avx2" or "portable" (the integer product's build, by active_isa());
+// with a type, the same for an integer type, else "float32 (dequantized rows)".
+const char* quant_gemm_path();
+std::string quant_gemm_path(gguf::Type type);
+
+// out (count, k) = the rows ids[0..count) of W dequantized to float32 (a quantized token embedding). An id outside
+// [0, rows) throws std::invalid_argument "[embedding_rows] ...".
+void embedding_rows(const QuantMatrix& w, const int64_t* ids, int64_t count, float* out);
+
+// Activations quantized per block of 32 as above (for the tests and the per-path entry points): row i's block b is
+// q[i * cols + 32 b ..], scale d[i * blocks + b] (the fp16 value as float; NaN for a non-finite block), s (Q8_1's
+// fp16(d · Σq) as float; NaN likewise) and sum (Σq, int).
+struct QuantActivations {
+  int64_t rows = 0, cols = 0, blocks = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  std::vector<int32_t> sum;
+};
+void quantize_activations(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out);
+
+// float32 -> IEEE half bits, round to nearest even (overflow to inf, NaN kept quiet): ggml's GGML_FP32_TO_FP16.
+uint16_t fp16_from_float(float f);
+
+// The builds, for the tests: each checks its arguments as gemm_quant does; avx2:: and avx512:: throw
+// std::runtime_error "[gemm_quant] ..." where the CPU lacks AVX2 / AVX512-VNNI. Types without an integer product
+// run the float32 path (one build) in all three.
+namespace portable {
+void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
+                int64_t ldy);
+}  // namespace portable
+namespace avx2 {
+void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
+                int64_t ldy);
+}  // namespace avx2
+namespace avx512 {  // the avx512vnni build (vpdpbusd)
+void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
+                int64_t ldy);
+}  // namespace avx512
+
+}  // namespace qkv::kernels

@@ -1,0 +1,84 @@
+// Shared by the quantized product's builds (quant_gemm*.cpp): the block layouts of the integer types, the tile
+// contract of the SIMD builds, and the portable per-output reference that the tiles' leftover columns run.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "qkv/kernels/quant_gemm.h"
+
+namespace qkv::kernels::quant_detail {
+
+inline constexpr int64_t kQK = 32;  // elements per block of every integer type and of the activations
+
+// Where a block of an integer type keeps its parts (bytes from the block's start): fp16 d at 0, fp16 m at 2 when
+// has_min, the u32 of fifth bits at qh (-1: none), the 16 nibble bytes (or Q8_0's 32 int8) at qs.
+// The integer value w of element j (the weight is d * w, or d * w + m): Q4_0 nibble - 8, Q4_1 nibble, Q5_0
+// (nibble | bit j of qh << 4) - 16, Q5_1 that + 16, Q8_0 qs[j]; nibble = qs[j] & 15 (j < 16) or qs[j - 16] >> 4.
+struct BlockLayout {
+  int kind = 0;  // 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0
+  int qs = 0, qh = -1;
+  bool has_min = false;
+};
+inline BlockLayout block_layout(gguf::Type type) {
+  switch (type) {
+    case gguf::Type::Q4_0: return {0, 2, -1, false};
+    case gguf::Type::Q4_1: return {1, 4, -1, true};
+    case gguf::Type::Q5_0: return {2, 6, 2, false};
+    case gguf::Type::Q5_1: return {3, 8, 4, true};
+    default: return {4, 2, -1, false};  // Q8_0
+  }
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// The integer value of element j of a block (the definition the SIMD builds reproduce).
+inline int block_value(const BlockLayout& l, const uint8_t* blk, int j) {
+  if (l.kind == 4) return static_cast<int8_t>(blk[l.qs + j]);
+  const uint8_t byte = blk[l.qs + (j & 15)];
+  int v = j < 16 ? (byte & 0x0F) : (byte >> 4);
+  if (l.qh >= 0) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + l.qh, 4);
+    v |= static_cast<int>((qh >> j) & 1u) << 4;
+  }
+  if (l.kind == 0) v -= 8;
+  if (l.kind == 2) v -= 16;
+  return v;
+}
+
+// One block's term of the float epilogue, as every build computes it: sumi · (dw · dx), plus mw · sx with a min.
+inline float block_term(int32_t sumi, float dw, float dx, bool has_min, float mw, float sx) {
+  float t = static_cast<float>(sumi) * (dw * dx);
+  if (has_min) t = t + mw * sx;
+  return t;
+}
+
+// What a tile computes: y[i, j0 + c] for every row i of a and the tile's kTile columns c.
+struct TileArgs {
+  const QuantActivations* a = nullptr;
+  const QuantMatrix* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+using TileFn = void (*)(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
+
+// The portable reference of output column j for every row (plain loops; also the SIMD builds' leftover columns).
+void reference_column(const TileArgs& t, int64_t j);
+
+namespace avx2 {
+inline constexpr int64_t kTile = 8;
+void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
+}  // namespace avx2
+namespace avx512 {
+inline constexpr int64_t kTile = 16;
+void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
+}  // namespace avx512
+
+}  // namespace qkv::kernels::quant_detail

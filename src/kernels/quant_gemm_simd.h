@@ -1,0 +1,68 @@
+// 256-bit helpers of the quantized product's SIMD builds: a block's 32 integer values as int8 lanes, and 8 fp16
+// scales to float32 exactly. Included by quant_gemm_avx2.cpp and quant_gemm_avx512.cpp only, each compiling its own
+// copy (internal linkage) with its own flags.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "quant_gemm_impl.h"
+
+namespace qkv::kernels::quant_detail {
+namespace {
+
+// The 16 nibble bytes as 32 lanes: low nibbles are elements 0..15, high nibbles 16..31.
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// Bit j of the u32 at qh as 0x10 (set) or 0 in lane j.
+inline __m256i fifth_bits(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i m = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, m), m), _mm256_set1_epi8(0x10));
+}
+
+// A block's 32 integer values (quant_gemm_impl.h block_value) as int8 lanes 0..31.
+template <int kKind>
+inline __m256i block_values(const uint8_t* blk) {
+  if constexpr (kKind == 0) return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+  if constexpr (kKind == 1) return nibbles(blk + 4);
+  if constexpr (kKind == 2)
+    return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2)), _mm256_set1_epi8(16));
+  if constexpr (kKind == 3) return _mm256_or_si256(nibbles(blk + 8), fifth_bits(blk + 4));
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+}
+
+// 8 fp16 bit patterns to float32, exactly as qkv::fp16_to_float (subnormals, ±inf, NaN payloads): the exponent and
+// mantissa moved into float32's place and scaled by 2^112 (exact: a power of two, no rounding, no flush to zero
+// since nothing here sets the FTZ/DAZ modes); exponent 31 rebuilt as inf / NaN.
+inline __m256 fp16x8_to_float(__m128i h) {
+  const __m256i v = _mm256_cvtepu16_epi32(h);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
+  const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF));
+  const __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 13)), _mm256_set1_ps(0x1p112f));
+  const __m256i special = _mm256_or_si256(_mm256_set1_epi32(0x7F800000),
+                                          _mm256_slli_epi32(_mm256_and_si256(em, _mm256_set1_epi32(0x3FF)), 13));
+  const __m256i is_special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF));
+  const __m256i bits = _mm256_blendv_epi8(_mm256_castps_si256(scaled), special, is_special);
+  return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
+}
+
+// The fp16 at byte `offset` of block b of 8 consecutive rows from `row0`, as float32.
+inline __m256 scales8(const uint8_t* row0, int64_t row_bytes, int64_t offset) {
+  alignas(16) uint16_t h[8];
+  for (int r = 0; r < 8; ++r) h[r] = load_u16(row0 + r * row_bytes + offset);
+  return fp16x8_to_float(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+}  // namespace
+}  // namespace qkv::kernels::quant_detail
