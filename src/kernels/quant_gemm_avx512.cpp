@@ -1,7 +1,11 @@
-// The quantized product's AVX512-VNNI build: tiles of 16 weight rows unpacked once into vpdpbusd's operand order
-// (u8 = w + 128), then per activation row and block the exact int32 sums Σ (w + 128) · x - 128 · Σx reduced per
-// row, and quant_gemm_impl.h's float epilogue in 16 lanes.
+// The quantized product's AVX512-VNNI build: tiles of 16 weight rows unpacked once into vpdpbusd's u8 operand
+// order (nibbles with their fifth bit as they are; Q8_0 as w + 128), then per activation row and block the exact
+// int32 sums Σ u · x - offset · Σx reduced per row, and quant_gemm_impl.h's float epilogue in 16 lanes.
 #include "quant_gemm_simd.h"
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace qkv::kernels::quant_detail::avx512 {
 namespace {
@@ -10,11 +14,41 @@ namespace {
 // rb = ra + 4 as [ra 0..15 | rb 0..15 | ra 16..31 | rb 16..31] against the activations' [x 0..15 | x 0..15 |
 // x 16..31 | x 16..31], so that after the reduction below the 16 sums come out in row order.
 inline int row_a(int v) { return v < 4 ? v : v + 4; }
+inline constexpr int kVnniOffset[5] = {8, 0, 16, 0, 128};
 
-inline __m512 fp16x16_to_float(const uint8_t* row0, int64_t row_bytes, int64_t offset) {
-  const __m256 lo = scales8(row0, row_bytes, offset);
-  const __m256 hi = scales8(row0 + 8 * row_bytes, row_bytes, offset);
+inline __m512 fp16_lanes_to_float512(__m512i v) {
+  const __m256 lo = fp16_lanes_to_float(_mm512_castsi512_si256(v));
+  const __m256 hi = fp16_lanes_to_float(_mm512_extracti64x4_epi64(v, 1));
   return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+// Rows ra and rb of one block as one vector in the order above.
+template <int kKind>
+inline __m512i pair_operand(const uint8_t* a, const uint8_t* b) {
+  if constexpr (kKind == 4) {
+    const __m256i va = block_operand<4>(a), vb = block_operand<4>(b);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);  // [a lo | a hi | b lo | b hi]
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));            // [a lo | b lo | a hi | b hi]
+    return _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    constexpr int qs = kKind == 0 ? 2 : kKind == 1 ? 4 : kKind == 2 ? 6 : 8;
+    const __m256i pair = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + qs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)), 1);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(pair), pair, 1);  // [qa | qb | qa | qb]
+    z = _mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4);                        // high nibbles into lanes 2, 3
+    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+    if constexpr (kKind == 2 || kKind == 3) {
+      constexpr int qh = kKind == 2 ? 2 : 4;
+      uint32_t ha, hb;
+      std::memcpy(&ha, a + qh, 4);
+      std::memcpy(&hb, b + qh, 4);
+      const __mmask64 bits = static_cast<uint64_t>(ha & 0xFFFFu) | static_cast<uint64_t>(hb & 0xFFFFu) << 16 |
+                             static_cast<uint64_t>(ha >> 16) << 32 | static_cast<uint64_t>(hb >> 16) << 48;
+      z = _mm512_or_si512(z, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
+    }
+    return z;
+  }
 }
 
 template <int kKind>
@@ -22,7 +56,7 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const QuantMatrix& w = *t.w;
   const QuantActivations& a = *t.a;
   const int64_t nb = w.cols / kQK, bs = gguf::type_size(w.type);
-  const BlockLayout layout = block_layout(w.type);
+  constexpr bool kMin = kKind == 1 || kKind == 3;
   const size_t vbytes = static_cast<size_t>(nb) * 8 * 64, fbytes = static_cast<size_t>(nb) * 16 * sizeof(float);
   if (scratch.size() < vbytes + 2 * fbytes + 64) scratch.resize(vbytes + 2 * fbytes + 64);
   uint8_t* base = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
@@ -30,18 +64,18 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   float* dw = reinterpret_cast<float*>(base + vbytes);
   float* mw = dw + nb * 16;
   const uint8_t* row0 = w.data + j0 * w.row_bytes;
-  const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(w.row_bytes)));
   for (int64_t b = 0; b < nb; ++b) {
     for (int v = 0; v < 8; ++v) {
-      const int ra = row_a(v);
-      const __m256i va = block_values<kKind>(row0 + ra * w.row_bytes + b * bs);
-      const __m256i vb = block_values<kKind>(row0 + (ra + 4) * w.row_bytes + b * bs);
-      __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);  // [a lo | a hi | b lo | b hi]
-      z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));            // [a lo | b lo | a hi | b hi]
-      _mm512_store_si512(vals + (b * 8 + v) * 64, _mm512_xor_si512(z, bias128));
+      const uint8_t* pa = row0 + row_a(v) * w.row_bytes + b * bs;
+      _mm512_store_si512(vals + (b * 8 + v) * 64, pair_operand<kKind>(pa, pa + 4 * w.row_bytes));
     }
-    _mm512_store_ps(dw + b * 16, fp16x16_to_float(row0, w.row_bytes, b * bs));
-    if (layout.has_min) _mm512_store_ps(mw + b * 16, fp16x16_to_float(row0, w.row_bytes, b * bs + 2));
+    // The first 4 bytes of each row's block: d, and m where the type has one.
+    const __m512i head = _mm512_i32gather_epi32(rows, row0 + b * bs, 1);
+    _mm512_store_ps(dw + b * 16, fp16_lanes_to_float512(_mm512_and_si512(head, _mm512_set1_epi32(0xFFFF))));
+    if constexpr (kMin) _mm512_store_ps(mw + b * 16, fp16_lanes_to_float512(_mm512_srli_epi32(head, 16)));
   }
 
   for (int64_t i = 0; i < a.rows; ++i) {
@@ -68,10 +102,11 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
       // Lanes 0 + 2 (elements 0..15 and 16..31 of the "a" rows), 1 + 3 (the "b" rows): rows 0..15 in order.
       __m512i sumi = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
                                       _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
-      sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(128 * xs[b]));
+      if constexpr (kVnniOffset[kKind] != 0)
+        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * xs[b]));
       __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(_mm512_load_ps(dw + b * 16),
                                                                           _mm512_set1_ps(dx[b])));
-      if (layout.has_min) term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_load_ps(mw + b * 16), _mm512_set1_ps(sx[b])));
+      if constexpr (kMin) term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_load_ps(mw + b * 16), _mm512_set1_ps(sx[b])));
       acc = _mm512_add_ps(acc, term);
     }
     if (t.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(t.bias + j0));

@@ -31,22 +31,23 @@ inline __m256i fifth_bits(const uint8_t* qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, m), m), _mm256_set1_epi8(0x10));
 }
 
-// A block's 32 integer values (quant_gemm_impl.h block_value) as int8 lanes 0..31.
+// A block's 32 values as the unsigned operand of the u8 x s8 products, lanes 0..31: the integer value
+// (quant_gemm_impl.h block_value) plus kOffset[kind] = 8, 0, 16, 0 for Q4_0, Q4_1, Q5_0, Q5_1 (the nibbles, with the
+// fifth bit), and for Q8_0 (kind 4) the int8 values themselves (signed; offset 0 here).
+inline constexpr int kOffset[5] = {8, 0, 16, 0, 0};
 template <int kKind>
-inline __m256i block_values(const uint8_t* blk) {
-  if constexpr (kKind == 0) return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+inline __m256i block_operand(const uint8_t* blk) {
+  if constexpr (kKind == 0) return nibbles(blk + 2);
   if constexpr (kKind == 1) return nibbles(blk + 4);
-  if constexpr (kKind == 2)
-    return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2)), _mm256_set1_epi8(16));
+  if constexpr (kKind == 2) return _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2));
   if constexpr (kKind == 3) return _mm256_or_si256(nibbles(blk + 8), fifth_bits(blk + 4));
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
 }
 
-// 8 fp16 bit patterns to float32, exactly as qkv::fp16_to_float (subnormals, ±inf, NaN payloads): the exponent and
-// mantissa moved into float32's place and scaled by 2^112 (exact: a power of two, no rounding, no flush to zero
-// since nothing here sets the FTZ/DAZ modes); exponent 31 rebuilt as inf / NaN.
-inline __m256 fp16x8_to_float(__m128i h) {
-  const __m256i v = _mm256_cvtepu16_epi32(h);
+// fp16 bit patterns in the low 16 bits of 8 int32 lanes to float32, exactly as qkv::fp16_to_float (subnormals,
+// ±inf, NaN payloads): the exponent and mantissa moved into float32's place and scaled by 2^112 (exact: a power of
+// two, no rounding, no flush to zero since nothing here sets the FTZ/DAZ modes); exponent 31 rebuilt as inf / NaN.
+inline __m256 fp16_lanes_to_float(__m256i v) {
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
   const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF));
   const __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 13)), _mm256_set1_ps(0x1p112f));
@@ -55,13 +56,6 @@ inline __m256 fp16x8_to_float(__m128i h) {
   const __m256i is_special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF));
   const __m256i bits = _mm256_blendv_epi8(_mm256_castps_si256(scaled), special, is_special);
   return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
-}
-
-// The fp16 at byte `offset` of block b of 8 consecutive rows from `row0`, as float32.
-inline __m256 scales8(const uint8_t* row0, int64_t row_bytes, int64_t offset) {
-  alignas(16) uint16_t h[8];
-  for (int r = 0; r < 8; ++r) h[r] = load_u16(row0 + r * row_bytes + offset);
-  return fp16x8_to_float(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
 }  // namespace
