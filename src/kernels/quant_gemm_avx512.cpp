@@ -51,66 +51,124 @@ inline __m512i pair_operand(const uint8_t* a, const uint8_t* b) {
   }
 }
 
+// The activations' block [x 0..15 | x 0..15 | x 16..31 | x 16..31].
+inline __m512i activation_operand(const int8_t* xq) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m512i xz = _mm512_inserti64x4(_mm512_castsi256_si512(xv), xv, 1);  // [x lo | x hi | x lo | x hi]
+  return _mm512_shuffle_i64x2(xz, xz, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+// The 16 rows' exact int32 sums of one block from the 8 vpdpbusd results.
+inline __m512i row_sums(const __m512i p[8]) {
+  // Per 128-bit lane, the 4 lanes of p[0..3] (and p[4..7]) summed: [p0 p1 p2 p3] in each lane.
+  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+  const __m512i t45 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[4], p[5]), _mm512_unpackhi_epi32(p[4], p[5]));
+  const __m512i t67 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[6], p[7]), _mm512_unpackhi_epi32(p[6], p[7]));
+  const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+  const __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(t45, t67), _mm512_unpackhi_epi64(t45, t67));
+  // Lanes 0 + 2 (elements 0..15 and 16..31 of the "a" rows), 1 + 3 (the "b" rows): rows 0..15 in order.
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// One block of one activation row against the tile's 16 rows, added to acc by quant_gemm_impl.h's epilogue.
 template <int kKind>
-void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  const QuantMatrix& w = *t.w;
+inline __m512 accumulate(__m512 acc, const __m512i z[8], const QuantActivations& a, int64_t i, int64_t b,
+                         __m512 dw, __m512 mw) {
+  const __m512i xz = activation_operand(a.q.data() + i * a.cols + b * kQK);
+  __m512i p[8];
+  for (int v = 0; v < 8; ++v) p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[v], xz);
+  __m512i sumi = row_sums(p);
+  const size_t o = static_cast<size_t>(i * a.blocks + b);
+  if constexpr (kVnniOffset[kKind] != 0) sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
+  __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[o])));
+  if constexpr (kKind == 1 || kKind == 3) term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(a.s[o])));
+  return _mm512_add_ps(acc, term);
+}
+
+inline void store_row(const TileArgs& t, int64_t i, int64_t j0, __m512 acc) {
+  if (t.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(t.bias + j0));
+  _mm512_storeu_ps(t.y + i * t.ldy + j0, acc);
+}
+
+struct TileRows {
+  const uint8_t* row0;
+  int64_t row_bytes, bs;
+  __m512i offsets;  // r * row_bytes
+  TileRows(const QuantMatrix& w, int64_t j0)
+      : row0(w.data + j0 * w.row_bytes), row_bytes(w.row_bytes), bs(gguf::type_size(w.type)),
+        offsets(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                   _mm512_set1_epi32(static_cast<int>(w.row_bytes)))) {}
+  template <int kKind>
+  void operands(int64_t b, __m512i z[8]) const {
+    for (int v = 0; v < 8; ++v) {
+      const uint8_t* pa = row0 + row_a(v) * row_bytes + b * bs;
+      z[v] = pair_operand<kKind>(pa, pa + 4 * row_bytes);
+    }
+  }
+  // The first 4 bytes of each row's block: d, and m (when the type has one) in the high half.
+  __m512i heads(int64_t b) const { return _mm512_i32gather_epi32(offsets, row0 + b * bs, 1); }
+};
+
+inline __m512 head_d(__m512i head) { return fp16_lanes_to_float512(_mm512_and_si512(head, _mm512_set1_epi32(0xFFFF))); }
+inline __m512 head_m(__m512i head) { return fp16_lanes_to_float512(_mm512_srli_epi32(head, 16)); }
+
+// Up to 4 activation rows (decode, small batches): each block's operands built in registers and used at once.
+template <int kKind, int R>
+void tile_fused(const TileArgs& t, int64_t j0, int64_t i0) {
   const QuantActivations& a = *t.a;
-  const int64_t nb = w.cols / kQK, bs = gguf::type_size(w.type);
+  const TileRows rows(*t.w, j0);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    __m512i z[8];
+    rows.operands<kKind>(b, z);
+    const __m512i head = rows.heads(b);
+    const __m512 dw = head_d(head);
+    const __m512 mw = kKind == 1 || kKind == 3 ? head_m(head) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[r] = accumulate<kKind>(acc[r], z, a, i0 + r, b, dw, mw);
+  }
+  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
+}
+
+// More rows: the tile's operands and scales unpacked once into scratch, then read back for every row.
+template <int kKind>
+void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  const QuantActivations& a = *t.a;
+  const int64_t nb = a.blocks;
   constexpr bool kMin = kKind == 1 || kKind == 3;
   const size_t vbytes = static_cast<size_t>(nb) * 8 * 64, fbytes = static_cast<size_t>(nb) * 16 * sizeof(float);
   if (scratch.size() < vbytes + 2 * fbytes + 64) scratch.resize(vbytes + 2 * fbytes + 64);
   uint8_t* base = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
-  uint8_t* vals = base;
+  __m512i* vals = reinterpret_cast<__m512i*>(base);
   float* dw = reinterpret_cast<float*>(base + vbytes);
   float* mw = dw + nb * 16;
-  const uint8_t* row0 = w.data + j0 * w.row_bytes;
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(static_cast<int>(w.row_bytes)));
+  const TileRows rows(*t.w, j0);
   for (int64_t b = 0; b < nb; ++b) {
-    for (int v = 0; v < 8; ++v) {
-      const uint8_t* pa = row0 + row_a(v) * w.row_bytes + b * bs;
-      _mm512_store_si512(vals + (b * 8 + v) * 64, pair_operand<kKind>(pa, pa + 4 * w.row_bytes));
-    }
-    // The first 4 bytes of each row's block: d, and m where the type has one.
-    const __m512i head = _mm512_i32gather_epi32(rows, row0 + b * bs, 1);
-    _mm512_store_ps(dw + b * 16, fp16_lanes_to_float512(_mm512_and_si512(head, _mm512_set1_epi32(0xFFFF))));
-    if constexpr (kMin) _mm512_store_ps(mw + b * 16, fp16_lanes_to_float512(_mm512_srli_epi32(head, 16)));
+    rows.operands<kKind>(b, vals + b * 8);
+    const __m512i head = rows.heads(b);
+    _mm512_store_ps(dw + b * 16, head_d(head));
+    if constexpr (kMin) _mm512_store_ps(mw + b * 16, head_m(head));
   }
-
   for (int64_t i = 0; i < a.rows; ++i) {
-    const int8_t* xq = a.q.data() + i * a.cols;
-    const float* dx = a.d.data() + i * a.blocks;
-    const float* sx = a.s.data() + i * a.blocks;
-    const int32_t* xs = a.sum.data() + i * a.blocks;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQK));
-      __m512i xz = _mm512_inserti64x4(_mm512_castsi256_si512(xv), xv, 1);  // [x lo | x hi | x lo | x hi]
-      xz = _mm512_shuffle_i64x2(xz, xz, _MM_SHUFFLE(3, 1, 2, 0));          // [x lo | x lo | x hi | x hi]
-      __m512i p[8];
-      for (int v = 0; v < 8; ++v) {
-        p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(vals + (b * 8 + v) * 64), xz);
-      }
-      // Per 128-bit lane, the 4 lanes of p[0..3] (and p[4..7]) summed: [p0 p1 p2 p3] in each lane.
-      const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
-      const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
-      const __m512i t45 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[4], p[5]), _mm512_unpackhi_epi32(p[4], p[5]));
-      const __m512i t67 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[6], p[7]), _mm512_unpackhi_epi32(p[6], p[7]));
-      const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-      const __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(t45, t67), _mm512_unpackhi_epi64(t45, t67));
-      // Lanes 0 + 2 (elements 0..15 and 16..31 of the "a" rows), 1 + 3 (the "b" rows): rows 0..15 in order.
-      __m512i sumi = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                      _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
-      if constexpr (kVnniOffset[kKind] != 0)
-        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * xs[b]));
-      __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(_mm512_load_ps(dw + b * 16),
-                                                                          _mm512_set1_ps(dx[b])));
-      if constexpr (kMin) term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_load_ps(mw + b * 16), _mm512_set1_ps(sx[b])));
-      acc = _mm512_add_ps(acc, term);
+      acc = accumulate<kKind>(acc, vals + b * 8, a, i, b, _mm512_load_ps(dw + b * 16),
+                              kMin ? _mm512_load_ps(mw + b * 16) : _mm512_setzero_ps());
     }
-    if (t.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(t.bias + j0));
-    _mm512_storeu_ps(t.y + i * t.ldy + j0, acc);
+    store_row(t, i, j0, acc);
+  }
+}
+
+template <int kKind>
+void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  switch (t.a->rows) {
+    case 1: return tile_fused<kKind, 1>(t, j0, 0);
+    case 2: return tile_fused<kKind, 2>(t, j0, 0);
+    case 3: return tile_fused<kKind, 3>(t, j0, 0);
+    case 4: return tile_fused<kKind, 4>(t, j0, 0);
+    default: return tile_unpacked<kKind>(t, j0, scratch);
   }
 }
 

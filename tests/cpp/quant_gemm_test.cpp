@@ -281,7 +281,7 @@ TEST(QuantGemm, EveryBuildGivesThePortableBitsAtAwkwardSizes) {
   for (Type type : kIntegerTypes)
     for (int64_t k : {32, 64, 96, 4096})
       for (int64_t n : {1, 3, 17, 64})
-        for (int64_t m : {1, 2, 7, 13, 33}) {
+        for (int64_t m : {1, 2, 3, 4, 7, 13, 33}) {
           if (k == 4096 && m > 2 && n * 2 < m) continue;  // at k = 4096 the larger m with the larger n only
           const Weights w = (seed % 2) ? random_weights(type, n, k, seed) : quantized_weights(type, n, k, seed);
           const std::vector<float> x = random_floats(static_cast<size_t>(m * k), seed + 1000, -3.0f, 3.0f);
@@ -332,10 +332,10 @@ TEST(QuantGemm, RowBitsIndependentOfBatchPlaceAndThreads) {
       const std::vector<float> alone = run(p.fn, row, 1, w.w, nullptr);
       for (int threads : {1, 2}) {
         omp_set_num_threads(threads);
-        for (int64_t m : {1, 8, 33}) {
-          const std::vector<float> x(batch.begin() + (m == 1 ? 5 * k : 0), batch.begin() + (m == 1 ? 6 * k : m * k));
+        for (int64_t m : {1, 3, 8, 33}) {
+          const int64_t at = std::min<int64_t>(5, m - 1), first = 5 - at;  // batch row 5 at place `at`
+          const std::vector<float> x(batch.begin() + first * k, batch.begin() + (first + m) * k);
           const std::vector<float> y = run(p.fn, x, m, w.w, nullptr);
-          const int64_t at = m == 1 ? 0 : 5;
           const std::vector<float> got(y.begin() + at * n, y.begin() + (at + 1) * n);
           EXPECT_TRUE(SameBits(got, alone, gguf::type_name(type) + " " + p.name + " m=" + std::to_string(m) +
                                                " threads=" + std::to_string(threads)));
