@@ -19,8 +19,20 @@
 namespace qkv::cli {
 namespace {
 
-void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshots, const std::string& title) {
-  const std::string page = viz_page(viz_data(snapshots, title));
+// Writes the page to `out` ("-": stdout). An existing file is replaced only when the viewer wrote it, so a mistyped
+// --out cannot destroy a run's config.json or a checkpoint.
+void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshots, const std::string& title,
+                const std::string& note = "") {
+  json::Value data = viz_data(snapshots, title);
+  if (!note.empty()) data.set("note", note);
+  const std::string page = viz_page(data);
+  if (out == "-") {
+    std::fwrite(page.data(), 1, page.size(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  QKV_CHECK_ARG(is_viewer_page_or_absent(out), "[viz] --out ", out,
+                " exists and is not a viewer page; refusing to overwrite it (choose another path)");
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   write_file_atomic(out, page);
@@ -30,11 +42,13 @@ void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshot
 void run_model(const std::string& model, const std::vector<std::string>& texts, const std::string& out) {
   QKV_CHECK_ARG(!texts.empty() && texts.size() <= 2, "[viz] --model takes one sentence or two (a pair), got ",
                 texts.size());
-  const models::SentenceEncoder enc(model);
+  const std::unique_ptr<models::SentenceEncoder> enc = load_viewer_encoder(model, "viz");
   const std::string* second = texts.size() == 2 ? &texts[1] : nullptr;
   std::string title = short_model_name(model) + ": \"" + texts[0] + "\"";
   if (second) title += " / \"" + *second + "\"";
-  write_page(out, {bert_snapshot(enc, texts[0], second)}, title);
+  const std::string note = truncation_note(*enc, texts[0], second);
+  if (!note.empty()) std::fprintf(stderr, "[viz] warning: %s\n", note.c_str());
+  write_page(out, {bert_snapshot(*enc, texts[0], second)}, title, note);
 }
 
 void run_demo_page(uint64_t seed, const std::string& out) {
@@ -75,10 +89,10 @@ void add_viz(CLI::App& app) {
       ->check(CLI::IsMember({"latest", "all"}))
       ->capture_default_str();
   cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2)");
-  cmd->add_option("--out", *out, "The HTML page to write")->capture_default_str();
+  cmd->add_option("--out", *out, "The HTML page to write (-: stdout)")->capture_default_str();
   cmd->add_option("texts", *texts, "With --model: a sentence, or two for a sentence pair");
   auto* demo = cmd->add_subcommand("demo", "The article's §5 example: 2 samples x 4 heads over 10 tokens");
-  demo->add_option("--out", *out, "The HTML page to write")->capture_default_str();
+  demo->add_option("--out", *out, "The HTML page to write (-: stdout)")->capture_default_str();
   demo->add_option("--seed", *seed, "Seed of the random weights and input")->capture_default_str();
   demo->callback([=]() { run_demo_page(*seed, *out); });
   cmd->callback([=, cmd_ptr = cmd]() {

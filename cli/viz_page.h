@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,18 @@ json::Value viz_data(const std::vector<VizSnapshot>& snapshots, const std::strin
                            VizDtype dtype = VizDtype::kAuto);
 // The viewer page holding `data`.
 std::string viz_page(const json::Value& data);
+// `data` as the text of the page's <script type="application/json"> element: every '<', '>', '&', U+2028 and U+2029
+// is written as its \u escape (the same JSON), so no string in it can end the element or open an HTML comment.
+std::string script_json(const json::Value& data);
+// Whether `path` may be replaced by a viewer page: it does not exist, or it is a page that the viewer wrote.
+bool is_viewer_page_or_absent(const std::string& path);
+
+// The BERT sentence encoder of `model_dir` for the viewer; a language-model folder (config.json of a Llama,
+// SmolLM, GPT-2 ...) or a GGUF file is refused with std::invalid_argument "[op] ..." naming what the viewer takes.
+std::unique_ptr<models::SentenceEncoder> load_viewer_encoder(const std::string& model_dir, const char* op);
+// "" when the encoder reads all of `text` (and `second`), else a one-line note that it reads only its first
+// max_seq_length tokens, as the page shows them.
+std::string truncation_note(const models::SentenceEncoder& encoder, const std::string& text, const std::string* second);
 
 // A BERT encoder's self-attention for one text (or a pair), one group of L x H maps; mask: positions -> [MASK].
 VizSnapshot bert_snapshot(const models::SentenceEncoder& encoder, const std::string& text, const std::string* second,

@@ -68,6 +68,15 @@ def _group(name: str, kind: str, q_tokens, k_tokens, w: np.ndarray, causal: bool
             "dtype": dtype, "data": base64.b64encode(payload).decode("ascii")}
 
 
+# '<', '>', '&', U+2028 and U+2029 occur only inside JSON strings, where \\uXXXX is the same character: escaped, no
+# text in the data can end the <script type="application/json"> element or open an HTML comment in it (as `qkv viz`).
+_SCRIPT_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
+
+
+def _script_json(data) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
+
+
 def _pick_dtype(dtype: str, counts: int) -> str:
     if dtype != "auto":
         return dtype
@@ -121,7 +130,7 @@ def page_html(tokens=None, attentions=None, *, encoder_attention=None, decoder_a
     data = {"format": "qkv-attention-1", "title": str(title), "lang": lang,
             "snapshots": [{"label": lab, "groups": [_group(n, k, q, kk, w, c, chosen) for (n, k, q, kk, w, c) in groups]}
                           for (lab, _), groups in zip(snapshots, arrays)]}
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    text = _script_json(data)
     template = viewer_template()
     if template.count(_PLACEHOLDER) != 1:
         raise RuntimeError("[viz] viewer.html must hold the data placeholder exactly once")

@@ -297,6 +297,22 @@ def test_cli_demo_page(driver, tmp_path):
     assert len(driver.find_elements(By.CSS_SELECTOR, "#group option")) == 2
 
 
+def test_comment_script_text_in_the_data_still_draws(driver, tmp_path):
+    """"<!--<script>" in a token or title hid the viewer's script from the HTML parser: a blank page, no error."""
+    text = "a <!--<script> b </script> c \u2028 d"
+    att = [np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)]
+    page = qkv.viz.write_html(tmp_path / "py.html", [text, "<!--", "<script>"], att, title=text)
+    cli = tmp_path / "cli.html"
+    r = subprocess.run([cli_path(), "viz", "--model", corpus.model_dir(), text, "--out", str(cli)], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert r.returncode == 0, r.stderr
+    for path, thumbs in ((page, 2), (cli, 72)):
+        open_page(driver, path)
+        assert len(driver.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == thumbs
+        assert "a <!--<script> b </script> c" in driver.find_element(By.ID, "source").text
+        assert not driver.find_element(By.ID, "note").is_displayed()
+
+
 def test_minilm_page_at_256_tokens_is_small_and_fast(driver, tmp_path, enc):
     text = " ".join(corpus.HANDWRITTEN[:30]) * 3  # past 256 word pieces: truncated to max_seq_length
     out = tmp_path / "long.html"
@@ -308,6 +324,8 @@ def test_minilm_page_at_256_tokens_is_small_and_fast(driver, tmp_path, enc):
     open_page(driver, out)
     t = driver.execute_script("return window.qkvViewer.state && document.querySelectorAll('canvas.thumb').length")
     assert t == 72
+    note = driver.find_element(By.ID, "note")  # the text was cut to max_seq_length: the page says so
+    assert note.is_displayed() and "reads only the first 256" in note.text
     ready = driver.execute_script("return window.qkvViewer.readyAt")
     print(f"\nMiniLM page T=256: {size / 1e6:.2f} MB, load + decode + draw in headless Chromium {ready:.0f} ms")
     assert ready < 3000, f"load + draw took {ready:.0f} ms"

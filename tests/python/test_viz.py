@@ -200,3 +200,95 @@ def test_cli_viz_errors_are_one_line(tmp_path, args, message):
     r = run_cli(*args)
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+COMMENT_SCRIPT = "a <!--<script> b </script> c & d \u2028 e \u2029"
+
+
+def script_text(html):
+    """The text of the page data element as the HTML parser sees it: up to the first "</script"."""
+    return html.split('<script id="qkv-data" type="application/json">', 1)[1].split("</script", 1)[0]
+
+
+def test_embedded_json_escapes_comment_and_script_openers(tmp_path):
+    """"<!--<script>" in the data put the HTML parser in its double-escaped state: the data element swallowed the
+    viewer's own script and the page stayed blank. Both writers (qkv.viz and `qkv viz`) escape < > & U+2028 U+2029."""
+    tokens = [COMMENT_SCRIPT, "</script>", "<!--"]
+    att = [np.full((1, 1, 3, 3), 1 / 3, dtype=np.float32)]
+    html = open(qkv.viz.write_html(tmp_path / "py.html", tokens, att, title=COMMENT_SCRIPT), encoding="utf-8").read()
+    text = script_text(html)
+    assert not set(text) & set("<>&\u2028\u2029")
+    data = json.loads(text)
+    assert data["title"] == COMMENT_SCRIPT and data["snapshots"][0]["groups"][0]["q_tokens"] == tokens
+    out = tmp_path / "cli.html"
+    r = run_cli("viz", "--model", corpus.model_dir(), COMMENT_SCRIPT, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    text = script_text(out.read_text(encoding="utf-8"))
+    assert not set(text) & set("<>&\u2028\u2029")
+    assert COMMENT_SCRIPT in json.loads(text)["title"]
+
+
+def test_cli_viz_out_refuses_to_overwrite_a_file_it_did_not_write(tmp_path):
+    """`viz --out RUN/config.json` replaced the run's config; only a page the viewer wrote may be replaced."""
+    config = tmp_path / "config.json"
+    config.write_text('{"model": "rnn-attn"}\n')
+    r = run_cli("viz", "demo", "--out", str(config))
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "exists and is not a viewer page" in r.stderr
+    assert config.read_text() == '{"model": "rnn-attn"}\n'
+    page = tmp_path / "page.html"
+    assert run_cli("viz", "demo", "--out", str(page)).returncode == 0
+    assert run_cli("viz", "demo", "--seed", "3", "--out", str(page)).returncode == 0, "a viewer page is replaced"
+    assert "seed 3" in page_data(page)[1]["title"]
+    tokens = ["a"]
+    py_page = qkv.viz.write_html(tmp_path / "py.html", tokens, [np.ones((1, 1, 1, 1), np.float32)])
+    assert run_cli("viz", "demo", "--out", str(py_page)).returncode == 0, "so is a page of qkv.viz"
+    assert run_cli("viz", "demo", "--out", str(tmp_path)).returncode != 0, "a directory is not a page"
+
+
+def test_cli_viz_out_dash_writes_the_page_to_stdout(tmp_path):
+    """`--out -` wrote a file named "-"."""
+    r = subprocess.run([cli_path(), "viz", "demo", "--out", "-"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "-").exists()
+    (tmp_path / "p.html").write_text(r.stdout, encoding="utf-8")
+    assert [g["name"] for g in page_data(tmp_path / "p.html")[1]["snapshots"][0]["groups"]] == ["sample 0", "sample 1"]
+
+
+def test_cli_viz_warns_when_the_text_is_cut_to_max_seq_length(tmp_path):
+    """A 2000-word sentence was cut to 256 tokens without a word: a warning on stderr and a note on the page."""
+    out = tmp_path / "long.html"
+    r = run_cli("viz", "--model", corpus.model_dir(), " ".join(["word"] * 2000), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("[viz] warning: the text has 2002 tokens") and "only the first 256" in r.stderr
+    _, data = page_data(out)
+    assert data["snapshots"][0]["groups"][0]["tq"] == 256 and "only the first 256" in data["note"]
+    r = run_cli("viz", "--model", corpus.model_dir(), "short", "--out", str(tmp_path / "short.html"))
+    assert r.returncode == 0 and r.stderr == "" and "note" not in page_data(tmp_path / "short.html")[1]
+
+
+@pytest.mark.parametrize("command", ["viz", "serve"])
+def test_language_model_folder_is_refused_naming_what_viz_takes(tmp_path, command):
+    """A Llama / SmolLM folder was refused as "has no vocab.txt"."""
+    lm = tmp_path / "smollm"
+    lm.mkdir()
+    (lm / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (lm / "tokenizer.json").write_text("{}")
+    args = ["viz", "--model", str(lm), "hi", "--out", str(tmp_path / "x.html")] if command == "viz" else \
+        ["serve", "--model", str(lm), "--port", "0"]
+    r = run_cli(*args)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "holds a 'llama' model, not a BERT encoder" in r.stderr and "BERT sentence-encoder folder" in r.stderr
+    assert "language models are not drawn yet" in r.stderr
+
+
+def test_llama_run_says_its_maps_are_not_drawn_yet(tmp_path):
+    """A trained `--model llama` run was said to have "no attention to show"; it has attention, not drawn yet."""
+    run = tmp_path / "llama"
+    r = run_cli("train", "--model", "llama", "--task", "copy", "--min-len", "2", "--max-len", "3", "--train-size", "20",
+                "--test-size", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "1", "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("viz", "--run", str(run), "--input", "12", "--out", str(tmp_path / "x.html"))
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "attention maps of 'llama' runs are not drawn yet" in r.stderr and "no attention" not in r.stderr
