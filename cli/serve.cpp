@@ -1,5 +1,6 @@
 // `qkv serve --model DIR|--run DIR [--port N]`: the viewer page on http://127.0.0.1:PORT/ (loopback only), backed by the model:
 // POST /api/attention {"text", "second"?, "mask"?: [positions]} re-runs it and answers the page data as JSON.
+// Only loopback Host names are answered and a POST from another origin is refused (no CSRF, no DNS rebinding).
 // Built with Debian's cpp-httplib; without it the command says so and exits non-zero.
 #include <memory>
 #include <string>
@@ -11,8 +12,13 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -31,10 +37,57 @@ namespace qkv::cli {
 namespace {
 
 struct ServeLimits {
-  size_t max_body = 16 * 1024;  // bytes of one request
+  size_t max_body = 16 * 1024;  // bytes of one request body, whatever its Content-Type
   size_t max_text = 2000;       // bytes of each sentence
   int64_t max_tokens = 128;     // T, [CLS] and [SEP] included
 };
+
+// Connections: enough workers that idle or half-open connections leave room for real requests, and short socket
+// timeouts so that each such connection holds its worker for seconds, not the library's 5 s + 10 s per request.
+constexpr size_t kWorkers = 32;
+constexpr time_t kReadTimeoutSec = 3;       // each read of a request line, header or body chunk
+constexpr time_t kKeepAliveTimeoutSec = 2;  // an idle connection waiting for its next request
+constexpr size_t kKeepAliveMaxCount = 100;  // requests over one connection
+
+// Whether `host` (a Host header: name[:port], IPv6 in brackets) names this machine's loopback.
+bool is_loopback_host(const std::string& host) {
+  std::string name = host;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::string port;
+  if (!name.empty() && name[0] == '[') {
+    const size_t end = name.find(']');
+    if (end == std::string::npos) return false;
+    port = name.substr(end + 1);
+    name = name.substr(0, end + 1);
+  } else if (const size_t colon = name.find(':'); colon != std::string::npos) {
+    port = name.substr(colon);
+    name = name.substr(0, colon);
+  }
+  if (!port.empty() && (port[0] != ':' || port.size() > 6 ||
+                        port.find_first_not_of("0123456789", 1) != std::string::npos))
+    return false;
+  return name == "localhost" || name == "127.0.0.1" || name == "[::1]";
+}
+
+// "" when the request may be answered, else why it is refused (403): a Host other than loopback (DNS rebinding),
+// or a POST whose Origin is not this page's own (a page on another site making the server compute).
+std::string foreign_request(const httplib::Request& req) {
+  const std::string host = req.get_header_value("Host");
+  if (req.has_header("Host") && !is_loopback_host(host))
+    return "[serve] refused: Host '" + host + "' is not a loopback name (localhost, 127.0.0.1, [::1])";
+  if (req.method != "GET" && req.method != "HEAD" && req.has_header("Origin")) {
+    std::string origin = req.get_header_value("Origin"), own = "http://" + host;
+    auto lower = [](std::string& x) {
+      std::transform(x.begin(), x.end(), x.begin(), [](unsigned char c) { return std::tolower(c); });
+    };
+    lower(origin);
+    lower(own);
+    if (!req.has_header("Host") || origin != own)
+      return "[serve] refused: a " + req.method + " from origin '" + req.get_header_value("Origin") +
+             "', not from this page (" + own + ")";
+  }
+  return "";
+}
 
 // A client mistake: answered with `status` and {"error": message}.
 struct RequestError : std::runtime_error {
@@ -82,6 +135,10 @@ json::Value page_data(Backend& backend, std::mutex& model_mutex, const ServeLimi
     snap = backend.bert ? bert_snapshot(*backend.bert, text, second, mask) : backend.run->snapshots(text, false).at(0);
   }
   json::Value data = viz_data({snap}, backend.name + " (live)");
+  if (backend.bert) {
+    const std::string note = truncation_note(*backend.bert, text, second);
+    if (!note.empty()) data.set("note", note);
+  }
   json::Value live = json::Value::object();
   live.set("text", text);
   live.set("second", second ? *second : std::string());
@@ -135,31 +192,80 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   Backend backend;
-  if (!run_dir.empty()) {
-    backend.run = std::make_unique<RunViewer>(run_dir, "serve");
-    backend.name = std::filesystem::path(run_dir).lexically_normal().filename().string();
-  } else {
-    backend.bert = std::make_unique<models::SentenceEncoder>(model_dir);
-    backend.name = short_model_name(model_dir);
-  }
   std::mutex model_mutex;
-  // The first page carries the answer for the default text, so it draws at once.
-  const std::string index = viz_page(page_data(backend, model_mutex, limits, text, nullptr, {}));
+  std::string index;  // the first page, set before the server answers
 
   httplib::Server svr;
+  const std::string too_large = "[serve] the request is too large: more than " + std::to_string(limits.max_body) +
+                                " bytes (" + std::to_string(limits.max_body / 1024) + " kB)";
+  svr.new_task_queue = [] { return new httplib::ThreadPool(kWorkers); };
   svr.set_payload_max_length(limits.max_body);
-  svr.set_read_timeout(10, 0);
+  svr.set_read_timeout(kReadTimeoutSec, 0);
   svr.set_write_timeout(10, 0);
+  svr.set_keep_alive_timeout(kKeepAliveTimeoutSec);
+  svr.set_keep_alive_max_count(kKeepAliveMaxCount);
+  // Never SO_REUSEPORT (the library's default): a second server on a port in use must fail, not share it.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // restarts at once after a stop (TIME_WAIT)
+  });
+  // Before any body is read: foreign requests, and a Content-Length over the limit (answered at once; the library
+  // would first read and drop that many bytes). Either answer tells the client to close the connection.
+  auto declared_too_large = [&](const httplib::Request& req) {
+    if (!req.has_header("Content-Length")) return false;
+    const std::string n = req.get_header_value("Content-Length");
+    return n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos ||
+           std::stoull(n) > limits.max_body;
+  };
+  // 0, or the status of the error answered in `res`.
+  auto refuse = [&](const httplib::Request& req, httplib::Response& res) {
+    std::string refused = foreign_request(req);
+    int status = 403;
+    if (refused.empty() && declared_too_large(req)) {
+      refused = too_large;
+      status = 413;
+    }
+    if (refused.empty()) return 0;
+    answer_error(res, status, refused);
+    res.set_header("Connection", "close");
+    return status;
+  };
+  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    return refuse(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.set_expect_100_continue_handler([&](const httplib::Request& req, httplib::Response& res) {
+    const int status = refuse(req, res);
+    return status ? status : 100;
+  });
   svr.Get("/", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(index, "text/html; charset=utf-8");
   });
-  svr.Post("/api/attention", [&](const httplib::Request& req, httplib::Response& res) {
+  // The body is read here, with the one limit for every Content-Type (the library's own reading would cap
+  // form-encoded bodies, what `curl -d` sends, at 8 kB).
+  svr.Post("/api/attention", [&](const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& content) {
     try {
-      if (req.body.size() > limits.max_body) throw RequestError(413, "[serve] the request is larger than 16 kB");
+      if (req.is_multipart_form_data())
+        throw RequestError(415, "[serve] send the request as JSON (Content-Type: application/json), not a form");
+      std::string body;
+      bool over = false;
+      const bool read = content([&](const char* data, size_t n) {
+        if (body.size() + n > limits.max_body) {
+          over = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (over) {
+        res.set_header("Connection", "close");
+        throw RequestError(413, too_large);
+      }
+      if (!read) throw RequestError(400, "[serve] the request body could not be read");
       std::string t, second;
       bool has_second = false;
       std::vector<int64_t> mask;
-      parse_request(req.body, t, second, has_second, mask);
+      parse_request(body, t, second, has_second, mask);
       res.set_content(page_data(backend, model_mutex, limits, t, has_second ? &second : nullptr, mask).dump(0),
                       "application/json");
     } catch (const RequestError& e) {
@@ -170,10 +276,11 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
       answer_error(res, 500, std::string("[serve] ") + e.what());
     }
   });
-  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+  svr.set_error_handler([too_large](const httplib::Request&, httplib::Response& res) {
     if (res.body.empty()) {
-      const std::string m = res.status == 413   ? "[serve] the request is too large"
+      const std::string m = res.status == 413   ? too_large
                             : res.status == 404 ? "[serve] not found: GET / or POST /api/attention"
+                            : res.status == 403 ? "[serve] refused"
                                                 : "[serve] bad request";
       res.set_content(json::Value::object().set("error", m).dump(0), "application/json");
     }
@@ -189,14 +296,34 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
     answer_error(res, 500, m);
   });
 
+  errno = 0;
   const int bound = port == 0 ? svr.bind_to_any_port("127.0.0.1") : (svr.bind_to_port("127.0.0.1", port) ? port : -1);
-  if (bound < 0) throw std::runtime_error("[serve] cannot listen on 127.0.0.1:" + std::to_string(port));
+  if (bound < 0) {
+    const int err = errno;
+    if (err == EADDRINUSE)
+      throw std::runtime_error("[serve] 127.0.0.1:" + std::to_string(port) +
+                               " is already in use (another server listens there); stop it or choose another --port");
+    throw std::runtime_error("[serve] cannot listen on 127.0.0.1:" + std::to_string(port) +
+                             (err ? std::string(": ") + std::strerror(err) : std::string()));
+  }
+  // The port is taken before the model loads, so that a port in use fails at once.
+  if (!run_dir.empty()) {
+    backend.run = std::make_unique<RunViewer>(run_dir, "serve");
+    backend.name = std::filesystem::path(run_dir).lexically_normal().filename().string();
+  } else {
+    backend.bert = load_viewer_encoder(model_dir, "serve");
+    backend.name = short_model_name(model_dir);
+  }
+  // The first page carries the answer for the default text, so it draws at once.
+  index = viz_page(page_data(backend, model_mutex, limits, text, nullptr, {}));
+
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     svr.stop();
   });
-  std::printf("serving %s on http://127.0.0.1:%d/ (Ctrl-C stops)\n", model_dir.c_str(), bound);
+  std::printf("serving %s on http://127.0.0.1:%d/ (Ctrl-C stops)\n", (run_dir.empty() ? model_dir : run_dir).c_str(),
+              bound);
   std::fflush(stdout);
   const bool ok = svr.listen_after_bind();
   if (waiter.joinable()) {
