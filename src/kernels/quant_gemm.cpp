@@ -155,8 +155,7 @@ namespace {
 
 constexpr const char* kOp = "[gemm_quant]";
 
-void check_args(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
-                int64_t ldy) {
+void check_args(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, float* y, int64_t ldy) {
   QKV_CHECK_ARG(w.defined() && w.rows >= 0 && w.cols >= 0, kOp, " the weight (", w.rows, ", ", w.cols,
                 ") has no data");
   QKV_CHECK_ARG(m >= 0 && ldx >= w.cols && ldy >= w.rows, kOp, " x (", m, ", ", w.cols, ") with ldx ", ldx,
@@ -207,7 +206,9 @@ void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, c
   QuantActivations a;
   quantize_activations(x, m, ldx, w.cols, a);
   const TileArgs t{&a, &w, bias, y, ldy};
-  const int64_t n = w.rows, tiles = fn ? n / tile : 0, done = tiles * tile;
+  // The tiles gather a block's scales from their rows at int32 offsets: rows too long for that run the reference.
+  const bool offsets_fit = w.row_bytes * tile < (int64_t{1} << 31);
+  const int64_t n = w.rows, tiles = fn && offsets_fit ? n / tile : 0, done = tiles * tile;
   const bool parallel = m * n * w.cols >= (int64_t{1} << 15);
 #pragma omp parallel if (parallel && tiles > 1)
   {
@@ -221,7 +222,7 @@ void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, c
 
 void run(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y, int64_t ldy,
          TileFn fn, int64_t tile) {
-  check_args(x, m, ldx, w, bias, y, ldy);
+  check_args(x, m, ldx, w, y, ldy);
   if (m == 0 || w.rows == 0) return;
   if (!quant_gemm_integer(w.type)) return float_path(x, m, ldx, w, bias, y, ldy);
   run_integer(x, m, ldx, w, bias, y, ldy, fn, tile);

@@ -45,16 +45,19 @@ inline __m256i block_operand(const uint8_t* blk) {
 }
 
 // fp16 bit patterns in the low 16 bits of 8 int32 lanes to float32, exactly as qkv::fp16_to_float (subnormals,
-// ±inf, NaN payloads): the exponent and mantissa moved into float32's place and scaled by 2^112 (exact: a power of
-// two, no rounding, no flush to zero since nothing here sets the FTZ/DAZ modes); exponent 31 rebuilt as inf / NaN.
+// ±inf, NaN payloads) and with no float32 subnormal on the way (the same under FTZ/DAZ): a normal half is its bits
+// moved into float32's place with the exponent rebiased (an integer add), a subnormal half its mantissa converted
+// and scaled by 2^-24 (exact), exponent 31 rebuilt as inf / NaN.
 inline __m256 fp16_lanes_to_float(__m256i v) {
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
   const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF));
-  const __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 13)), _mm256_set1_ps(0x1p112f));
-  const __m256i special = _mm256_or_si256(_mm256_set1_epi32(0x7F800000),
-                                          _mm256_slli_epi32(_mm256_and_si256(em, _mm256_set1_epi32(0x3FF)), 13));
-  const __m256i is_special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF));
-  const __m256i bits = _mm256_blendv_epi8(_mm256_castps_si256(scaled), special, is_special);
+  const __m256i mant = _mm256_and_si256(em, _mm256_set1_epi32(0x3FF));
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 13), _mm256_set1_epi32(112 << 23));
+  const __m256i subnormal =
+      _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mant), _mm256_set1_ps(0x1p-24f)));
+  const __m256i special = _mm256_or_si256(_mm256_set1_epi32(0x7F800000), _mm256_slli_epi32(mant, 13));
+  __m256i bits = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x400), em));
+  bits = _mm256_blendv_epi8(bits, special, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF)));
   return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
 }
 

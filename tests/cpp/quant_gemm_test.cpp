@@ -297,6 +297,28 @@ TEST(QuantGemm, EveryBuildGivesThePortableBitsAtAwkwardSizes) {
         }
 }
 
+TEST(QuantGemm, ScalesOfEveryFp16ClassGiveThePortableBits) {
+  // d and m cycling through zero, subnormals, the smallest and largest normals, infinities and NaNs (quiet and
+  // signaling): the builds convert a row tile's scales together, the reference one at a time.
+  const uint16_t kHalves[] = {0x0000, 0x8000, 0x0001, 0x03FF, 0x8200, 0x0400, 0x3C00, 0xB555, 0x7BFF,
+                              0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x7D01, 0xFE01};
+  const int64_t n = 35, k = 160, m = 3;
+  for (Type type : kIntegerTypes) {
+    Weights w = random_weights(type, n, k, 51);
+    const int64_t bs = gguf::type_size(type), blocks = n * k / 32;
+    const bool with_min = type == Type::Q4_1 || type == Type::Q5_1;
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* blk = w.bytes->data() + b * bs;
+      const uint16_t d = kHalves[b % std::size(kHalves)], mn = kHalves[(b * 7 + 3) % std::size(kHalves)];
+      if (b % 3 != 0) std::memcpy(blk, &d, 2);  // every third block keeps its ordinary scale
+      if (with_min && b % 2 == 0) std::memcpy(blk + 2, &mn, 2);
+    }
+    const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 52);
+    const std::vector<float> ref = run(kernels::portable::gemm_quant, x, m, w.w, nullptr);
+    for (const Path& p : builds()) EXPECT_TRUE(SameBits(run(p.fn, x, m, w.w, nullptr), ref, gguf::type_name(type) + " " + p.name));
+  }
+}
+
 TEST(QuantGemm, ReferenceWithinQuantizationErrorOfFloat64) {
   for (Type type : kIntegerTypes)
     for (int64_t k : {32, 96, 4096}) {
