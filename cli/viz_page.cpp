@@ -179,7 +179,8 @@ std::string script_json(const json::Value& data) {
       out += "\\u003e";
     } else if (c == '&') {
       out += "\\u0026";
-    } else if (c == '\xE2' && i + 2 < json.size() && json[i + 1] == '\x80' && (json[i + 2] == '\xA8' || json[i + 2] == '\xA9')) {
+    } else if (c == '\xE2' && i + 2 < json.size() && json[i + 1] == '\x80' &&
+               (json[i + 2] == '\xA8' || json[i + 2] == '\xA9')) {
       out += json[i + 2] == '\xA8' ? "\\u2028" : "\\u2029";  // line and paragraph separators (UTF-8 E2 80 A8/A9)
       i += 2;
     } else {
@@ -217,8 +218,9 @@ bool is_viewer_page_or_absent(const std::string& path) {
 
 std::unique_ptr<models::SentenceEncoder> load_viewer_encoder(const std::string& model_dir, const char* op) {
   namespace fs = std::filesystem;
-  const std::string takes = std::string(" takes a BERT sentence-encoder folder (config.json, vocab.txt, model.safetensors;") +
-                            " e.g. all-MiniLM-L6-v2); attention maps of language models are not drawn yet";
+  const std::string takes =
+      std::string(" takes a BERT sentence-encoder folder (config.json, vocab.txt, model.safetensors;") +
+      " e.g. all-MiniLM-L6-v2); attention maps of language models are not drawn yet";
   const fs::path dir(model_dir);
   QKV_CHECK_ARG(!(fs::is_regular_file(dir) && dir.extension() == ".gguf"), "[", op, "] ", model_dir,
                 " is a GGUF language model: --model", takes);
