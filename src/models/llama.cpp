@@ -1,5 +1,6 @@
-// Llama / Mistral / Gemma 2 decoders: config.json reading, the modules under HF's names, the one forward (tape or
-// constants, with or without per-layer KV caches) and strict loading of model.safetensors.
+// Llama / Mistral / Qwen 2 / Gemma 2 decoders: config.json reading (rotary scalings included), the modules under
+// HF's names, the one forward (tape or constants, with or without per-layer KV caches) and strict loading of
+// model.safetensors.
 #include "qkv/models/llama.h"
 
 #include <cmath>
@@ -52,28 +53,95 @@ GatedActivation activation(const std::string& name, const std::string& path) {
   refuse(path, "activation \"" + name + "\" is not supported (silu, gelu, gelu_pytorch_tanh)");
 }
 
-// rope_parameters (transformers >= 5) or rope_theta + rope_scaling (earlier): only the default rotary embedding.
-float read_rope_theta(const files::JsonObject& o) {
-  if (o.has("rope_parameters")) {
-    const json::Value& p = *o.get("rope_parameters");
-    if (p.type() != json::Value::Type::kObject) refuse(o.path, "\"rope_parameters\" must be an object");
-    const files::JsonObject r{p, o.path, kOp};
-    const std::string type = r.string_or("rope_type", "default");
-    if (type != "default")
-      refuse(o.path, "rope_parameters.rope_type \"" + type + "\" is not supported (only \"default\")");
-    for (const auto& [key, value] : p.members())
-      if (key != "rope_type" && key != "rope_theta" && !value.is_null())
-        refuse(o.path, "rope_parameters." + key + " is not supported");
-    return static_cast<float>(r.number_or("rope_theta", 10000.0));
+// The keys of a rope_parameters / rope_scaling object that this model reads. As in HF, a key that the rope_type does
+// not use is ignored (HF warns); any other key is refused.
+const std::set<std::string>& rope_keys() {
+  static const std::set<std::string> keys{
+      "rope_type", "type",    "rope_theta", "factor",   "low_freq_factor",  "high_freq_factor", "beta_fast",
+      "beta_slow", "mscale",  "truncate",   "attention_factor", "mscale_all_dim", "partial_rotary_factor",
+      "original_max_position_embeddings"};
+  return keys;
+}
+
+// rope_parameters (transformers >= 5) or rope_theta + rope_scaling (earlier), standardized as HF standardizes them
+// (modeling_rope_utils.py): a non-empty rope_scaling wins over rope_parameters; the object's rope_theta, else the
+// top-level one, else 10000; for llama3 and yarn, original_max_position_embeddings from the top level, else the
+// object, else max_position_embeddings; yarn's factor null: max_position_embeddings / original; beta_fast and
+// beta_slow 0 or null: 32 and 1. Returns rope_theta and fills `s`.
+float read_rope(const files::JsonObject& o, int64_t max_position_embeddings, RopeScaling& s) {
+  s = RopeScaling{};
+  const json::Value* scaling = o.get("rope_scaling");
+  const bool old = scaling && !scaling->is_null() &&
+                   !(scaling->type() == json::Value::Type::kObject && scaling->members().empty());
+  const std::string name = old ? "rope_scaling" : "rope_parameters";
+  const json::Value* p = old ? scaling : o.get("rope_parameters");
+  const double top_theta = o.number_or("rope_theta", 10000.0);
+  if (!p || p->is_null()) return static_cast<float>(top_theta);
+  if (p->type() != json::Value::Type::kObject) refuse(o.path, "\"" + name + "\" must be an object or null");
+  for (const auto& [key, value] : p->members())
+    if (!rope_keys().count(key) && !value.is_null()) refuse(o.path, name + "." + key + " is not supported");
+  const files::JsonObject r{*p, o.path, kOp};
+  if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
+    refuse(o.path, name + ".partial_rotary_factor is not supported (the rotary embedding covers the whole head)");
+  const std::string type = r.string_or("rope_type", r.string_or("type", "default"));
+  const auto required = [&](const std::string& key) {
+    if (!r.has(key)) refuse(o.path, name + "." + key + " is required for rope_type \"" + type + "\"");
+    return static_cast<float>(r.number_or(key, 0.0));
+  };
+  const auto original_length = [&] {
+    return o.has("original_max_position_embeddings")
+               ? o.integer("original_max_position_embeddings")
+               : r.integer_or("original_max_position_embeddings", max_position_embeddings);
+  };
+  using Type = RopeScaling::Type;
+  if (type == "linear") {
+    s.type = Type::kLinear;
+    s.factor = required("factor");
+  } else if (type == "llama3") {
+    s.type = Type::kLlama3;
+    s.factor = required("factor");
+    s.low_freq_factor = required("low_freq_factor");
+    s.high_freq_factor = required("high_freq_factor");
+    s.original_max_position_embeddings = original_length();
+  } else if (type == "yarn") {
+    s.type = Type::kYarn;
+    s.original_max_position_embeddings = original_length();
+    const json::Value* factor = p->find("factor");
+    if (!factor) refuse(o.path, name + ".factor is required for rope_type \"yarn\"");
+    s.factor = static_cast<float>(
+        factor->is_null() && s.original_max_position_embeddings > 0
+            ? static_cast<double>(max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings)
+            : r.number_or("factor", 0.0));
+    if (r.has("attention_factor")) {
+      s.attention_factor = static_cast<float>(r.number_or("attention_factor", 0.0));
+      if (!(s.attention_factor > 0.0f)) refuse(o.path, name + ".attention_factor must be > 0");
+    }
+    s.mscale = static_cast<float>(r.number_or("mscale", 0.0));
+    s.mscale_all_dim = static_cast<float>(r.number_or("mscale_all_dim", 0.0));
+    const double beta_fast = r.number_or("beta_fast", 0.0), beta_slow = r.number_or("beta_slow", 0.0);
+    s.beta_fast = beta_fast != 0.0 ? static_cast<float>(beta_fast) : 32.0f;  // HF: get("beta_fast") or 32
+    s.beta_slow = beta_slow != 0.0 ? static_cast<float>(beta_slow) : 1.0f;
+    s.truncate = r.boolean_or("truncate", true);
+  } else if (type != "default") {
+    refuse(o.path, name + ".rope_type \"" + type + "\" is not supported (default, linear, llama3, yarn)");
   }
-  if (o.has("rope_scaling")) {
-    const json::Value& s = *o.get("rope_scaling");
-    if (s.type() != json::Value::Type::kObject) refuse(o.path, "\"rope_scaling\" must be an object or null");
-    const files::JsonObject r{s, o.path, kOp};
-    const std::string type = r.string_or("rope_type", r.string_or("type", "default"));
-    if (type != "default") refuse(o.path, "rope_scaling \"" + type + "\" is not supported (only the default rope)");
+  return static_cast<float>(r.number_or("rope_theta", top_theta));
+}
+
+// "layer_types" (one "sliding_attention" or "full_attention" per layer), when the config has it, into `sliding`
+// (one entry per layer already).
+void read_layer_types(const files::JsonObject& o, std::vector<bool>& sliding) {
+  const json::Value* types = o.get("layer_types");
+  if (!types || types->is_null()) return;
+  if (types->type() != json::Value::Type::kArray || types->items().size() != sliding.size())
+    refuse(o.path, "\"layer_types\" must list one type per layer");
+  for (size_t i = 0; i < types->items().size(); ++i) {
+    const json::Value& t = types->items()[i];
+    if (t.type() != json::Value::Type::kString ||
+        (t.as_string() != "sliding_attention" && t.as_string() != "full_attention"))
+      refuse(o.path, "layer_types[" + std::to_string(i) + "] must be \"sliding_attention\" or \"full_attention\"");
+    sliding[i] = t.as_string() == "sliding_attention";
   }
-  return static_cast<float>(o.number_or("rope_theta", 10000.0));
 }
 
 // The options of the attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D): causal bottom-right (the new
@@ -103,9 +171,9 @@ LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
   const files::JsonObject o{doc, path, kOp};
   LlamaConfig c;
   c.model_type = o.string_or("model_type", "");
-  const bool gemma = c.model_type == "gemma2", mistral = c.model_type == "mistral";
-  if (!gemma && !mistral && c.model_type != "llama")
-    refuse(path, "model_type \"" + c.model_type + "\" is not supported (llama, mistral, gemma2)");
+  const bool gemma = c.model_type == "gemma2", mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2";
+  if (!gemma && !mistral && !qwen2 && c.model_type != "llama")
+    refuse(path, "model_type \"" + c.model_type + "\" is not supported (llama, mistral, qwen2, gemma2)");
   c.vocab_size = o.integer("vocab_size");
   c.hidden_size = o.integer("hidden_size");
   c.intermediate_size = o.integer("intermediate_size");
@@ -115,11 +183,13 @@ LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
   c.num_key_value_heads = o.integer_or("num_key_value_heads", c.num_attention_heads);
   c.head_dim = o.integer_or("head_dim", c.hidden_size / c.num_attention_heads);
   c.rms_norm_eps = static_cast<float>(o.number_or("rms_norm_eps", 1e-6));
-  c.rope_theta = read_rope_theta(o);
-  c.max_position_embeddings = o.integer_or("max_position_embeddings", gemma ? 8192 : 2048);
+  c.max_position_embeddings = o.integer_or("max_position_embeddings", gemma ? 8192 : qwen2 ? 32768 : 2048);
+  c.rope_theta = read_rope(o, c.max_position_embeddings, c.rope_scaling);
   c.tie_word_embeddings = o.boolean_or("tie_word_embeddings", gemma);
-  c.attention_bias = o.boolean_or("attention_bias", false);
-  c.mlp_bias = o.boolean_or("mlp_bias", false);
+  // Qwen 2's projections: biases on q, k and v only, whatever attention_bias / mlp_bias say (HF ignores them).
+  c.attention_bias = !qwen2 && o.boolean_or("attention_bias", false);
+  c.qkv_bias = qwen2;
+  c.mlp_bias = !qwen2 && o.boolean_or("mlp_bias", false);
   const std::string act = gemma ? o.string_or("hidden_activation", o.string_or("hidden_act", "gelu_pytorch_tanh"))
                                 : o.string_or("hidden_act", "silu");
   c.hidden_act = activation(act, path);
@@ -128,25 +198,21 @@ LlamaConfig LlamaConfig::from_json_file(const std::string& path) {
     c.sliding_window = o.integer_or("sliding_window", 0);
     c.layer_sliding.assign(static_cast<size_t>(c.num_hidden_layers), c.sliding_window > 0);
   }
+  if (qwen2) {  // HF's Qwen2Config: the window (absent: 4096; null: none) on layers >= max_window_layers
+    const json::Value* window = o.get("sliding_window");
+    if (o.boolean_or("use_sliding_window", false))
+      c.sliding_window = !window ? 4096 : window->is_null() ? 0 : o.integer("sliding_window");
+    const int64_t full = o.integer_or("max_window_layers", 28);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = i >= full;
+    read_layer_types(o, c.layer_sliding);
+    if (c.sliding_window == 0) c.layer_sliding.assign(c.layer_sliding.size(), false);
+  }
   if (gemma) {
     if (o.boolean_or("use_bidirectional_attention", false))
       refuse(path, "use_bidirectional_attention is not supported (causal decoders only)");
     c.sliding_window = o.integer_or("sliding_window", 4096);
-    const json::Value* types = o.get("layer_types");
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % 2 != 0;
-    if (types && !types->is_null()) {
-      if (types->type() != json::Value::Type::kArray ||
-          static_cast<int64_t>(types->items().size()) != c.num_hidden_layers)
-        refuse(path, "\"layer_types\" must list one type per layer");
-      for (size_t i = 0; i < types->items().size(); ++i) {
-        const json::Value& t = types->items()[i];
-        if (t.type() != json::Value::Type::kString ||
-            (t.as_string() != "sliding_attention" && t.as_string() != "full_attention"))
-          refuse(path, "layer_types[" + std::to_string(i) +
-                           "] must be \"sliding_attention\" or \"full_attention\"");
-        c.layer_sliding[i] = t.as_string() == "sliding_attention";
-      }
-    }
+    read_layer_types(o, c.layer_sliding);
     if (c.sliding_window == 0) c.layer_sliding.assign(c.layer_sliding.size(), false);
     c.attn_logit_softcapping = static_cast<float>(o.number_or("attn_logit_softcapping", 50.0));
     c.final_logit_softcapping = static_cast<float>(o.number_or("final_logit_softcapping", 30.0));
@@ -182,6 +248,11 @@ void LlamaConfig::validate() const {
   QKV_CHECK_ARG(rms_norm_eps >= 0.0f && std::isfinite(rms_norm_eps), "[llama] rms_norm_eps must be finite and >= 0");
   QKV_CHECK_ARG(rope_theta > 0.0f && std::isfinite(rope_theta), "[llama] rope_theta must be positive, got ",
                 rope_theta);
+  try {
+    rope_inv_freq(head_dim, rope_theta, rope_scaling);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("[llama] rope scaling: ") + e.what());
+  }
   QKV_CHECK_ARG(attn_logit_softcapping >= 0.0f && final_logit_softcapping >= 0.0f && attention_scale >= 0.0f &&
                     std::isfinite(attn_logit_softcapping) && std::isfinite(final_logit_softcapping) &&
                     std::isfinite(attention_scale),
@@ -191,9 +262,9 @@ void LlamaConfig::validate() const {
 // --- modules ---------------------------------------------------------------------------------------------------
 
 LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
-    : q_proj(c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias, rng),
-      k_proj(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, rng),
-      v_proj(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, rng),
+    : q_proj(c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias || c.qkv_bias, rng),
+      k_proj(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias || c.qkv_bias, rng),
+      v_proj(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias || c.qkv_bias, rng),
       o_proj(c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias, rng),
       config_(c),
       sliding_(c.sliding_window > 0 && c.layer_sliding.at(static_cast<size_t>(layer))) {
@@ -228,9 +299,9 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
                   " positions for the attention input ", str(x.shape()), cache ? " with a KV cache" : "");
   const std::shared_ptr<const RopeTable> angles =
       rope != nullptr ? rope
-                      : std::make_shared<const RopeTable>(positions != nullptr
-                                                              ? rope_table(*positions, d, k.rope_theta)
-                                                              : rope_table(offset, t, d, k.rope_theta));
+                      : std::make_shared<const RopeTable>(
+                            positions != nullptr ? rope_table(*positions, d, k.rope_theta, k.rope_scaling)
+                                                 : rope_table(offset, t, d, k.rope_theta, k.rope_scaling));
   q = ad::rope(q, tq < t ? std::make_shared<const RopeTable>(rope_table_rows(*angles, t - tq, tq)) : angles,
                RopeVariant::kHalfSplit);
   kk = ad::rope(kk, angles, RopeVariant::kHalfSplit);
@@ -323,7 +394,8 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
       // HF multiplies by sqrt(E) rounded to the weights' dtype (float32).
       embed_scale_(c.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0f),
       head_dim_(c.head_dim),
-      rope_theta_(c.rope_theta) {
+      rope_theta_(c.rope_theta),
+      rope_scaling_(c.rope_scaling) {
   register_module("embed_tokens", &embed_tokens);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers.push_back(std::make_unique<LlamaDecoderLayer>(c, i, rng));
@@ -352,8 +424,9 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   // The rotary angles once for every layer (positions of the wrong count are refused by the first attention).
   const int64_t t = ids.shape[1];
   const bool given = positions != nullptr && static_cast<int64_t>(positions->size()) == t;
-  const auto rope = std::make_shared<const RopeTable>(given ? rope_table(*positions, head_dim_, rope_theta_)
-                                                            : rope_table(offset, t, head_dim_, rope_theta_));
+  const auto rope =
+      std::make_shared<const RopeTable>(given ? rope_table(*positions, head_dim_, rope_theta_, rope_scaling_)
+                                              : rope_table(offset, t, head_dim_, rope_theta_, rope_scaling_));
   QKV_CHECK_ARG(last >= 0, "[llama] last must be >= 0, got ", last, " for ids ", str(ids.shape));
   for (size_t i = 0; i < layers.size(); ++i)
     x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope,

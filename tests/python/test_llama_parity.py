@@ -115,8 +115,8 @@ def broken_copy(folder, dst, config=None, tensors=None):
 def test_broken_folders_name_the_problem(pair, tmp_path):
     kind, _, _, folder = pair
     cases = [
-        (dict(config={"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
-         "rope_type \"linear\" is not supported"),
+        (dict(config={"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}}),
+         "rope_type \"dynamic\" is not supported"),
         (dict(config={"model_type": "gpt2"}), "model_type \"gpt2\" is not supported"),
         (dict(config={"num_key_value_heads": 3}), "multiple of num_key_value_heads"),
         (dict(tensors=lambda s: {k: v for k, v in s.items() if k != "model.layers.1.mlp.up_proj.weight"}),

@@ -1,5 +1,6 @@
-// Llama-style decoder-only language models under Hugging Face's names: Llama, Mistral (sliding window) and Gemma 2
-// (logit soft-capping, sliding window on alternating layers, (1 + w) RMSNorm, sandwich norms, scaled embeddings).
+// Llama-style decoder-only language models under Hugging Face's names: Llama, Mistral (sliding window), Qwen 2 (q/k/v
+// biases, a window on the upper layers) and Gemma 2 (logit soft-capping, sliding window on alternating layers,
+// (1 + w) RMSNorm, sandwich norms, scaled embeddings); rotary scalings linear, llama3 and yarn.
 // RMSNorm, rotary positions (HF's rotate_half pairing), grouped-query attention and a gated MLP (SwiGLU / GeGLU).
 // One forward: inference with constants, training on a tape, decoding with one nn::KvCache per layer.
 #pragma once
@@ -29,10 +30,10 @@ enum class GatedActivation {
   kGeluTanh,  // "gelu_pytorch_tanh" / "gelu_new": GeGLU (Gemma 2)
 };
 
-// The hyper-parameters, under HF config.json's names. Defaults are Llama's; from_json_file fills Mistral's and
-// Gemma 2's switches from model_type.
+// The hyper-parameters, under HF config.json's names. Defaults are Llama's; from_json_file fills Mistral's, Qwen 2's
+// and Gemma 2's switches from model_type.
 struct LlamaConfig {
-  std::string model_type = "llama";  // "llama", "mistral" or "gemma2"
+  std::string model_type = "llama";  // "llama", "mistral", "qwen2" or "gemma2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;             // E
   int64_t intermediate_size = 0;       // F
@@ -42,10 +43,12 @@ struct LlamaConfig {
   int64_t head_dim = 0;                // D (HF's default E / Hq)
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;  // rope_parameters' rope_type and its fields (default: none)
   int64_t max_position_embeddings = 2048;  // positions must stay below it
   bool tie_word_embeddings = false;        // logits = x · embed_tokensᵀ (no lm_head.weight)
   GatedActivation hidden_act = GatedActivation::kSilu;
   bool attention_bias = false;  // q/k/v/o projections with a bias
+  bool qkv_bias = false;        // q/k/v projections with a bias, o_proj without (Qwen 2)
   bool mlp_bias = false;        // gate/up/down projections with a bias
   // Sliding window W (0: none): query i sees keys j with i - W < j <= i (HF's convention, window_size (W - 1, 0)).
   int64_t sliding_window = 0;
@@ -59,16 +62,19 @@ struct LlamaConfig {
   int64_t bos_token_id = -1;             // -1 when the config has none
   int64_t eos_token_id = -1;             // the first one when the config lists several
 
-  // Reads a HF config.json of model_type "llama", "mistral" or "gemma2". A field value this model does not
-  // implement (rope_scaling other than the default, an unknown activation, bidirectional attention, ...) and
+  // Reads a HF config.json of model_type "llama", "mistral", "qwen2" or "gemma2": rope_parameters (transformers 5)
+  // or rope_theta + rope_scaling (earlier) of rope_type default, linear, llama3 or yarn. A field value this model
+  // does not implement (another rope_type or rope key, an unknown activation, bidirectional attention, ...) and
   // missing or ill-typed fields throw std::runtime_error "[llama] <path>: <what>".
   static LlamaConfig from_json_file(const std::string& path);
-  // Sizes positive, Hq % Hkv == 0, layer_sliding of L entries, ...; throws std::invalid_argument "[llama] ...".
+  // Sizes positive, Hq % Hkv == 0, layer_sliding of L entries, rope_scaling's fields (rope_inv_freq's checks), ...;
+  // throws std::invalid_argument "[llama] ...".
   void validate() const;
 };
 
 // Self-attention with rotary positions and grouped-query heads. Parameters "q_proj.weight" (Hq·D, E),
-// "k_proj.weight", "v_proj.weight" (Hkv·D, E), "o_proj.weight" (E, Hq·D) (+ biases when attention_bias).
+// "k_proj.weight", "v_proj.weight" (Hkv·D, E), "o_proj.weight" (E, Hq·D) (+ biases when attention_bias; q/k/v
+// biases only when qkv_bias).
 class LlamaAttention : public nn::Module {
  public:
   LlamaAttention(const LlamaConfig& config, int64_t layer, Rng& rng);
@@ -76,8 +82,8 @@ class LlamaAttention : public nn::Module {
   // appended to it (offset must equal cache->length()) and the queries attend to every cached position.
   // positions: T global positions of x's rows instead (context parallelism, c.sequence_shard(): the rotary angles
   // are the global ones and the attention runs through the shard, across the processes; no cache then).
-  // rope: the angles of those positions (rope_table with D = head_dim, base rope_theta), made once by the model for
-  // all its layers; null: made here.
+  // rope: the angles of those positions (rope_table with D = head_dim, base rope_theta, rope_scaling), made once by
+  // the model for all its layers; null: made here.
   // last: 0, or n > 0 for the outputs of x's last min(n, T) rows only (B, n, E): the keys and values of every row
   // go to the attention (and the cache), the queries of those rows only (a prefill's last layer, whose other rows
   // no logit reads). Not under a sequence shard.
@@ -127,7 +133,7 @@ class LlamaDecoderLayer : public nn::Module {
   bool sandwich_;
 };
 
-// HF's LlamaModel / MistralModel / Gemma2Model: "embed_tokens", "layers.N", "norm".
+// HF's LlamaModel / MistralModel / Qwen2Model / Gemma2Model: "embed_tokens", "layers.N", "norm".
 class LlamaModel : public nn::Module {
  public:
   LlamaModel(const LlamaConfig& config, Rng& rng);
@@ -146,6 +152,7 @@ class LlamaModel : public nn::Module {
   float embed_scale_;
   int64_t head_dim_;
   float rope_theta_;
+  RopeScaling rope_scaling_;
 };
 
 // HF's *ForCausalLM: "model.*" and "lm_head.weight" (V, E), absent when the embeddings are tied.
