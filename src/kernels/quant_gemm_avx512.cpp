@@ -132,11 +132,48 @@ void tile_fused(const TileArgs& t, int64_t j0, int64_t i0) {
   for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
 }
 
-// More rows: the tile's operands and scales unpacked once into scratch, then read back for every row.
+// More rows (prefill): the tile's operands unpacked once into scratch column-interleaved, so that no sum needs a
+// horizontal reduction: per block, vector g holds elements 4g..4g+3 of each of the 16 rows in its 32-bit lane r,
+// and 8 vpdpbusd against the activations' broadcast 4-byte groups leave the 16 rows' block sums in one vector.
+// 4 activation rows share each load of the weights.
+template <int kKind>
+inline __m512i block_sums(const __m512i* wv, const int8_t* xq) {
+  __m512i s = _mm512_setzero_si512();
+  for (int g = 0; g < 8; ++g) {
+    int32_t group;
+    std::memcpy(&group, xq + 4 * g, 4);
+    s = _mm512_dpbusd_epi32(s, _mm512_load_si512(wv + g), _mm512_set1_epi32(group));
+  }
+  return s;
+}
+
+template <int kKind, int R>
+void rows_unpacked(const TileArgs& t, int64_t j0, int64_t i0, const __m512i* vals, const float* dw, const float* mw) {
+  const QuantActivations& a = *t.a;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const __m512 d = _mm512_load_ps(dw + b * 16);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = i0 + r;
+      __m512i sumi = block_sums<kKind>(vals + b * 8, a.q.data() + i * a.cols + b * kQK);
+      const size_t o = static_cast<size_t>(i * a.blocks + b);
+      if constexpr (kVnniOffset[kKind] != 0)
+        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
+      __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(d, _mm512_set1_ps(a.d[o])));
+      if constexpr (kKind == 1 || kKind == 3)
+        term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_load_ps(mw + b * 16), _mm512_set1_ps(a.s[o])));
+      acc[r] = _mm512_add_ps(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
+}
+
 template <int kKind>
 void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const QuantActivations& a = *t.a;
-  const int64_t nb = a.blocks;
+  const QuantMatrix& w = *t.w;
+  const int64_t nb = a.blocks, bs = gguf::type_size(w.type);
   constexpr bool kMin = kKind == 1 || kKind == 3;
   const size_t vbytes = static_cast<size_t>(nb) * 8 * 64, fbytes = static_cast<size_t>(nb) * 16 * sizeof(float);
   if (scratch.size() < vbytes + 2 * fbytes + 64) scratch.resize(vbytes + 2 * fbytes + 64);
@@ -144,20 +181,29 @@ void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch)
   __m512i* vals = reinterpret_cast<__m512i*>(base);
   float* dw = reinterpret_cast<float*>(base + vbytes);
   float* mw = dw + nb * 16;
-  const TileRows rows(*t.w, j0);
+  const TileRows rows(w, j0);
+  alignas(64) uint8_t block[16][32];  // one block of the 16 rows as u8 operands, row-major
+  const __m512i transpose = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(32));
   for (int64_t b = 0; b < nb; ++b) {
-    rows.operands<kKind>(b, vals + b * 8);
+    for (int r = 0; r < 16; ++r) {
+      __m256i v = block_operand<kKind>(rows.row0 + r * rows.row_bytes + b * bs);
+      if constexpr (kKind == 4) v = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));  // w + 128
+      _mm256_store_si256(reinterpret_cast<__m256i*>(block[r]), v);
+    }
+    for (int g = 0; g < 8; ++g)
+      _mm512_store_si512(vals + b * 8 + g, _mm512_i32gather_epi32(transpose, &block[0][4 * g], 1));
     const __m512i head = rows.heads(b);
     _mm512_store_ps(dw + b * 16, head_d(head));
     if constexpr (kMin) _mm512_store_ps(mw + b * 16, head_m(head));
   }
-  for (int64_t i = 0; i < a.rows; ++i) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      acc = accumulate<kKind>(acc, vals + b * 8, a, i, b, _mm512_load_ps(dw + b * 16),
-                              kMin ? _mm512_load_ps(mw + b * 16) : _mm512_setzero_ps());
-    }
-    store_row(t, i, j0, acc);
+  int64_t i = 0;
+  for (; i + 4 <= a.rows; i += 4) rows_unpacked<kKind, 4>(t, j0, i, vals, dw, mw);
+  switch (a.rows - i) {
+    case 3: rows_unpacked<kKind, 3>(t, j0, i, vals, dw, mw); break;
+    case 2: rows_unpacked<kKind, 2>(t, j0, i, vals, dw, mw); break;
+    case 1: rows_unpacked<kKind, 1>(t, j0, i, vals, dw, mw); break;
+    default: break;
   }
 }
 
