@@ -4,6 +4,8 @@
 #include "qkv/models/llama.h"
 
 #include <cmath>
+#include <map>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -473,24 +475,30 @@ void LlamaForCausalLM::load_hf_state_dict(const nn::StateDict& state_in, const s
 }
 
 std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::string& dir, Precision precision) {
+  if (files::is_regular_file(dir)) return from_gguf(dir, precision);  // a file: GGUF (a folder: HF's layout)
   QKV_CHECK_RUNTIME(files::exists(dir), "[llama] model folder ", dir, " does not exist");
-  for (const char* required : {"config.json", "model.safetensors"})
-    QKV_CHECK_RUNTIME(files::exists(join(dir, required)), "[llama] model folder ", dir, " has no ", required);
-  const LlamaConfig config = LlamaConfig::from_json_file(join(dir, "config.json"));
+  QKV_CHECK_RUNTIME(files::exists(join(dir, "config.json")), "[llama] model folder ", dir, " has no config.json");
+  const std::string config_path = join(dir, "config.json");
+  const LlamaConfig config = LlamaConfig::from_json_file(config_path);
   Rng rng(0);
   std::unique_ptr<LlamaForCausalLM> m;
-  {
+  try {
     const nn::SkipInit skip;  // every weight is loaded below (strictly): nothing drawn
     m = std::make_unique<LlamaForCausalLM>(config, rng);
+  } catch (const std::bad_alloc&) {
+    const double e = static_cast<double>(config.hidden_size), l = static_cast<double>(config.num_hidden_layers);
+    const double params = static_cast<double>(config.vocab_size) * e * (config.tie_word_embeddings ? 1 : 2) +
+                          l * (3.0 * e * static_cast<double>(config.intermediate_size) +
+                               2.0 * e * static_cast<double>(config.head_dim) *
+                                   static_cast<double>(config.num_attention_heads + config.num_key_value_heads));
+    throw std::runtime_error(detail::concat(
+        "[llama] ", config_path, ": a model of about ", params, " parameters (vocab_size ", config.vocab_size,
+        ", hidden_size ", config.hidden_size, ", intermediate_size ", config.intermediate_size,
+        ", num_hidden_layers ", config.num_hidden_layers, ") does not fit in memory"));
   }
-  const std::string weights = join(dir, "model.safetensors");
-  SafeTensorsFile file;
-  try {
-    file = load_safetensors(weights);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(e.what());
-  }
-  m->load_hf_state_dict(file.tensors, weights);
+  std::string source;
+  const std::map<std::string, Tensor> weights = files::read_weights(dir, "llama", source);
+  m->load_hf_state_dict(weights, source);
   m->eval();
   m->set_precision(precision);  // loaded for inference: the linear weights prepared (packed) once, here
   return m;

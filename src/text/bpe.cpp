@@ -161,6 +161,8 @@ class BpeTokenizer final : public Tokenizer {
   explicit BpeTokenizer(TokenizerSpec spec);
 
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const override;
+  std::vector<int64_t> encode(std::string_view text, bool add_special_tokens,
+                              const std::vector<std::pair<size_t, size_t>>& plain) const override;
   std::string decode_bytes(const std::vector<int64_t>& ids, bool skip_special_tokens) const override {
     return run_decoder(ids, skip_special_tokens, false);
   }
@@ -408,12 +410,17 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
 }
 
 std::vector<int64_t> BpeTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return encode(text, add_special_tokens, {});
+}
+
+std::vector<int64_t> BpeTokenizer::encode(std::string_view text, bool add_special_tokens,
+                                          const std::vector<std::pair<size_t, size_t>>& plain) const {
   const size_t bad = json::first_invalid_utf8(text);
   QKV_CHECK_ARG(bad == std::string_view::npos, "[tokenizer] text is not valid UTF-8 (at byte ", bad, ")");
   std::vector<int64_t> out;
   if (add_special_tokens) out = spec_.prefix;
   size_t offset = 0;
-  for (auto& [aid, piece] : split_added_tokens(text, spec_.added)) {
+  for (auto& [aid, piece] : split_added_tokens(text, spec_.added, plain)) {
     const bool first = offset == 0;
     offset += piece.size();
     if (aid >= 0) {
@@ -575,8 +582,14 @@ std::string bytes_to_unicode(std::string_view bytes) {
 std::string lossy_utf8(std::string_view bytes) { return utf8_lossy(bytes); }
 
 std::vector<std::pair<int64_t, std::string>> split_added_tokens(std::string_view text,
-                                                                const std::vector<AddedToken>& added) {
+                                                                const std::vector<AddedToken>& added,
+                                                                const std::vector<std::pair<size_t, size_t>>& plain) {
   std::vector<std::pair<int64_t, std::string>> out;
+  auto in_plain = [&](size_t b, size_t e) {  // [b, e) overlaps a range where no added token may match
+    for (const auto& [ps, pe] : plain)
+      if (b < pe && ps < e) return true;
+    return false;
+  };
   if (text.empty()) return out;
   std::array<std::vector<const AddedToken*>, 256> by_first;
   for (const auto& a : added)
@@ -609,7 +622,7 @@ std::vector<std::pair<int64_t, std::string>> split_added_tokens(std::string_view
   for (size_t i = 0; i < text.size();) {
     const AddedToken* hit = nullptr;
     for (const AddedToken* a : by_first[static_cast<unsigned char>(text[i])]) {
-      if (text.compare(i, a->content.size(), a->content) == 0) {
+      if (text.compare(i, a->content.size(), a->content) == 0 && !in_plain(i, i + a->content.size())) {
         hit = a;
         break;
       }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/core/gguf.h"
 #include "qkv/core/ids.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
@@ -71,6 +72,10 @@ struct LlamaConfig {
   // throws std::invalid_argument "[llama] ...".
   void validate() const;
 };
+
+// The config of a GGUF file's model, from its metadata ({arch}.embedding_length, .block_count, .attention.*,
+// .rope.*, the tokenizer's bos / eos ids, ...); std::runtime_error "[llama] <file>: ..." naming the key.
+LlamaConfig llama_config_from_gguf(const gguf::File& file);
 
 // Self-attention with rotary positions and grouped-query heads. Parameters "q_proj.weight" (Hq·D, E),
 // "k_proj.weight", "v_proj.weight" (Hkv·D, E), "o_proj.weight" (E, Hq·D) (+ biases when attention_bias; q/k/v
@@ -176,12 +181,19 @@ class LlamaForCausalLM : public nn::Module {
   // attention reads in place through attention_with_kvcache's block table.
   std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0) const;
 
-  // A folder that transformers' save_pretrained wrote: config.json + model.safetensors. Throws std::runtime_error
-  // with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /
+  // A GGUF file (see from_gguf), or a folder that transformers' save_pretrained wrote: config.json +
+  // model.safetensors (or its shards). Throws std::runtime_error with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /
   // misshapen / non-finite tensor). The model comes in eval mode with its precision set to `precision` (the linear
   // weights converted and packed once, for that precision only: see nn::Module::set_precision).
   static std::unique_ptr<LlamaForCausalLM> from_pretrained(const std::string& dir,
                                                            Precision precision = Precision::kFloat32);
+  // A GGUF file (llama.cpp's format) of architecture "llama" (Llama 2 and 3, SmolLM, TinyLlama, Mistral), "qwen2"
+  // or "gemma2": the config from its metadata (llama_config_from_gguf), the tensors mapped to HF's names (attn_q /
+  // attn_k rows back in HF's rotate_half order; Gemma's norms back from 1 + w), tied embeddings when output.weight
+  // is absent. Weights of every type kernels::dequantize reads are dequantized once to float32, then prepared for
+  // `precision`. Errors name the file and the key or tensor (std::runtime_error).
+  static std::unique_ptr<LlamaForCausalLM> from_gguf(const std::string& path,
+                                                     Precision precision = Precision::kFloat32);
   // Loads HF-named weights (strict: every parameter present with its shape, nothing else; lm_head.weight is
   // ignored when the embeddings are tied, as HF does). Nothing is changed on error. `source` names them in errors.
   void load_hf_state_dict(const nn::StateDict& state, const std::string& source);

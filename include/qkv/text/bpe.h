@@ -116,9 +116,11 @@ struct GgufTokenizerData {
 TokenizerSpec spec_from_gguf(const GgufTokenizerData& data);
 
 // Splits text by the added tokens (leftmost match, longest at a position; lstrip/rstrip take the whitespace
-// beside): pieces in order, each (id, text), id -1 for plain text. Exposed for the tests.
-std::vector<std::pair<int64_t, std::string>> split_added_tokens(std::string_view text,
-                                                                const std::vector<AddedToken>& added);
+// beside): pieces in order, each (id, text), id -1 for plain text. No added token matches across or inside the
+// byte ranges [begin, end) of `plain` (text a user typed). Exposed for the tests.
+std::vector<std::pair<int64_t, std::string>> split_added_tokens(
+    std::string_view text, const std::vector<AddedToken>& added,
+    const std::vector<std::pair<size_t, size_t>>& plain = {});
 
 // Runs one regex pre-tokenizer step (kSplit) over text: the pieces it gives. Exposed for the tests.
 std::vector<std::string> regex_split(std::string_view text, const std::string& pattern, const std::string& behavior,

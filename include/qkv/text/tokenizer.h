@@ -19,6 +19,11 @@ class Tokenizer {
   // text (UTF-8; invalid bytes throw std::invalid_argument) -> ids. add_special_tokens applies the
   // post-processor (bos/eos template), as HF's encode(text, add_special_tokens=True).
   virtual std::vector<int64_t> encode(std::string_view text, bool add_special_tokens = true) const = 0;
+  // The same, with no special or added token recognised inside the byte ranges [begin, end) of `plain` (what a
+  // user typed into a chat: "<|im_start|>" there is text). Outside them, and where nothing special-looking is
+  // inside them, the ids are encode(text)'s.
+  virtual std::vector<int64_t> encode(std::string_view text, bool add_special_tokens,
+                                      const std::vector<std::pair<size_t, size_t>>& plain) const = 0;
   // ids -> the bytes the decoder gives, byte for byte (a byte-level token may end inside a UTF-8 sequence: the
   // bytes stay as they are). Ids out of [0, vocab_size) throw std::invalid_argument.
   virtual std::string decode_bytes(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const = 0;

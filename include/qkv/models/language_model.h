@@ -1,0 +1,50 @@
+// A language model as people have it on disk: a GGUF file or a Hugging Face folder, loaded into one bundle of the
+// decoder (LlamaForCausalLM), its tokenizer, its chat template and the tokens that end a reply. Text in, ids out.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qkv/core/json.h"
+#include "qkv/core/precision.h"
+#include "qkv/models/llama.h"
+#include "qkv/text/chat_template.h"
+#include "qkv/text/tokenizer.h"
+
+namespace qkv::models {
+
+// The ids that end a reply for the model at `path` (a .gguf file or a folder), ascending: see
+// LanguageModel::stop_ids. `tokenizer` may be null (a folder without one: config.json's and generation_config.json's
+// eos_token_id only; a GGUF: its metadata ids and, with a tokenizer, the end-of-turn control tokens).
+std::vector<int64_t> end_of_generation_ids(const std::string& path, const text::Tokenizer* tokenizer);
+
+struct LanguageModel {
+  std::string path;                                // the file or folder it came from
+  std::unique_ptr<LlamaForCausalLM> model;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::optional<text::ChatTemplate> chat_template;  // absent when the model ships none
+  // The ids that end a reply: the model's EOS and end-of-generation tokens, in ascending order. HF folders:
+  // config.json's and generation_config.json's eos_token_id (an id or a list) and the tokenizer's eos. GGUF:
+  // tokenizer.ggml.eos_token_id, .eot_token_id, .eom_token_id, and the vocabulary's control tokens that end a turn
+  // by their text (<|im_end|>, <|eot_id|>, <|eom_id|>, <end_of_turn>, <|end|>, <|endoftext|>, as llama.cpp does).
+  std::vector<int64_t> stop_ids;
+
+  // A .gguf file or a folder (config.json, model.safetensors or its index, tokenizer.json, and the chat template
+  // in chat_template.jinja or tokenizer_config.json). Errors are one std::runtime_error line naming the file.
+  static LanguageModel load(const std::string& path, Precision precision = Precision::kFloat32);
+
+  // messages: a JSON list of {"role", "content"} objects. The model's template rendered as transformers'
+  // apply_chat_template(messages, add_generation_prompt, tokenize=False) renders it, with the tokenizer's bos and
+  // eos tokens. std::invalid_argument when the model has no template or the template raises.
+  std::string apply_chat_template(const json::Value& messages, bool add_generation_prompt = true) const;
+  // A rendered chat as ids: the template's text tokenized without adding special tokens again (the template holds
+  // them); the special tokens it wrote are the model's, and text the user typed inside messages is plain text even
+  // when it looks like a special token (it is tokenized separately, piece by piece).
+  std::vector<int64_t> encode_chat(const json::Value& messages, bool add_generation_prompt = true) const;
+  bool is_stop(int64_t id) const;
+};
+
+}  // namespace qkv::models
