@@ -16,11 +16,9 @@ namespace {
 inline int row_a(int v) { return v < 4 ? v : v + 4; }
 inline constexpr int kVnniOffset[5] = {8, 0, 16, 0, 128};
 
-inline __m512 fp16_lanes_to_float512(__m512i v) {
-  const __m256 lo = fp16_lanes_to_float(_mm512_castsi512_si256(v));
-  const __m256 hi = fp16_lanes_to_float(_mm512_extracti64x4_epi64(v, 1));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
+// fp16 bit patterns in the low halves of 16 int32 lanes to float32 by vcvtph2ps (AVX512F): exact, subnormals
+// included and regardless of DAZ; a signaling NaN comes out quiet, as the first product with it would make it.
+inline __m512 fp16_lanes_to_float512(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 
 // Rows ra and rb of one block as one vector in the order above.
 template <int kKind>
@@ -111,7 +109,7 @@ struct TileRows {
   __m512i heads(int64_t b) const { return _mm512_i32gather_epi32(offsets, row0 + b * bs, 1); }
 };
 
-inline __m512 head_d(__m512i head) { return fp16_lanes_to_float512(_mm512_and_si512(head, _mm512_set1_epi32(0xFFFF))); }
+inline __m512 head_d(__m512i head) { return fp16_lanes_to_float512(head); }
 inline __m512 head_m(__m512i head) { return fp16_lanes_to_float512(_mm512_srli_epi32(head, 16)); }
 
 // Up to 4 activation rows (decode, small batches): each block's operands built in registers and used at once.

@@ -45,8 +45,8 @@ bool quant_gemm_integer(gguf::Type type);
 //   order from acc = 0, and y = acc + bias. A block of x with a non-finite value makes its row's outputs NaN.
 //   Other types (F32, F16, BF16, Q8_1, the K-quants): each weight row dequantized to float32 (kernels::
 //   dequantize_row) and dotted with x in float32 in a fixed order (8 lanes by index mod 8, then a fixed tree).
-// Every path gives the portable reference's bits; a row's outputs do not depend on m, on the row's place in the
-// batch or on the thread count. Threads: OpenMP over fixed blocks of output columns.
+// Every path gives the portable reference's bits (NaN outputs are NaN in all, their payloads aside); a row's
+// outputs do not depend on m, on the row's place in the batch or on the thread count. Threads: OpenMP over fixed blocks of output columns.
 // Errors (std::invalid_argument "[gemm_quant] ..." naming the shapes): m < 0, ldx < k, ldy < n, null pointers
 // where rows are read or written, an undefined matrix; a type without a dequantizer throws std::runtime_error.
 void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
