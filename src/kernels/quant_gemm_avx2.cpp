@@ -7,6 +7,44 @@
 namespace qkv::kernels::quant_detail::avx2 {
 namespace {
 
+// R activation rows against a column-interleaved tile (8 rows' block sums in the lanes), with the epilogue.
+template <int kKind, int R>
+void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* vals, const float* dw,
+                      const float* mw) {
+  const QuantActivations& a = *t.a;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const __m256 d = _mm256_load_ps(dw + b * 8);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = i0 + r;
+      const int8_t* xq = a.q.data() + i * a.cols + b * kQK;
+      __m256i sumi = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        int32_t group;
+        std::memcpy(&group, xq + 4 * g, 4);
+        const __m256i xb = _mm256_set1_epi32(group);
+        const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(vals + (b * 8 + g) * 32));
+        const __m256i pairs = kKind == 4 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xb, wv))
+                                         : _mm256_maddubs_epi16(wv, xb);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, ones));
+      }
+      const size_t o = static_cast<size_t>(i * a.blocks + b);
+      if constexpr (kOffset[kKind] != 0) sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(kOffset[kKind] * a.sum[o]));
+      __m256 term = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(d, _mm256_set1_ps(a.d[o])));
+      if constexpr (kKind == 1 || kKind == 3)
+        term = _mm256_add_ps(term, _mm256_mul_ps(_mm256_load_ps(mw + b * 8), _mm256_set1_ps(a.s[o])));
+      acc[r] = _mm256_add_ps(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 v = acc[r];
+    if (t.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(t.bias + j0));
+    _mm256_storeu_ps(t.y + (i0 + r) * t.ldy + j0, v);
+  }
+}
+
 template <int kKind>
 void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const QuantMatrix& w = *t.w;
@@ -24,17 +62,38 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                           _mm256_set1_epi32(static_cast<int>(w.row_bytes)));
   const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  // Up to 4 activation rows read the operands row by row (8 rows x 32 bytes per block) and reduce each row's
+  // products; more rows read them column-interleaved (per block, vector g holds elements 4g..4g+3 of the 8 rows in
+  // its 32-bit lanes), so the 8 block sums come out of 8 vpmaddubsw / vpmaddwd in lanes with no reduction.
+  const bool interleaved = a.rows > 4;
+  alignas(32) uint8_t block[8][32];
+  const __m256i transpose = _mm256_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224);
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < 8; ++r) {
       const __m256i v = block_operand<kKind>(row0 + r * w.row_bytes + b * bs);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(vals + (b * 8 + r) * 32), v);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(interleaved ? block[r] : vals + (b * 8 + r) * 32), v);
     }
+    if (interleaved)
+      for (int g = 0; g < 8; ++g)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(vals + (b * 8 + g) * 32),
+                           _mm256_i32gather_epi32(reinterpret_cast<const int*>(&block[0][4 * g]), transpose, 1));
     // The first 4 bytes of each row's block: d, and m where the type has one.
     const __m256i head = _mm256_i32gather_epi32(reinterpret_cast<const int*>(row0 + b * bs), rows, 1);
     _mm256_store_ps(dw + b * 8, fp16_lanes_to_float(_mm256_and_si256(head, low16)));
     if constexpr (kMin) _mm256_store_ps(mw + b * 8, fp16_lanes_to_float(_mm256_srli_epi32(head, 16)));
   }
 
+  if (interleaved) {
+    int64_t i = 0;
+    for (; i + 4 <= a.rows; i += 4) rows_interleaved<kKind, 4>(t, j0, i, vals, dw, mw);
+    switch (a.rows - i) {
+      case 3: rows_interleaved<kKind, 3>(t, j0, i, vals, dw, mw); break;
+      case 2: rows_interleaved<kKind, 2>(t, j0, i, vals, dw, mw); break;
+      case 1: rows_interleaved<kKind, 1>(t, j0, i, vals, dw, mw); break;
+      default: break;
+    }
+    return;
+  }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = 0; i < a.rows; ++i) {
     const int8_t* xq = a.q.data() + i * a.cols;
