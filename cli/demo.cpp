@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "demo.h"
+#include "run_common.h"
 #include "qkv/plot/image.h"
 #include "qkv/core/rng.h"
 #include "qkv/ops/attention.h"
@@ -78,7 +79,7 @@ void add_demo(CLI::App& app) {
   auto out = std::make_shared<std::string>("out/demo");
   auto seed = std::make_shared<uint64_t>(0);
   cmd->add_option("--out", *out, "Directory for the heatmap PNG")->capture_default_str();
-  cmd->add_option("--seed", *seed, "Seed of the random weights and input")->capture_default_str();
+  cmd->add_option("--seed", *seed, "Seed of the random weights and input")->capture_default_str()->check(seed_value());
   cmd->callback([out, seed]() {
     const int rc = run_demo(*out, *seed);
     if (rc != 0) throw CLI::RuntimeError(rc);

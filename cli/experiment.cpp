@@ -112,7 +112,7 @@ void add_experiment(CLI::App& app) {
   cmd->add_flag("--quick", a->quick, "Small run (well under a minute) that only checks the pipeline");
   cmd->add_option("--out", a->out, "Output directory (results.json + figures; 'all' uses one folder each)")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Base seed")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Base seed")->capture_default_str()->check(seed_value());
   cmd->add_option("--threads", a->threads, "OpenMP threads")->capture_default_str()->check(at_least(1));
   cmd->add_option("--doc", a->doc, "Also write the Markdown report here (e.g. docs/EXPERIMENTS.md)");
   cmd->add_flag("--quiet", a->quiet, "No progress or header lines on stderr");

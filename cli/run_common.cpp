@@ -1,6 +1,7 @@
 // Reading a run directory back: config.json, vocab.txt and the newest checkpoint's weights into a fresh model.
 #include "run_common.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -46,6 +47,32 @@ std::unique_ptr<train::TextModel> load_trained_model(const std::string& run_dir,
   return model;
 }
 
+void check_vocabulary(const data::Vocabulary& vocab, const std::vector<std::string>& texts, bool strict,
+                      const char* op) {
+  std::vector<std::string> unknown;
+  for (const std::string& text : texts)
+    for (std::string& tok : vocab.unknown_tokens(text))
+      if (std::find(unknown.begin(), unknown.end(), tok) == unknown.end()) unknown.push_back(std::move(tok));
+  if (unknown.empty()) return;
+  const size_t shown = std::min<size_t>(unknown.size(), 20);
+  std::string names;
+  for (size_t i = 0; i < shown; ++i) {
+    names += i ? ", '" : "'";
+    for (unsigned char ch : unknown[i]) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", ch);
+      names += ch < 0x20 || ch == 0x7F ? std::string(hex) : std::string(1, static_cast<char>(ch));
+    }
+    names += "'";
+  }
+  if (shown < unknown.size()) names += " and " + std::to_string(unknown.size() - shown) + " more";
+  const std::string what = std::to_string(unknown.size()) + (unknown.size() == 1 ? " token is" : " tokens are") +
+                           " not in the run's vocabulary";
+  QKV_CHECK_ARG(!strict, "[", op, "] ", what, " (--strict): ", names);
+  std::fprintf(stderr, "qkv: warning: [%s] %s and become <unk>: %s (--strict refuses them)\n", op, what.c_str(),
+               names.c_str());
+}
+
 void flush_stdout(const char* op) {
   errno = 0;
   if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0)
@@ -70,6 +97,18 @@ CLI::Validator at_least(int64_t lo) {
         return "";
       },
       "INT>=" + std::to_string(lo));
+}
+
+CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || text[0] == '-' || text[0] == '+' || ec != std::errc() || p != text.data() + text.size())
+          return "must be an integer in [0, 2^64), got '" + text + "'";
+        return "";
+      },
+      "UINT64");
 }
 
 std::string one_line(const std::string& m) {

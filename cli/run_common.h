@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -23,6 +24,12 @@ RunConfig load_run_config(const std::string& run_dir, const char* op);
 std::unique_ptr<train::TextModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
                                              const data::Vocabulary& vocab, int64_t& step, const char* op);
 
+// The tokens of `texts` that `vocab` lacks (encode() turns them into <unk>): named on one stderr line
+// ("qkv: warning: [op] 2 tokens are not in the vocabulary and become <unk>: 'a', 'b'"), or, when strict, refused
+// with invalid_argument naming them. Call before encoding user text with a run's vocabulary (translate, viz, serve).
+void check_vocabulary(const data::Vocabulary& vocab, const std::vector<std::string>& texts, bool strict,
+                      const char* op);
+
 // Thrown (not a std::exception) to end the command with this exit status, after its own one-line message.
 struct ExitStatus {
   int code;
@@ -35,6 +42,9 @@ void flush_stdout(const char* op);
 // A CLI11 check for an integer option: refuses values below `lo` with a short message
 // ("--beam: must be an integer >= 1, got '0'"), rather than CLI11's range with a 300-digit bound.
 CLI::Validator at_least(int64_t lo);
+
+// A CLI11 check for a seed (uint64): decimal digits only, so that "-1" is refused rather than wrapped to 2^64 - 1.
+CLI::Validator seed_value();
 
 // --precision fp32|bf16|int8 on `cmd` (default fp32) into *value; read it with parse_precision (qkv/core/precision.h)
 // in the command, so that a bad value is the one-line "[precision] 'x' is not one of fp32, bf16, int8".

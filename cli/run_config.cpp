@@ -1,6 +1,7 @@
 // RunConfig: per-kind defaults, validation, and the flat JSON text of config.json (write and strict read).
 #include "run_config.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -20,11 +21,6 @@ bool one_of(const std::string& v, std::initializer_list<const char*> choices) {
   return false;
 }
 
-std::string num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 // Visits every field with its JSON name; used by both writer and reader so the two cannot drift.
 struct FieldVisitor {
@@ -144,6 +140,12 @@ void RunConfig::resolve_and_check() {
                 ": ring attention has no dropout on the attention weights; use --dropout 0");
 }
 
+std::string format_double(double v) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);  // shortest text that reads back as v
+  return ec == std::errc() ? std::string(buf, end) : std::string("nan");
+}
+
 std::string RunConfig::to_json() const {
   RunConfig c = *this;
   std::string out = "{\n  \"format\": \"qkv-train-config 1\"";
@@ -156,7 +158,7 @@ std::string RunConfig::to_json() const {
   v.str = [&](const char* k, std::string& x) { key(k); json::append_quoted(out, x); };
   v.i64 = [&](const char* k, int64_t& x) { key(k); out += std::to_string(x); };
   v.u64 = [&](const char* k, uint64_t& x) { key(k); out += std::to_string(x); };
-  v.f64 = [&](const char* k, double& x) { key(k); out += num(x); };
+  v.f64 = [&](const char* k, double& x) { key(k); out += format_double(x); };
   v.flag = [&](const char* k, bool& x) { key(k); out += x ? "true" : "false"; };
   visit(c, v);
   out += "\n}\n";

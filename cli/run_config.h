@@ -76,6 +76,10 @@ struct RunConfig {
   static RunConfig from_json(const std::string& text, const std::string& name);
 };
 
+// The shortest decimal text that reads back as v (0.1, not 0.10000000000000001): config.json's numbers and the
+// values named in messages.
+std::string format_double(double v);
+
 // A flat JSON object of strings, numbers and booleans (qkv/core/json.h's strict Reader): values are kept as their
 // text (strings unescaped); errors throw invalid_argument "[config] NAME: ... (at byte N)".
 std::map<std::string, std::string> parse_flat_json(const std::string& text, const std::string& name);

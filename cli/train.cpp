@@ -197,11 +197,23 @@ void check_same_run(dist::Communicator& comm, const RunConfig& c, const RunData&
     QKV_CHECK_ARG(c.batch_size % n == 0, "[train] --batch-size ", c.batch_size, " (the global batch) does not ",
                   "divide by the ", n, " ranks of mpirun");
   }
-  const std::string json = c.to_json();
-  comm.check_same(dist::hash_bytes(json.data(), json.size()), "the run configuration (config.json)");
+  // Every setting of config.json compared on its own, so that a difference names its flags.
+  std::string differ;
+  for (const auto& [key, value] : parse_flat_json(c.to_json(), "config.json")) {
+    try {
+      comm.check_same(dist::hash_bytes(value.data(), value.size()), key);
+    } catch (const std::runtime_error&) {
+      std::string flag = key == "data_hash" ? "--data file contents" : "--" + key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      differ += (differ.empty() ? "" : ", ") + flag;
+    }
+  }
+  QKV_CHECK_ARG(differ.empty(), "[train] the ranks of mpirun were given different ", differ,
+                ": every rank must train the same run (give them the same options)");
 }
 
-void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector<CLI::Option*>& data_opts,
+void run_train(TrainArgs a, const std::vector<Locked>& locked,
+               const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>& data_opts,
                CLI::Option* model_opt, const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>&
                                            run_overrides) {
   const StopSignals stop_signals;
@@ -228,21 +240,10 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
       if (l.opt->count() > 0 && l.value(a.c) != l.value(saved))
         throw std::invalid_argument("[train] " + l.opt->get_name() + " " + l.value(a.c) + " differs from the run's " +
                                     l.value(saved) + " in '" + dir + "/config.json'; a resumed run keeps its settings");
-    bool new_data = false;
-    for (CLI::Option* o : data_opts) new_data |= o->count() > 0;
-    if (new_data) {  // a new data source: the vocabulary must stay the same
-      saved.task = a.c.task;
-      saved.data = a.c.data;
-      saved.test_data = a.c.test_data;
-      saved.train_size = a.c.train_size;
-      saved.test_size = a.c.test_size;
-      saved.min_len = a.c.min_len;
-      saved.max_len = a.c.max_len;
-      saved.alphabet = a.c.alphabet;
-      saved.tokenizer = a.c.tokenizer;
-      saved.test_fraction = a.c.test_fraction;
-      saved.max_tokens = a.c.max_tokens;
-    }
+    // New data options (the vocabulary must stay the same, checked below): each one given replaces its saved
+    // value; --task or --data replaces the source.
+    for (const auto& [opt, apply] : data_opts)
+      if (opt->count() > 0) apply(saved);
     for (const auto& [opt, apply] : run_overrides)
       if (opt->count() > 0) apply(saved);
     c = saved;
@@ -255,9 +256,17 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked, const std::vector
                   "; resuming it on ", nranks, " is refused (the split of every batch and the order of the gradient "
                   "sums would change): resume with mpirun -np ", c.ranks);
     check_same_run(comm, c, d);
-    if (d.vocab != vocab)
-      throw std::invalid_argument("[train] vocabulary mismatch on resume: '" + dir + "/vocab.txt' and the data differ (" +
-                                  vocab_difference(vocab, d.vocab) + ")");
+    if (d.vocab != vocab) {
+      std::string given;  // the data options that made the difference
+      for (const auto& [opt, apply] : data_opts)
+        if (opt->count() > 0) given += (given.empty() ? "" : " ") + opt->get_name() + " " + opt->as<std::string>();
+      throw std::invalid_argument("[train] vocabulary mismatch on resume: " +
+                                  (given.empty() ? std::string("the data") : "the data of " + given) +
+                                  " builds another vocabulary than '" + dir + "/vocab.txt' (" +
+                                  vocab_difference(vocab, d.vocab) +
+                                  "); a resumed run keeps its vocabulary, so its data may change only in ways that "
+                                  "keep it");
+    }
     if (!old_hash.empty() && old_hash != c.data_hash)
       std::fprintf(stderr, "qkv: warning: the data changed since the run started; the resumed run will differ\n");
   } else {
@@ -453,17 +462,12 @@ void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a Seq2Seq (RNN or Transformer) or decoder-only model with checkpoints");
   auto a = std::make_shared<TrainArgs>();
   RunConfig& c = a->c;
-  auto num = [](double v) {
-    char b[40];
-    std::snprintf(b, sizeof b, "%.17g", v);
-    return std::string(b);
-  };
   auto locked = std::make_shared<std::vector<Locked>>();
-  auto data_opts = std::make_shared<std::vector<CLI::Option*>>();
+  auto data_opts = std::make_shared<std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>>();
   auto overrides = std::make_shared<std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>>();
   auto lock = [&](CLI::Option* o, std::function<std::string(const RunConfig&)> f) { locked->push_back({o, f}); };
   auto i64 = [](int64_t RunConfig::*m) { return [m](const RunConfig& r) { return std::to_string(r.*m); }; };
-  auto f64 = [num](double RunConfig::*m) { return [m, num](const RunConfig& r) { return num(r.*m); }; };
+  auto f64 = [](double RunConfig::*m) { return [m](const RunConfig& r) { return format_double(r.*m); }; };
   auto s = [](std::string RunConfig::*m) { return [m](const RunConfig& r) { return r.*m; }; };
 
   cmd->group("Model");
@@ -491,26 +495,33 @@ void add_train(CLI::App& app) {
        i64(&RunConfig::max_positions));
 
   cmd->group("Data");
-  data_opts->push_back(cmd->add_option("--task", c.task,
-                                       "copy | reverse | sort | addition | dates | num2words-en | num2words-zh"));
-  data_opts->push_back(cmd->add_option("--data", c.data, "TSV parallel corpus (source<TAB>target per line)"));
-  data_opts->push_back(cmd->add_option("--test-data", c.test_data, "TSV test corpus (default: held out from --data)"));
-  data_opts->push_back(
-      cmd->add_option("--test-fraction", c.test_fraction, "Share of --data held out for testing")->capture_default_str());
-  data_opts->push_back(cmd->add_option("--tokenizer", c.tokenizer, "TSV tokenizer: char | word | byte")
-                           ->capture_default_str());
-  data_opts->push_back(cmd->add_option("--max-tokens", c.max_tokens,
-                                       "TSV: skip (and count, on stderr) pairs with more tokens than this on a side")
-                           ->capture_default_str()
-                           ->check(at_least(1)));
-  data_opts->push_back(cmd->add_option("--train-size", c.train_size, "Task training examples")->capture_default_str());
-  data_opts->push_back(cmd->add_option("--test-size", c.test_size, "Task test examples")->capture_default_str());
-  data_opts->push_back(
-      cmd->add_option("--min-len", c.min_len, "Task: shortest sequence (digits for numbers)")->capture_default_str()->check(at_least(1)));
-  data_opts->push_back(
-      cmd->add_option("--max-len", c.max_len, "Task: longest sequence (digits for numbers)")->capture_default_str()->check(at_least(1)));
-  data_opts->push_back(
-      cmd->add_option("--alphabet", c.alphabet, "copy/reverse/sort: digits | letters")->capture_default_str());
+  RunConfig* dp = &a->c;
+  auto dat = [&](CLI::Option* o, std::function<void(RunConfig&)> f) { data_opts->push_back({o, f}); };
+  dat(cmd->add_option("--task", c.task, "copy | reverse | sort | addition | dates | num2words-en | num2words-zh"),
+      [dp](RunConfig& r) { r.task = dp->task; r.data.clear(); r.test_data.clear(); });
+  dat(cmd->add_option("--data", c.data, "TSV parallel corpus (source<TAB>target per line)"),
+      [dp](RunConfig& r) { r.data = dp->data; r.task.clear(); });
+  dat(cmd->add_option("--test-data", c.test_data, "TSV test corpus (default: held out from --data)"),
+      [dp](RunConfig& r) { r.test_data = dp->test_data; });
+  dat(cmd->add_option("--test-fraction", c.test_fraction, "Share of --data held out for testing")->capture_default_str(),
+      [dp](RunConfig& r) { r.test_fraction = dp->test_fraction; });
+  dat(cmd->add_option("--tokenizer", c.tokenizer, "TSV tokenizer: char | word | byte")->capture_default_str(),
+      [dp](RunConfig& r) { r.tokenizer = dp->tokenizer; });
+  dat(cmd->add_option("--max-tokens", c.max_tokens,
+                      "TSV: skip (and count, on stderr) pairs with more tokens than this on a side")
+          ->capture_default_str()
+          ->check(at_least(1)),
+      [dp](RunConfig& r) { r.max_tokens = dp->max_tokens; });
+  dat(cmd->add_option("--train-size", c.train_size, "Task training examples")->capture_default_str(),
+      [dp](RunConfig& r) { r.train_size = dp->train_size; });
+  dat(cmd->add_option("--test-size", c.test_size, "Task test examples")->capture_default_str(),
+      [dp](RunConfig& r) { r.test_size = dp->test_size; });
+  dat(cmd->add_option("--min-len", c.min_len, "Task: shortest sequence (digits for numbers)")->capture_default_str()->check(at_least(1)),
+      [dp](RunConfig& r) { r.min_len = dp->min_len; });
+  dat(cmd->add_option("--max-len", c.max_len, "Task: longest sequence (digits for numbers)")->capture_default_str()->check(at_least(1)),
+      [dp](RunConfig& r) { r.max_len = dp->max_len; });
+  dat(cmd->add_option("--alphabet", c.alphabet, "copy/reverse/sort: digits | letters")->capture_default_str(),
+      [dp](RunConfig& r) { r.alphabet = dp->alphabet; });
   lock(cmd->add_option("--max-decode-len", c.max_decode_len, "Generation limit (default: longest target + 8)")->check(at_least(1)),
        i64(&RunConfig::max_decode_len));
 
@@ -542,7 +553,8 @@ void add_train(CLI::App& app) {
            ->check(at_least(1)),
        i64(&RunConfig::context_parallel));
   lock(cmd->add_option("--seed", c.seed, "Seed of the data, the init, the shuffling and dropout")
-           ->capture_default_str(),
+           ->capture_default_str()
+           ->check(seed_value()),
        [](const RunConfig& r) { return std::to_string(r.seed); });
 
   cmd->group("Run");
@@ -565,7 +577,7 @@ void add_train(CLI::App& app) {
        [cp](RunConfig& r) { r.keep_checkpoints = cp->keep_checkpoints; });
   cmd->add_option("--out", a->out, "Run directory (config.json, vocab.txt, checkpoints/)");
   cmd->add_option("--resume", a->resume, "Continue the run in this directory from its latest checkpoint");
-  cmd->add_option("--threads", a->threads, "OpenMP threads (default: OMP_NUM_THREADS)");
+  cmd->add_option("--threads", a->threads, "OpenMP threads (default: OMP_NUM_THREADS)")->check(at_least(1));
   cmd->add_flag("--no-overlap", a->no_overlap,
                 "mpirun: all-reduce the gradients after the backward, not during it (for timing the overlap)");
 

@@ -1,5 +1,6 @@
-// `qkv translate DIR [--beam N] [--show-attention out.png]`: reads lines on stdin, writes one translation per line
-// with the run's latest checkpoint; optionally draws the attention of each output token over its source.
+// `qkv translate DIR [--beam N] [--strict] [--show-attention out.png]`: reads lines on stdin, writes one
+// translation per line with the run's latest checkpoint; optionally draws the attention of each output token
+// over its source.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -21,6 +22,7 @@ struct TranslateArgs {
   double alpha = 0.6;
   int64_t max_len = 0;
   std::string attention_png;
+  bool strict = false;
 };
 
 void run_translate(const TranslateArgs& a) {
@@ -30,12 +32,15 @@ void run_translate(const TranslateArgs& a) {
   std::unique_ptr<train::TextModel> model = load_trained_model(a.dir, c, vocab, step, "translate");
   QKV_CHECK_ARG(a.attention_png.empty() || model->has_attention(), "[translate] a '", c.model,
                 "' model has no attention to show (use rnn-attn, transformer or decoder)");
-  std::vector<std::vector<int64_t>> sources;
+  std::vector<std::string> lines;
   std::string line;
   while (std::getline(std::cin, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    sources.push_back(vocab.encode(line));
+    lines.push_back(line);
   }
+  check_vocabulary(vocab, lines, a.strict, "translate");
+  std::vector<std::vector<int64_t>> sources;
+  for (const std::string& l : lines) sources.push_back(vocab.encode(l));
   if (sources.empty()) return;
   const DecodeSettings settings{a.max_len > 0 ? a.max_len : c.max_decode_len, a.beam, a.alpha, 64};
   const auto outputs = decode_all(*model, sources, settings);
@@ -68,6 +73,8 @@ void add_translate(CLI::App& app) {
   cmd->add_option("--alpha", a->alpha, "GNMT length-penalty exponent for beam search")->capture_default_str();
   cmd->add_option("--max-len", a->max_len, "Longest output (default: the run's --max-decode-len)");
   cmd->add_option("--show-attention", a->attention_png, "Write the attention heatmap of each line to this PNG");
+  cmd->add_flag("--strict", a->strict,
+                "Refuse input with tokens outside the run's vocabulary (default: they become <unk>, with a warning)");
   cmd->callback([a]() {
     try {
       run_translate(*a);

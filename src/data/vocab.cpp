@@ -114,6 +114,13 @@ std::vector<int64_t> Vocabulary::encode(std::string_view text, bool add_bos, boo
   return ids;
 }
 
+std::vector<std::string> Vocabulary::unknown_tokens(std::string_view text) const {
+  std::vector<std::string> out;
+  for (const std::string& tok : tokenize(text, kind_))
+    if (!contains(tok) && std::find(out.begin(), out.end(), tok) == out.end()) out.push_back(tok);
+  return out;
+}
+
 std::string Vocabulary::decode(const std::vector<int64_t>& ids) const {
   std::vector<std::string> toks;
   for (int64_t i : ids) {

@@ -42,6 +42,8 @@ class Vocabulary {
 
   // text -> ids (optionally BOS first and EOS last); unknown tokens become UNK.
   std::vector<int64_t> encode(std::string_view text, bool add_bos = false, bool add_eos = false) const;
+  // The tokens of `text` that encode() would turn into UNK, each once, in order of first appearance.
+  std::vector<std::string> unknown_tokens(std::string_view text) const;
   // ids -> text: stops at the first EOS, skips PAD and BOS, writes UNK as "<unk>". Ids out of range throw.
   std::string decode(const std::vector<int64_t>& ids) const;
   // ids -> token strings, with no skipping (for attention plots); specials appear by name.
