@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "qkv/core/error.h"
@@ -72,6 +73,14 @@ CausalLmStep::CausalLmStep(const models::LlamaForCausalLM& model, std::vector<st
 
 int64_t CausalLmStep::vocab_size() const { return model_->config().vocab_size; }
 
+int64_t CausalLmStep::row_bytes(int64_t steps) const {
+  const models::LlamaConfig& c = model_->config();
+  const int64_t positions = static_cast<int64_t>(prompts_[0].size()) + std::max<int64_t>(steps, 0);
+  const double bytes = 2.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(c.num_key_value_heads) *
+                       static_cast<double>(c.head_dim) * static_cast<double>(positions) * sizeof(float);
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
 void CausalLmStep::start() {
   const auto s = static_cast<int64_t>(prompts_.size());
   const auto p = static_cast<int64_t>(prompts_[0].size());
@@ -137,6 +146,7 @@ std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::
   QKV_CHECK_ARG(!prompt.empty(), "[generate] the prompt must hold at least one token");
   QKV_CHECK_ARG(max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ", max_new_tokens);
   const int64_t v = model.config().vocab_size;
+  QKV_CHECK_ARG(eos >= -1 && eos < v, "[generate] eos ", eos, " must be in [0, vocab_size = ", v, ") or -1 (never)");
   for (size_t i = 0; i < prompt.size(); ++i)
     QKV_CHECK_ARG(prompt[i] >= 0 && prompt[i] < v, "[generate] prompt id ", prompt[i], " at ", i,
                   " is outside [0, vocab_size = ", v, ")");

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <numeric>
 
 #include "qkv/core/error.h"
@@ -15,8 +17,15 @@ void check_options(StepModel& model, const SearchOptions& o, const char* op) {
   const int64_t V = model.vocab_size();
   QKV_CHECK_ARG(model.num_sources() >= 1, "[", op, "] the model has no sources to decode");
   QKV_CHECK_ARG(o.max_len >= 1, "[", op, "] max_len must be >= 1, got ", o.max_len);
-  QKV_CHECK_ARG(o.bos >= 0 && o.bos < V && o.eos >= 0 && o.eos < V, "[", op, "] bos ", o.bos, " and eos ", o.eos,
-                " must be in [0, ", V, ")");
+  QKV_CHECK_ARG(o.bos >= 0 && o.bos < V, "[", op, "] bos ", o.bos, " must be in [0, ", V, ")");
+  QKV_CHECK_ARG(o.eos >= -1 && o.eos < V, "[", op, "] eos ", o.eos, " must be in [0, ", V, ") or -1 (none)");
+}
+
+// 25769803776 -> "24.00 GiB".
+std::string gib(double bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
 }
 
 // One row of logits -> log-softmax in double.
@@ -96,6 +105,19 @@ std::vector<std::vector<Hypothesis>> beam_search(StepModel& model, const SearchO
   const int64_t S = model.num_sources(), V = model.vocab_size(), K = b.beam_size;
   const int64_t max_len = std::min(o.max_len, model.capacity());
   QKV_CHECK_ARG(max_len >= 1, "[beam_search] the model has no room for a single step");
+  if (b.max_bytes > 0) {
+    struct CandBytes {
+      double log_prob;
+      int64_t hyp, token;
+    };
+    const double rows = static_cast<double>(S) * static_cast<double>(K);
+    const double cache = rows * static_cast<double>(model.row_bytes(max_len));
+    const double cands = rows * static_cast<double>(V) * static_cast<double>(sizeof(CandBytes) + sizeof(float));
+    QKV_CHECK_ARG(cache + cands <= static_cast<double>(b.max_bytes), "[beam_search] ", K, " beams x ", S,
+                  " source(s) need about ", gib(cache + cands), " (KV caches ", gib(cache), " + candidate scores ",
+                  gib(cands), "), more than the limit of ", gib(static_cast<double>(b.max_bytes)),
+                  ": use a narrower beam or a shorter output");
+  }
   const double lp_max = length_penalty(max_len, b.penalty, b.alpha);
 
   struct Live {

@@ -208,6 +208,34 @@ TEST(Search, BadOptionsAndBadLogitsAreNamed) {
   EXPECT_TRUE(ThrowsArg([&] { greedy_search(bad, SearchOptions{3, 1, 2}); }, "[greedy_search] the model returned"));
 }
 
+TEST(BeamSearch, MemoryEstimateOverMaxBytesIsRefusedNamingBoth) {
+  struct Heavy : TableModel {
+    Heavy() : TableModel(2, 4, 0) {}
+    int64_t row_bytes(int64_t steps) const override { return steps * 1024 * 1024; }  // 1 MiB a step
+  } m;
+  BeamOptions b{3};
+  b.max_bytes = int64_t{64} << 20;  // 2 sources x 3 beams x 100 MiB do not fit in 64 MiB
+  EXPECT_TRUE(ThrowsArg([&] { beam_search(m, SearchOptions{100, 1, 2}, b); },
+                        "[beam_search] 3 beams x 2 source(s) need about 0.59 GiB (KV caches 0.59 GiB"));
+  EXPECT_TRUE(ThrowsArg([&] { beam_search(m, SearchOptions{100, 1, 2}, b); }, "more than the limit of 0.06 GiB"));
+  EXPECT_EQ(beam_search(m, SearchOptions{5, 1, 2}, b).size(), 2u);  // 30 MiB: fits
+}
+
+TEST(Search, EosMinusOneMeansNoEndToken) {
+  TableModel m(1, 3, 4);
+  for (const Hypothesis& h : greedy_search(m, SearchOptions{12, 1, -1})) {
+    EXPECT_EQ(h.tokens.size(), 12u);
+    EXPECT_FALSE(h.finished);
+  }
+  const std::vector<std::vector<Hypothesis>> beams = beam_search(m, SearchOptions{9, 1, -1}, BeamOptions{2});
+  for (const Hypothesis& h : beams.at(0)) {
+    EXPECT_EQ(h.tokens.size(), 9u);
+    EXPECT_FALSE(h.finished);
+  }
+  EXPECT_TRUE(ThrowsArg([&] { greedy_search(m, SearchOptions{3, 1, -2}); }, "[greedy_search] eos -2"));
+  EXPECT_TRUE(ThrowsArg([&] { greedy_search(m, SearchOptions{3, 1, 3}); }, "or -1 (none)"));
+}
+
 // --- KV cache -----------------------------------------------------------------------------------------------------
 
 TEST(KvCache, AppendGrowsAndReorderForksRows) {

@@ -37,6 +37,7 @@ class CausalLmStep : public StepModel {
                int64_t page_size = 0);
   int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
   int64_t vocab_size() const override;
+  int64_t row_bytes(int64_t steps) const override;  // float32 K and V of every layer over prompt + steps
   void start() override;
   Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
 
@@ -66,7 +67,8 @@ class CausalLmRecomputeStep : public StepModel {
 };
 
 // The prompt (P >= 1 ids in [0, V)) continued by max_new_tokens >= 0 tokens, greedy or sampled as options says,
-// through the KV caches (the prompt runs at once, then one token per step). Stops early after eos when eos >= 0.
+// through the KV caches (the prompt runs at once, then one token per step). Stops early after eos when eos >= 0;
+// eos is -1 (never) or an id in [0, vocab_size).
 // page_size > 0: paged caches of that many positions a page (new_caches). -> the new tokens only.
 std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& options = {}, int64_t eos = -1,

@@ -19,6 +19,9 @@ class StepModel {
   virtual int64_t vocab_size() const = 0;
   // How many step() calls fit after start() (positions of a learned table, ...); unlimited by default.
   virtual int64_t capacity() const { return std::numeric_limits<int64_t>::max(); }
+  // Bytes one row holds after `steps` step() calls (its KV caches), for the memory estimate of a beam search;
+  // 0 when unknown or small.
+  virtual int64_t row_bytes(int64_t steps) const { (void)steps; return 0; }
   // Starts over with S rows, row s holding source s's empty prefix.
   virtual void start() = 0;
   // rows: N indices into the previous rows (after start(): source indices), the row each new row extends (a row
@@ -34,7 +37,7 @@ class StepModel {
 struct SearchOptions {
   int64_t max_len = 64;  // at most this many tokens generated per source (EOS included); >= 1
   int64_t bos = 1;       // the first token fed to every row
-  int64_t eos = 2;       // ends a hypothesis
+  int64_t eos = 2;       // ends a hypothesis; -1: none (every hypothesis runs to max_len)
 };
 
 struct Hypothesis {
@@ -58,6 +61,9 @@ struct BeamOptions {
   int64_t beam_size = 4;  // >= 1
   LengthPenalty penalty = LengthPenalty::kGnmt;
   double alpha = 0.6;     // >= 0
+  // > 0: refuse (invalid_argument, naming the estimate and this limit) a search whose memory estimate,
+  // S * beam_size * (row_bytes(max_len) + V * (candidate + logit bytes)), exceeds this many bytes. 0: no limit.
+  int64_t max_bytes = 0;
 };
 
 // The divisor of a hypothesis' log-probability. |Y| counts the generated tokens including EOS. length >= 1.
@@ -68,6 +74,7 @@ double length_penalty(int64_t length, LengthPenalty penalty, double alpha);
 // keeps the best beam_size others alive. A source stops when it has beam_size finished hypotheses and no live one
 // can still beat the worst of them (bound: live log_prob / lp(max_len), valid as lp never decreases), or at max_len,
 // where live hypotheses join the list unfinished. Ties break by lower hypothesis index, then lower token id.
+// A beam wider than V searches exhaustively for a few steps (V^t < beam_size); BeamOptions::max_bytes bounds it.
 // -> per source, up to beam_size hypotheses, best score first.
 std::vector<std::vector<Hypothesis>> beam_search(StepModel& model, const SearchOptions& options,
                                                  const BeamOptions& beam);
