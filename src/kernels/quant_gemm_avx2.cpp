@@ -1,7 +1,8 @@
 // The quantized product's AVX2 build: tiles of 8 weight rows unpacked once to u8 operands (int8 for Q8_0) and
-// float32 scales, then per activation row and block the exact int32 sums reduced per row, and quant_gemm_impl.h's
-// float epilogue in 8 lanes. vpmaddubsw never saturates here: nibble types 2 · 31 · 127 < 32767 (the offset taken
-// back as offset · Σx), Q8_0 on |w| and sign(x, w): 2 · 128 · 127 < 32767.
+// float32 scales; per activation row and block the exact int32 sums (up to 4 rows: each row's products reduced;
+// more rows: the tile column-interleaved, sums in lanes), and quant_gemm_impl.h's float epilogue in 8 lanes.
+// vpmaddubsw never saturates here: nibble types 2 · 31 · 127 < 32767 (the offset taken back as offset · Σx), Q8_0
+// on |w| and sign(x, w): 2 · 128 · 127 < 32767.
 #include "quant_gemm_simd.h"
 
 namespace qkv::kernels::quant_detail::avx2 {

@@ -1,6 +1,7 @@
-// The quantized product's AVX512-VNNI build: tiles of 16 weight rows unpacked once into vpdpbusd's u8 operand
-// order (nibbles with their fifth bit as they are; Q8_0 as w + 128), then per activation row and block the exact
-// int32 sums Σ u · x - offset · Σx reduced per row, and quant_gemm_impl.h's float epilogue in 16 lanes.
+// The quantized product's AVX512-VNNI build: tiles of 16 weight rows as vpdpbusd's u8 operands (nibbles with their
+// fifth bit as they are; Q8_0 as w + 128); per activation row and block the exact int32 sums Σ u · x - offset · Σx
+// (up to 4 rows: operands built in registers, each row's products reduced; more rows: the tile unpacked once
+// column-interleaved, sums in lanes), and quant_gemm_impl.h's float epilogue in 16 lanes.
 #include "quant_gemm_simd.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every use.
@@ -10,7 +11,7 @@
 namespace qkv::kernels::quant_detail::avx512 {
 namespace {
 
-// The unpacked tile holds per block 8 vectors of 64 bytes; vector v pairs rows ra = v (v < 4) or v + 4 (v >= 4) and
+// The register operands of a block: 8 vectors of 64 bytes; vector v pairs rows ra = v (v < 4) or v + 4 (v >= 4) and
 // rb = ra + 4 as [ra 0..15 | rb 0..15 | ra 16..31 | rb 16..31] against the activations' [x 0..15 | x 0..15 |
 // x 16..31 | x 16..31], so that after the reduction below the 16 sums come out in row order.
 inline int row_a(int v) { return v < 4 ? v : v + 4; }
