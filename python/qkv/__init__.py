@@ -38,4 +38,6 @@ TransformerDecoder = _calls.patch_class(_qkv.TransformerDecoder)
 Transformer = _calls.patch_class(_qkv.Transformer)
 GRU = _calls.patch_class(_qkv.GRU)
 LSTM = _calls.patch_class(_qkv.LSTM)
+_calls.patch_class(CausalLM, ("from_pretrained", "logits", "generate"))
+_calls.patch_class(SentenceEncoder, ("__init__", "encode", "tokenize", "attentions"))
 from . import viz  # noqa: F401

@@ -68,5 +68,9 @@ def patch_class(cls, names=("__init__", "__call__", "forward", "load_state_dict"
     for attr in names:
         if attr in cls.__dict__:
             label = cls.__name__ if attr == "__init__" else f"{cls.__name__}.{attr}"
-            setattr(cls, attr, method(cls.__dict__[attr], label))
+            value = cls.__dict__[attr]
+            if isinstance(value, staticmethod):  # from_pretrained: no receiver
+                setattr(cls, attr, staticmethod(function(value.__func__, label)))
+            else:
+                setattr(cls, attr, method(value, label))
     return cls

@@ -52,13 +52,19 @@ void bind_bert(py::module_& m) {
 
   py::class_<SentenceEncoder>(m, "SentenceEncoder",
                               "A sentence-transformers BERT model folder (all-MiniLM-L6-v2) run by qkv.")
-      .def(py::init([](const std::string& path, const std::string& precision) {
+      .def(py::init([](const py::object& path_obj, const std::string& precision) {
+             const std::string path = fs_path(path_obj);
              const Precision p = parse_precision(precision);
-             py::gil_scoped_release nogil;
-             return std::make_unique<SentenceEncoder>(path, p);
+             try {
+               py::gil_scoped_release nogil;
+               return std::make_unique<SentenceEncoder>(path, p);
+             } catch (const std::runtime_error& e) {
+               throw py::value_error(e.what());  // a missing or broken folder: ValueError, as CausalLM
+             }
            }),
            py::arg("path"), py::arg("precision") = "fp32",
-           "Loads config.json, vocab.txt, model.safetensors (+ sentence_bert_config.json, 1_Pooling/config.json). "
+           "Loads config.json, vocab.txt, model.safetensors (+ sentence_bert_config.json, 1_Pooling/config.json) "
+           "from the folder `path` (str or os.PathLike); a missing or broken folder raises ValueError. "
            "precision: 'fp32' (default), 'bf16' or 'int8' for the linear layers (bf16 also for attention); the "
            "weights are converted once, here (docs/PRECISION.md).")
       .def(

@@ -20,6 +20,10 @@ namespace qkv::python {
 
 namespace py = pybind11;
 
+// A file-system path argument: str, bytes or os.PathLike (pathlib.Path), decoded as the os module does; anything
+// else raises TypeError.
+std::string fs_path(const py::handle& path);
+
 // obj as an ndarray: an ndarray itself, an object with __dlpack__ (a CPU torch tensor) through numpy.from_dlpack,
 // anything else NumPy can read (lists, __array__, buffers) through numpy.asarray; no copy where the memory already
 // fits. None, str, bytes, dicts and unreadable objects raise a one-line TypeError naming `fn` and `arg`.

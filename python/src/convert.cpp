@@ -3,6 +3,8 @@
 // dicts, module seeds and the C++ -> Python error mapping.
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -24,6 +26,10 @@ std::string short_error(py::error_already_set& e) {
 }
 
 }  // namespace
+
+std::string fs_path(const py::handle& path) {
+  return py::str(py::module_::import("os").attr("fsdecode")(path));
+}
 
 // obj as an ndarray: an ndarray itself; an object with __dlpack__ (a CPU torch tensor, ...) through
 // numpy.from_dlpack; anything else numpy can read (lists, __array__, the buffer protocol) through numpy.asarray.
@@ -66,6 +72,27 @@ py::array as_real_array(const py::handle& obj, const char* fn, const char* arg) 
   return a;
 }
 
+// A finite float64 (or wider) value that float32 cannot hold would turn into inf, and attention into NaN: refused.
+// Values that were inf or NaN already pass through (a -inf mask is meant).
+void check_no_overflow(const py::array& wide, const py::array_t<float, py::array::c_style>& f, const char* fn,
+                       const char* arg) {
+  const float* p = f.data();
+  for (py::ssize_t i = 0; i < f.size(); ++i) {
+    if (!std::isinf(p[i])) continue;
+    static auto* require = new py::object(py::module_::import("numpy").attr("require"));
+    const auto d = py::reinterpret_borrow<py::array_t<double, py::array::c_style>>(
+        (*require)(wide, py::dtype::of<double>(), "C"));
+    for (py::ssize_t j = i; j < d.size(); ++j)
+      if (std::isinf(p[j]) && std::isfinite(d.data()[j])) {
+        char value[32];
+        std::snprintf(value, sizeof value, "%.6g", d.data()[j]);
+        throw py::value_error(std::string("[") + fn + "] " + arg + " holds " + value + " (flat index " +
+                              std::to_string(j) + "), past float32's range (3.4e38): qkv computes in float32");
+      }
+    return;
+  }
+}
+
 }  // namespace
 
 Rng& process_rng() {
@@ -84,7 +111,22 @@ Tensor to_tensor(const py::handle& obj, const char* fn, const char* arg) {
     // numpy does the conversion, so its errors (MemoryError for a huge broadcast view, ...) reach the caller.
     // np.require(a, float32, "CA"): C-contiguous and aligned. Leaked on purpose: no decref after finalisation.
     static auto* require = new py::object(py::module_::import("numpy").attr("require"));
-    f = py::reinterpret_borrow<F32>((*require)(a, py::dtype::of<float>(), "CA"));
+    if (a.dtype().kind() == 'f' && a.dtype().itemsize() > 4) {
+      // float64 -> float32 under errstate(over="ignore"): an overflow is reported by check_no_overflow, as a
+      // ValueError, not by numpy's RuntimeWarning.
+      py::object quiet = py::module_::import("numpy").attr("errstate")(py::arg("over") = "ignore");
+      quiet.attr("__enter__")();
+      try {
+        f = py::reinterpret_borrow<F32>((*require)(a, py::dtype::of<float>(), "CA"));
+      } catch (...) {
+        quiet.attr("__exit__")(py::none(), py::none(), py::none());
+        throw;
+      }
+      quiet.attr("__exit__")(py::none(), py::none(), py::none());
+      check_no_overflow(a, f, fn, arg);
+    } else {
+      f = py::reinterpret_borrow<F32>((*require)(a, py::dtype::of<float>(), "CA"));
+    }
   }
   Shape shape(f.shape(), f.shape() + f.ndim());
   auto* keep = new py::object(f);

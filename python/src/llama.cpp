@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,7 +19,8 @@ namespace {
 
 using models::LlamaForCausalLM;
 
-// ids: a 1-D (T) or 2-D (B, T) array of integers -> Ids (B, T), and whether it was 1-D.
+// ids: a 1-D (T) or 2-D (B, T) array of integers -> Ids (B, T), and whether it was 1-D. Unsigned ids past int64
+// are refused by their value (never wrapped to a negative id).
 Ids to_ids(const py::handle& obj, const char* fn, bool& one_d) {
   const py::array a = to_array(obj, fn, "ids");
   if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
@@ -27,6 +29,13 @@ Ids to_ids(const py::handle& obj, const char* fn, bool& one_d) {
   if (a.ndim() != 1 && a.ndim() != 2)
     throw py::value_error(std::string("[") + fn + "] ids must be (T) or (B, T), got " + std::to_string(a.ndim()) +
                           " dimensions");
+  if (a.dtype().kind() == 'u') {
+    const py::array_t<uint64_t, py::array::c_style | py::array::forcecast> u(a);
+    for (py::ssize_t i = 0; i < u.size(); ++i)
+      if (u.data()[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw py::value_error(std::string("[") + fn + "] id " + std::to_string(u.data()[i]) + " at " +
+                              std::to_string(i) + " is outside [0, vocab_size): past int64 even");
+  }
   const py::array_t<int64_t, py::array::c_style | py::array::forcecast> c(a);
   one_d = a.ndim() == 1;
   Ids ids;
@@ -44,7 +53,8 @@ void bind_llama(py::module_& m) {
                                "save_pretrained: config.json + model.safetensors) run by qkv.")
       .def_static(
           "from_pretrained",
-          [](const std::string& path, const std::string& precision) {
+          [](const py::object& path_obj, const std::string& precision) {
+            const std::string path = fs_path(path_obj);
             const Precision p = parse_precision(precision);
             try {
               py::gil_scoped_release nogil;
@@ -54,7 +64,8 @@ void bind_llama(py::module_& m) {
             }
           },
           py::arg("path"), py::arg("precision") = "fp32",
-          "Loads config.json and model.safetensors from the folder `path`. precision: 'fp32' (default), 'bf16' or "
+          "Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from the folder "
+          "`path` (str or os.PathLike); a missing or broken folder raises ValueError. precision: 'fp32' (default), 'bf16' or "
           "'int8' for the linear layers (bf16 also for attention); the weights are converted once, here "
           "(docs/PRECISION.md).")
       .def(

@@ -18,11 +18,6 @@ namespace qkv::python {
 
 namespace {
 
-std::string fs_path(const py::handle& path) {
-  // str, bytes and os.PathLike, decoded the way the os module does.
-  return py::str(py::module_::import("os").attr("fsdecode")(path));
-}
-
 // The UTF-8 bytes of a str; a lone surrogate (which has none) raises ValueError instead of a cast error.
 std::string utf8(const py::handle& s, const std::string& what) {
   Py_ssize_t n = 0;

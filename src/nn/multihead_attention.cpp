@@ -155,28 +155,34 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                                       const ad::Var& value, const MhaForwardOptions& o,
                                       const ad::Var& attn_bias) const {
   KvCache* cache = o.kv_cache;
+  // Shapes in messages as the caller passed them (T, B, E under batch_first=False).
+  auto shown = [&](const ad::Var& x) {
+    Shape s = x.shape();
+    if (!o.batch_first && s.size() == 3) std::swap(s[0], s[1]);
+    return str(s);
+  };
   const bool fixed = cache != nullptr && o.kv_cache_fixed;
   QKV_CHECK_ARG(query.defined() && (fixed || (key.defined() && value.defined())),
                 "[MultiheadAttention] query, key and value must be defined");
   if (fixed) {
     QKV_CHECK_ARG(query.dim() == 3 && cache->ready() && cache->rows() == query.size(0) &&
                       cache->keys().size(1) == num_heads_ && cache->keys().size(3) == head_dim_,
-                  "[MultiheadAttention] query ", str(query.shape()), " and a fixed kv_cache of ",
+                  "[MultiheadAttention] query ", shown(query), " and a fixed kv_cache of ",
                   cache->ready() ? str(cache->keys().shape()) : std::string("(never filled)"),
                   " must be (B, Tq, E) and (B, H, Tk, D)");
   } else {
     QKV_CHECK_ARG((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(),
-                  "[MultiheadAttention] query ", str(query.shape()), ", key ", str(key.shape()), " and value ",
-                  str(value.shape()), " must all be (B, T, dim) or all unbatched (T, dim)");
+                  "[MultiheadAttention] query ", shown(query), ", key ", shown(key), " and value ", shown(value),
+                  " must all be ", o.batch_first ? "(B, T, dim)" : "(T, B, dim)", " or all unbatched (T, dim)");
   }
   QKV_CHECK_ARG(cache == nullptr || query.dim() == 3, "[MultiheadAttention] kv_cache needs batched (B, T, E) input, got ",
-                str(query.shape()));
+                shown(query));
   const bool self = !fixed && same_var(query, key) && same_var(key, value);
   const bool kv_same = !fixed && same_var(key, value);
   if (!o.cu_seqlens.empty()) {
     QKV_CHECK_ARG(!attn_bias.defined(), "[MultiheadAttention] packed input (cu_seqlens) takes no trained attn_bias");
     QKV_CHECK_ARG(c.sequence_shard() == nullptr, "[MultiheadAttention] packed input (cu_seqlens), query ",
-                  str(query.shape()), ": its attention is local, so it does not run with the sequence split across "
+                  shown(query), ": its attention is local, so it does not run with the sequence split across "
                   "processes (context parallelism)");
     return forward_packed(c, query, key, value, o, self);
   }
@@ -188,13 +194,13 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   const int64_t B = q_in.size(0), Tq = q_in.size(1);
   const int64_t Tn = fixed ? 0 : k_in.size(1);  // new keys of this call
   const int64_t Tk = (cache && cache->ready() ? cache->length() : 0) + Tn;
-  QKV_CHECK_ARG(q_in.size(2) == E, "[MultiheadAttention] query ", str(query.shape()),
+  QKV_CHECK_ARG(q_in.size(2) == E, "[MultiheadAttention] query ", shown(query),
                 " must have last dim embed_dim = ", E);
   if (!fixed) {
-    QKV_CHECK_ARG(k_in.size(2) == kdim_ && v_in.size(2) == vdim_, "[MultiheadAttention] key ", str(key.shape()),
-                  " and value ", str(value.shape()), " must have last dims kdim = ", kdim_, " and vdim = ", vdim_);
+    QKV_CHECK_ARG(k_in.size(2) == kdim_ && v_in.size(2) == vdim_, "[MultiheadAttention] key ", shown(key),
+                  " and value ", shown(value), " must have last dims kdim = ", kdim_, " and vdim = ", vdim_);
     QKV_CHECK_ARG(k_in.size(0) == B && v_in.size(0) == B && v_in.size(1) == Tn, "[MultiheadAttention] query ",
-                  str(query.shape()), ", key ", str(key.shape()), " and value ", str(value.shape()),
+                  shown(query), ", key ", shown(key), " and value ", shown(value),
                   " disagree on batch, or key and value on length");
   }
 
@@ -227,7 +233,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                   "[MultiheadAttention] key_padding_mask is given but key_padding_mask_kind is kNone");
     const Shape want = unbatched ? Shape{Tk} : Shape{B, Tk};
     QKV_CHECK_ARG(o.key_padding_mask.shape() == want, "[MultiheadAttention] key_padding_mask ",
-                  str(o.key_padding_mask.shape()), " must be ", str(want), " for key ", str(key.shape()));
+                  str(o.key_padding_mask.shape()), " must be ", str(want), " for key ", shown(key));
     Tensor kpm = unbatched ? o.key_padding_mask.unsqueeze(0) : o.key_padding_mask;
     parts.push_back({kpm.unsqueeze(1).unsqueeze(1), o.key_padding_mask_kind});  // (B, 1, 1, Tk)
   }

@@ -194,3 +194,26 @@ def test_threads_can_share_a_module():
     assert not errors
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+def test_sdpa_float64_input_past_float32_range_raises_not_nan():
+    q = np.ones((1, 2, 4))
+    q[0, 1, 2] = 1e39  # finite in float64, inf in float32
+    with pytest.raises(ValueError, match=r"^\[scaled_dot_product_attention\] query holds 1e\+39 \(flat index 6\)"):
+        SDPA(q, np.ones((1, 2, 4)), np.ones((1, 2, 4)))
+    mask = np.zeros((2, 2))
+    mask[0, 1] = -np.inf  # an infinite float64 mask value is meant, not an overflow
+    out = SDPA(np.ones((1, 2, 4)), np.ones((1, 2, 4)), np.ones((1, 2, 4)), attn_mask=mask)
+    assert np.isfinite(out).all()
+
+
+def test_mha_batch_first_false_shape_error_shows_the_callers_shape_and_layout():
+    mha = qkv.MultiheadAttention(16, 2, seed=0)  # batch_first=False: (T, B, E)
+    x = z(4, 2, 15)
+    with pytest.raises(ValueError, match=r"query \(4, 2, 15\) must have last dim embed_dim = 16") as e:
+        mha(x, x, x)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"query \(4, 2, 16\), key \(3, 16\) .* must all be \(T, B, dim\)"):
+        mha(z(4, 2, 16), z(3, 16), z(3, 16))
+    with pytest.raises(ValueError, match=r"query \(2, 4, 15\) must have last dim"):
+        qkv.MultiheadAttention(16, 2, batch_first=True, seed=0)(z(2, 4, 15), z(2, 4, 15), z(2, 4, 15))

@@ -111,27 +111,27 @@ def folder_copy(tmp_path, skip=()):
 
 
 def test_missing_folder_names_it(tmp_path):
-    with pytest.raises(RuntimeError, match=r"^\[SentenceEncoder\] model folder .*nowhere does not exist$"):
+    with pytest.raises(ValueError, match=r"^\[SentenceEncoder\] model folder .*nowhere does not exist$"):
         qkv.SentenceEncoder(str(tmp_path / "nowhere"))
 
 
 @pytest.mark.parametrize("name", ["config.json", "vocab.txt", "model.safetensors"])
 def test_missing_file_names_it(tmp_path, name):
     d = folder_copy(tmp_path, skip=(name,))
-    with pytest.raises(RuntimeError, match=rf"^\[SentenceEncoder\] model folder .* has no {name}$"):
+    with pytest.raises(ValueError, match=rf"^\[SentenceEncoder\] model folder .* has no {name}$"):
         qkv.SentenceEncoder(str(d))
 
 
 def test_missing_pooling_config_names_it(tmp_path):
     d = folder_copy(tmp_path, skip=("1_Pooling/config.json",))
-    with pytest.raises(RuntimeError, match=r"has no .*1_Pooling/config\.json"):
+    with pytest.raises(ValueError, match=r"has no .*1_Pooling/config\.json"):
         qkv.SentenceEncoder(str(d))
 
 
 def test_broken_config_json_names_the_file(tmp_path):
     d = folder_copy(tmp_path, skip=("config.json",))
     (d / "config.json").write_text('{"hidden_size": 384,', encoding="utf-8")
-    with pytest.raises(RuntimeError, match=r"config\.json is not valid JSON"):
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
         qkv.SentenceEncoder(str(d))
 
 
@@ -139,7 +139,7 @@ def test_truncated_weights_name_the_file(tmp_path):
     d = folder_copy(tmp_path, skip=("model.safetensors",))
     with open(os.path.join(corpus.model_dir(), "model.safetensors"), "rb") as f:
         (d / "model.safetensors").write_bytes(f.read(4096))
-    with pytest.raises((RuntimeError, ValueError), match=r"model\.safetensors"):
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
         qkv.SentenceEncoder(str(d))
 
 
@@ -150,7 +150,7 @@ def test_missing_weight_names_the_tensor(tmp_path):
     weights = load_file(os.path.join(corpus.model_dir(), "model.safetensors"))
     del weights["encoder.layer.3.attention.self.key.bias"]
     save_file(weights, str(d / "model.safetensors"))
-    with pytest.raises(RuntimeError, match=r"no tensor 'encoder\.layer\.3\.attention\.self\.key\.bias'"):
+    with pytest.raises(ValueError, match=r"no tensor 'encoder\.layer\.3\.attention\.self\.key\.bias'"):
         qkv.SentenceEncoder(str(d))
 
 
@@ -159,7 +159,7 @@ def test_unsupported_pooling_is_refused(tmp_path):
     (d / "1_Pooling" / "config.json").write_text(
         '{"word_embedding_dimension": 384, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}',
         encoding="utf-8")
-    with pytest.raises(RuntimeError, match=r"only mean pooling is supported"):
+    with pytest.raises(ValueError, match=r"only mean pooling is supported"):
         qkv.SentenceEncoder(str(d))
 
 

@@ -36,6 +36,9 @@ struct MhaForwardOptions {
   // is_causal only as a hint that attn_mask already is causal; applying it for real gives the same result then.
   bool is_causal = false;
   bool need_weights = true;           // PyTorch's default
+  // The layout the caller's arrays had, for error messages only: false (torch's batch_first=False, the caller
+  // transposed (T, B, E) into this call's (B, T, E)) shows query, key and value as the caller passed them.
+  bool batch_first = true;
   bool average_attn_weights = true;   // weights (B, Tq, Tk) averaged over heads, else (B, H, Tq, Tk)
   // Incremental decoding (inference only). The new rows' projected keys and values are appended to kv_cache
   // (reset to (B, H, 0, D) on first use) and the queries attend to every position it then holds: key and value
