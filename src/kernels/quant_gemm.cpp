@@ -183,7 +183,7 @@ void float_path(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, co
                 int64_t ldy) {
   constexpr int64_t kRows = 16;
   const int64_t n = w.rows, k = w.cols, tiles = (n + kRows - 1) / kRows;
-#pragma omp parallel if (tiles > 1 && m * n * k >= (int64_t{1} << 16))
+#pragma omp parallel if (tiles > 1 && m * n * k >= (int64_t{1} << 18))
   {
     std::vector<float> buf(static_cast<size_t>(kRows * k));
 #pragma omp for schedule(static)
@@ -209,7 +209,7 @@ void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, c
   // The tiles gather a block's scales from their rows at int32 offsets: rows too long for that run the reference.
   const bool offsets_fit = w.row_bytes * tile < (int64_t{1} << 31);
   const int64_t n = w.rows, tiles = fn && offsets_fit ? n / tile : 0, done = tiles * tile;
-  const bool parallel = m * n * w.cols >= (int64_t{1} << 15);
+  const bool parallel = m * n * w.cols >= (int64_t{1} << 18);  // as the int8 product: below, one thread
 #pragma omp parallel if (parallel && tiles > 1)
   {
     std::vector<uint8_t> scratch;
