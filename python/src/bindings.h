@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "qkv/core/json.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
 #include "qkv/nn/module.h"
@@ -23,6 +24,10 @@ namespace py = pybind11;
 // A file-system path argument: str, bytes or os.PathLike (pathlib.Path), decoded as the os module does; anything
 // else raises TypeError.
 std::string fs_path(const py::handle& path);
+
+// A Python value (None, bool, int, float, str, list/tuple, dict with str keys) as JSON; anything else raises
+// TypeError "[fn] <where> is a ..." naming where it sits ("messages[0]['content']") (python/src/chat_template.cpp).
+json::Value to_json(const py::handle& obj, const char* fn, const std::string& where);
 
 // obj as an ndarray: an ndarray itself, an object with __dlpack__ (a CPU torch tensor) through numpy.from_dlpack,
 // anything else NumPy can read (lists, __array__, buffers) through numpy.asarray; no copy where the memory already

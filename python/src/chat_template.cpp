@@ -15,14 +15,14 @@ namespace {
 
 // None, bool, int, float, str, list/tuple and dict (str keys) -> json::Value; anything else is a TypeError naming
 // where it sits ("messages[0]['content']").
-json::Value to_json(const py::handle& obj, const std::string& where, int depth = 0) {
-  if (depth > 64) throw py::value_error("[ChatTemplate.render] " + where + " is nested deeper than 64 levels");
+json::Value to_json_at(const py::handle& obj, const std::string& fn, const std::string& where, int depth) {
+  if (depth > 64) throw py::value_error("[" + fn + "] " + where + " is nested deeper than 64 levels");
   if (obj.is_none()) return json::Value();
   if (py::isinstance<py::bool_>(obj)) return json::Value(obj.cast<bool>());
   if (py::isinstance<py::int_>(obj)) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
-    if (overflow != 0) throw py::value_error("[ChatTemplate.render] " + where + " is an int outside int64");
+    if (overflow != 0) throw py::value_error("[" + fn + "] " + where + " is an int outside int64");
     return json::Value(static_cast<int64_t>(v));
   }
   if (py::isinstance<py::float_>(obj)) return json::Value(obj.cast<double>());
@@ -31,33 +31,37 @@ json::Value to_json(const py::handle& obj, const std::string& where, int depth =
     const char* p = PyUnicode_AsUTF8AndSize(obj.ptr(), &n);
     if (!p) {
       PyErr_Clear();
-      throw py::value_error("[ChatTemplate.render] " + where + " is a str that is not valid UTF-8 (a lone surrogate)");
+      throw py::value_error("[" + fn + "] " + where + " is a str that is not valid UTF-8 (a lone surrogate)");
     }
     return json::Value(std::string(p, static_cast<size_t>(n)));
   }
   if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
     json::Value arr = json::Value::array();
     size_t k = 0;
-    for (const auto& item : obj) arr.push(to_json(item, where + "[" + std::to_string(k++) + "]", depth + 1));
+    for (const auto& item : obj) arr.push(to_json_at(item, fn, where + "[" + std::to_string(k++) + "]", depth + 1));
     return arr;
   }
   if (py::isinstance<py::dict>(obj)) {
     json::Value o = json::Value::object();
     for (const auto& kv : obj.cast<py::dict>()) {
       if (!py::isinstance<py::str>(kv.first))
-        throw py::type_error("[ChatTemplate.render] " + where + " has a key of type " +
+        throw py::type_error("[" + fn + "] " + where + " has a key of type " +
                              std::string(py::str(py::type::of(kv.first).attr("__name__"))) + "; keys must be str");
       const std::string key = kv.first.cast<std::string>();
-      o.set(key, to_json(kv.second, where + "['" + key + "']", depth + 1));
+      o.set(key, to_json_at(kv.second, fn, where + "['" + key + "']", depth + 1));
     }
     return o;
   }
-  throw py::type_error("[ChatTemplate.render] " + where + " is a " +
+  throw py::type_error("[" + fn + "] " + where + " is a " +
                        std::string(py::str(py::type::of(obj).attr("__name__"))) +
                        "; chat template values must be None, bool, int, float, str, list, tuple or dict");
 }
 
 }  // namespace
+
+json::Value to_json(const py::handle& obj, const char* fn, const std::string& where) {
+  return to_json_at(obj, fn, where, 0);
+}
 
 void bind_chat_template(py::module_& m) {
   using text::ChatTemplate;
@@ -70,13 +74,13 @@ void bind_chat_template(py::module_& m) {
           "render",
           [](const ChatTemplate& t, const py::object& messages, bool add_generation_prompt, const py::kwargs& kwargs) {
             json::Value ctx = json::Value::object();
-            ctx.set("messages", to_json(messages, "messages"));
+            ctx.set("messages", to_json(messages, "ChatTemplate.render", "messages"));
             ctx.set("tools", json::Value());
             ctx.set("documents", json::Value());
             ctx.set("add_generation_prompt", add_generation_prompt);
             for (const auto& kv : kwargs) {
               const std::string key = kv.first.cast<std::string>();
-              ctx.set(key, to_json(kv.second, key));
+              ctx.set(key, to_json(kv.second, "ChatTemplate.render", key));
             }
             py::gil_scoped_release nogil;
             return t.render(ctx);

@@ -2,7 +2,11 @@
 // or a folder holding one) with HF's encode / decode / convert_ids_to_tokens, and its streaming decoder.
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "bindings.h"
+#include "qkv/models/language_model.h"
+#include "qkv/text/chat_template.h"
 #include "qkv/text/tokenizer.h"
 
 namespace qkv::python {
@@ -47,16 +51,75 @@ void bind_tokenizer(py::module_& m) {
       .def("step", [](text::StreamDecoder& s, int64_t id) { return s.push(id); }, py::arg("id"))
       .def("flush", &text::StreamDecoder::flush);
 
-  py::class_<Tokenizer>(m, "Tokenizer",
+  // The chat template and the special tokens it is rendered with ride on the Python object (_chat_template: a
+  // qkv.ChatTemplate or None; special_tokens_map: a dict), set by from_pretrained.
+  py::class_<Tokenizer>(m, "Tokenizer", py::dynamic_attr(),
                         "A language model's tokenizer (byte-level BPE: GPT-2, SmolLM2, Llama 3, Qwen 2; SentencePiece "
                         "BPE with byte fallback: Llama 2, Mistral), giving the ids of Hugging Face tokenizers.")
       .def_static(
           "from_pretrained",
-          [](const py::object& path) { return value_errors([&] { return text::load_tokenizer(fs_path(path)); }); },
+          [](const py::object& path_obj) {
+            const std::string path = fs_path(path_obj);
+            return value_errors([&] {
+              std::unique_ptr<Tokenizer> t = text::load_tokenizer(path);
+              std::optional<text::ChatTemplate> tmpl = models::load_chat_template(path);
+              const json::Value tokens = models::chat_special_tokens(path, *t);
+              py::dict special;
+              for (const auto& [key, value] : tokens.members())
+                special[py::str(key)] = py::str(value.as_string());
+              py::object self = py::cast(std::move(t));
+              self.attr("_chat_template") = tmpl ? py::cast(std::move(*tmpl)) : py::none();
+              self.attr("special_tokens_map") = special;
+              return self;
+            });
+          },
           py::arg("path"),
           "Loads a .gguf file, a tokenizer.json, or a folder holding tokenizer.json (str or os.PathLike); bos and eos "
           "come from tokenizer_config.json / special_tokens_map.json beside it. A file or a component this reader "
-          "does not implement raises ValueError naming the file and the key.")
+          "does not implement raises ValueError naming the file and the key. The chat template comes from the GGUF's "
+          "tokenizer.chat_template or the folder's chat_template.jinja / tokenizer_config.json.")
+      .def(
+          "apply_chat_template",
+          [](const py::object& self, const py::object& messages, bool add_generation_prompt, bool tokenize,
+             const py::kwargs& kwargs) -> py::object {
+            const py::object tmpl = py::getattr(self, "_chat_template", py::none());
+            if (tmpl.is_none())
+              throw py::value_error("[Tokenizer.apply_chat_template] this tokenizer has no chat template (none in the "
+                                    "GGUF's tokenizer.chat_template, chat_template.jinja or tokenizer_config.json)");
+            const char* fn = "Tokenizer.apply_chat_template";
+            json::Value vars = to_json(py::getattr(self, "special_tokens_map", py::dict()), fn, "special_tokens_map");
+            for (const auto& kv : kwargs) {  // like transformers: keyword arguments override the special tokens
+              const std::string key = kv.first.cast<std::string>();
+              vars.set(key, to_json(kv.second, fn, key));
+            }
+            const json::Value msgs = to_json(messages, fn, "messages");
+            const text::ChatTemplate& t = tmpl.cast<const text::ChatTemplate&>();
+            const Tokenizer& tok = self.cast<const Tokenizer&>();
+            if (!tokenize) {
+              py::gil_scoped_release nogil;
+              return py::str(models::render_chat(t, vars, msgs, add_generation_prompt)).cast<py::object>();
+            }
+            std::vector<int64_t> ids;
+            {
+              py::gil_scoped_release nogil;
+              ids = models::encode_chat(tok, models::render_chat(t, vars, msgs, add_generation_prompt), msgs);
+            }
+            return py::cast(ids);
+          },
+          py::arg("messages"), py::arg("add_generation_prompt") = false, py::arg("tokenize") = false,
+          "messages: a list of {'role', 'content'} dicts -> the chat rendered by the model's template as transformers' "
+          "apply_chat_template(messages, add_generation_prompt, tokenize=False) renders it (bos_token, eos_token and "
+          "the other named special tokens, overridden by keyword arguments, are the template's variables). "
+          "tokenize=True: the ids of that text, special tokens not added again, and text inside the messages kept "
+          "plain even where it looks like a special token (what transformers' sanitize_control_tokens=True aims at); a "
+          "list of ints, not transformers 5's BatchEncoding. A tokenizer without a template raises ValueError.")
+      .def_property_readonly(
+          "chat_template",
+          [](const py::object& self) -> py::object {
+            const py::object tmpl = py::getattr(self, "_chat_template", py::none());
+            return tmpl.is_none() ? tmpl : tmpl.attr("source");
+          },
+          "The chat template's text, or None when the model ships none.")
       .def(
           "encode",
           [](const Tokenizer& t, const std::string& text, bool add_special_tokens) {

@@ -56,56 +56,89 @@ std::vector<int64_t> folder_stop_ids(const std::string& dir, const text::Tokeniz
   return {ids.begin(), ids.end()};
 }
 
+// A file other than a tokenizer.json is a GGUF file (as from_pretrained takes it).
+bool is_gguf(const std::string& path) {
+  return files::is_regular_file(path) && !(path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0);
+}
+
+// A folder, or the folder of a tokenizer.json.
+std::string folder_of(const std::string& path) {
+  if (!files::is_regular_file(path)) return path;
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// special_tokens_map.json / tokenizer_config.json: "unk_token": "<unk>" or {"content": "<unk>", ...}.
+std::string config_token(const json::Value& cfg, const char* key) {
+  const json::Value* v = cfg.find(key);
+  if (!v) return "";
+  if (v->type() == json::Value::Type::kString) return v->as_string();
+  if (v->type() == json::Value::Type::kObject)
+    if (const json::Value* c = v->find("content"); c && c->type() == json::Value::Type::kString)
+      return c->as_string();
+  return "";
+}
+
 }  // namespace
 
-std::vector<int64_t> end_of_generation_ids(const std::string& path, const text::Tokenizer* tokenizer) {
-  return files::is_regular_file(path) ? gguf_stop_ids(path, tokenizer) : folder_stop_ids(path, tokenizer);
-}
-
-LanguageModel LanguageModel::load(const std::string& path, Precision precision) {
-  QKV_CHECK_RUNTIME(files::exists(path), "[language_model] ", path, " does not exist (a .gguf file or a model folder)");
-  LanguageModel lm;
-  lm.path = path;
-  const bool gguf_file = files::is_regular_file(path);
-  lm.model = LlamaForCausalLM::from_pretrained(path, precision);
-  lm.tokenizer = text::load_tokenizer(path);
-  const int64_t v = lm.model->config().vocab_size;
-  QKV_CHECK_RUNTIME(lm.tokenizer->vocab_size() <= v, "[language_model] ", path, ": the tokenizer has ",
-                    lm.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", v);
-  if (gguf_file) {
+std::optional<text::ChatTemplate> load_chat_template(const std::string& path) {
+  if (is_gguf(path)) {
     const gguf::File f = gguf::File::open(path);
     if (const gguf::Value* t = f.find("tokenizer.chat_template"))
-      lm.chat_template = text::ChatTemplate::parse(t->as_string(), path + ": tokenizer.chat_template");
-    lm.stop_ids = gguf_stop_ids(path, lm.tokenizer.get());
-  } else {
-    std::string source;
-    try {
-      source = text::find_chat_template(path);
-    } catch (const std::runtime_error&) {
-      // a base model without a template: text completion only
-    }
-    if (!source.empty()) lm.chat_template = text::ChatTemplate::parse(source, path + ": chat template");
-    lm.stop_ids = folder_stop_ids(path, lm.tokenizer.get());
+      return text::ChatTemplate::parse(t->as_string(), path + ": tokenizer.chat_template");
+    return std::nullopt;
   }
-  for (int64_t id : lm.stop_ids)
-    QKV_CHECK_RUNTIME(id >= 0 && id < v, "[language_model] ", path, ": end-of-generation id ", id,
-                      " is outside the vocabulary [0, ", v, ")");
-  return lm;
+  const std::string dir = folder_of(path);
+  std::string source;
+  try {
+    source = text::find_chat_template(dir);
+  } catch (const std::runtime_error&) {
+    return std::nullopt;  // a base model without a template: text completion only
+  }
+  return text::ChatTemplate::parse(source, dir + ": chat template");
 }
 
-std::string LanguageModel::apply_chat_template(const json::Value& messages, bool add_generation_prompt) const {
-  QKV_CHECK_ARG(chat_template.has_value(), "[chat] ", path, " has no chat template (tokenizer.chat_template, ",
-                "chat_template.jinja or tokenizer_config.json): use plain text completion");
-  const text::Tokenizer& t = *tokenizer;
-  const std::string bos = t.bos_token_id() >= 0 ? t.token(t.bos_token_id()) : "";
-  const std::string eos = t.eos_token_id() >= 0 ? t.token(t.eos_token_id()) : "";
-  return text::apply_chat_template(*chat_template, messages, add_generation_prompt, bos, eos);
+json::Value chat_special_tokens(const std::string& path, const text::Tokenizer& tokenizer) {
+  static const char* const kOther[] = {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+  json::Value out = json::Value::object();
+  for (auto [key, id] : {std::pair{"bos_token", tokenizer.bos_token_id()}, {"eos_token", tokenizer.eos_token_id()}})
+    if (id >= 0) out.set(key, tokenizer.token(id));
+  if (is_gguf(path)) {
+    const gguf::File f = gguf::File::open(path);
+    static const char* const kIds[] = {"tokenizer.ggml.unknown_token_id", "tokenizer.ggml.seperator_token_id",
+                                       "tokenizer.ggml.padding_token_id", "tokenizer.ggml.cls_token_id",
+                                       "tokenizer.ggml.mask_token_id"};
+    for (size_t i = 0; i < 5; ++i)
+      if (const gguf::Value* v = f.find(kIds[i]); v && v->as_int() >= 0 && v->as_int() < tokenizer.vocab_size())
+        out.set(kOther[i], tokenizer.token(v->as_int()));
+    return out;
+  }
+  const std::string dir = folder_of(path);
+  for (const char* name : {"special_tokens_map.json", "tokenizer_config.json"}) {  // the second wins, as HF reads
+    const std::string p = join(dir, name);
+    if (!files::is_regular_file(p)) continue;
+    const json::Value cfg = files::read_json(p, "chat_template");
+    if (cfg.type() != json::Value::Type::kObject) continue;
+    for (const char* key : kOther)
+      if (const std::string t = config_token(cfg, key); !t.empty()) out.set(key, t);
+  }
+  return out;
 }
 
-std::vector<int64_t> LanguageModel::encode_chat(const json::Value& messages, bool add_generation_prompt) const {
-  const std::string rendered = apply_chat_template(messages, add_generation_prompt);
+std::string render_chat(const text::ChatTemplate& tmpl, const json::Value& special_tokens,
+                        const json::Value& messages, bool add_generation_prompt) {
+  auto get = [&](const char* key) {
+    const json::Value* v = special_tokens.type() == json::Value::Type::kObject ? special_tokens.find(key) : nullptr;
+    return v && v->type() == json::Value::Type::kString ? v->as_string() : std::string();
+  };
+  return text::apply_chat_template(tmpl, messages, add_generation_prompt, get("bos_token"), get("eos_token"),
+                                   special_tokens);
+}
+
+std::vector<int64_t> encode_chat(const text::Tokenizer& tokenizer, const std::string& rendered,
+                                 const json::Value& messages) {
   // Where each message's content landed in the rendered text (found in order, as written or trimmed): no special
-  // token is recognised there. A template that rewrites a content leaves that content unprotected.
+  // token is recognised there.
   std::vector<std::pair<size_t, size_t>> plain;
   size_t from = 0;
   if (messages.type() == json::Value::Type::kArray) {
@@ -125,7 +158,40 @@ std::vector<int64_t> LanguageModel::encode_chat(const json::Value& messages, boo
       from = at + text.size();
     }
   }
-  return tokenizer->encode(rendered, false, plain);
+  return tokenizer.encode(rendered, false, plain);
+}
+
+std::vector<int64_t> end_of_generation_ids(const std::string& path, const text::Tokenizer* tokenizer) {
+  return files::is_regular_file(path) ? gguf_stop_ids(path, tokenizer) : folder_stop_ids(path, tokenizer);
+}
+
+LanguageModel LanguageModel::load(const std::string& path, Precision precision) {
+  QKV_CHECK_RUNTIME(files::exists(path), "[language_model] ", path, " does not exist (a .gguf file or a model folder)");
+  LanguageModel lm;
+  lm.path = path;
+  const bool gguf_file = files::is_regular_file(path);
+  lm.model = LlamaForCausalLM::from_pretrained(path, precision);
+  lm.tokenizer = text::load_tokenizer(path);
+  const int64_t v = lm.model->config().vocab_size;
+  QKV_CHECK_RUNTIME(lm.tokenizer->vocab_size() <= v, "[language_model] ", path, ": the tokenizer has ",
+                    lm.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", v);
+  lm.chat_template = load_chat_template(path);
+  lm.chat_tokens = chat_special_tokens(path, *lm.tokenizer);
+  lm.stop_ids = gguf_file ? gguf_stop_ids(path, lm.tokenizer.get()) : folder_stop_ids(path, lm.tokenizer.get());
+  for (int64_t id : lm.stop_ids)
+    QKV_CHECK_RUNTIME(id >= 0 && id < v, "[language_model] ", path, ": end-of-generation id ", id,
+                      " is outside the vocabulary [0, ", v, ")");
+  return lm;
+}
+
+std::string LanguageModel::apply_chat_template(const json::Value& messages, bool add_generation_prompt) const {
+  QKV_CHECK_ARG(chat_template.has_value(), "[chat] ", path, " has no chat template (tokenizer.chat_template, ",
+                "chat_template.jinja or tokenizer_config.json): use plain text completion");
+  return render_chat(*chat_template, chat_tokens, messages, add_generation_prompt);
+}
+
+std::vector<int64_t> LanguageModel::encode_chat(const json::Value& messages, bool add_generation_prompt) const {
+  return models::encode_chat(*tokenizer, apply_chat_template(messages, add_generation_prompt), messages);
 }
 
 bool LanguageModel::is_stop(int64_t id) const { return std::binary_search(stop_ids.begin(), stop_ids.end(), id); }
