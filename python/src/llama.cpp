@@ -32,13 +32,6 @@ struct CausalLM {
   std::vector<int64_t> stop_ids;  // ascending
 };
 
-// The precision from_pretrained(path, precision=None) runs at: the file's own types. Today every weight runs in
-// float32 (a GGUF's quantized tensors are dequantized once at load); this is where a GGUF file will map to its
-// stored quantized weights.
-Precision default_precision(const std::string& path) {
-  (void)path;
-  return Precision::kFloat32;
-}
 
 // eos_token_id: None -> the model's stop ids; an int or a list of ints -> those; -1 or [] -> none (never stops).
 std::vector<int64_t> stop_ids_arg(const CausalLM& m, const py::object& eos) {
@@ -163,7 +156,8 @@ void bind_llama(py::module_& m) {
             try {
               py::gil_scoped_release nogil;
               CausalLM lm;
-              lm.model = LlamaForCausalLM::from_pretrained(path, p.value_or(default_precision(path)));
+              // None: the file's own types (a GGUF's quantized weights read in place; a folder's float32)
+              lm.model = LlamaForCausalLM::from_pretrained(path, p);
               std::unique_ptr<text::Tokenizer> tok;
               try {
                 tok = text::load_tokenizer(path);
@@ -179,7 +173,7 @@ void bind_llama(py::module_& m) {
           py::arg("path"), py::arg("precision") = py::none(),
           "Loads a .gguf file (its metadata and tensors, quantized ones dequantized) or a folder (config.json + "
           "model.safetensors or the shards of model.safetensors.index.json), str or os.PathLike; a missing or broken "
-          "file raises ValueError. precision: None (the file's own types: float32 today), 'fp32', 'bf16' or 'int8' "
+          "file raises ValueError. precision: None (the file's own types: a GGUF's quantized weights as stored), 'fp32', 'bf16' or 'int8' "
           "for the linear layers (bf16 also for attention); the weights are converted once, here "
           "(docs/PRECISION.md).")
       .def(

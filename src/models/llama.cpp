@@ -451,7 +451,10 @@ ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vec
   ad::Var h = model.forward(c, ids, caches, positions, c.sequence_shard() == nullptr ? logits_to_keep : 0);
   const int64_t t = h.size(1);
   if (logits_to_keep > 0 && logits_to_keep < t) h = ad::slice(h, 1, t - logits_to_keep, t);
-  ad::Var logits = lm_head ? lm_head->forward(c, h) : ad::linear(h, c.param(model.embed_tokens.weight));
+  const nn::Embedding& e = model.embed_tokens;
+  ad::Var logits = lm_head                ? lm_head->forward(c, h)
+                   : e.stored().defined() ? ad::Var(linear(h.value, e.stored()))  // a quantized tied table
+                                          : ad::linear(h, c.param(e.weight));
   const float cap = config_.final_logit_softcapping;
   if (cap > 0.0f) logits = ad::scale(ad::tanh(ad::scale(logits, 1.0f / cap)), cap);
   return logits;
@@ -474,8 +477,10 @@ void LlamaForCausalLM::load_hf_state_dict(const nn::StateDict& state_in, const s
   }
 }
 
-std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::string& dir, Precision precision) {
-  if (files::is_regular_file(dir)) return from_gguf(dir, precision);  // a file: GGUF (a folder: HF's layout)
+std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_pretrained(const std::string& dir,
+                                                                     std::optional<Precision> stored_or) {
+  if (files::is_regular_file(dir)) return from_gguf(dir, stored_or);  // a file: GGUF (a folder: HF's layout)
+  const Precision precision = stored_or.value_or(Precision::kFloat32);
   QKV_CHECK_RUNTIME(files::exists(dir), "[llama] model folder ", dir, " does not exist");
   QKV_CHECK_RUNTIME(files::exists(join(dir, "config.json")), "[llama] model folder ", dir, " has no config.json");
   const std::string config_path = join(dir, "config.json");

@@ -2,7 +2,10 @@
 // HF's names (llama.cpp's converter renames them and permutes the rows of attn_q / attn_k for its adjacent-pair
 // RoPE; here they are put back in HF's order), into the same LlamaForCausalLM that HF folders load into.
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <map>
 #include <string>
 #include <vector>
@@ -10,6 +13,9 @@
 #include "qkv/core/error.h"
 #include "qkv/core/gguf.h"
 #include "qkv/kernels/quant.h"
+#include "qkv/kernels/quant_gemm.h"
+#include "qkv/nn/serialize.h"
+#include "qkv/ops/lowp.h"
 #include "qkv/models/llama.h"
 #include "qkv/nn/init.h"
 
@@ -202,20 +208,99 @@ Tensor gguf_tensor_as_hf(const gguf::File& f, const GgufTensorName& n, const Lla
 
 }  // namespace
 
-std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_gguf(const std::string& path, Precision precision) {
-  const gguf::File f = gguf::File::open(path);
+namespace {
+
+// The nn::Linear behind each HF linear weight name of a model (q/k/v/o, gate/up/down, lm_head).
+std::map<std::string, nn::Linear*> linears_by_name(LlamaForCausalLM& m) {
+  std::map<std::string, nn::Linear*> out;
+  for (size_t i = 0; i < m.model.layers.size(); ++i) {
+    LlamaDecoderLayer& l = *m.model.layers[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out[p + "self_attn.q_proj.weight"] = &l.self_attn.q_proj;
+    out[p + "self_attn.k_proj.weight"] = &l.self_attn.k_proj;
+    out[p + "self_attn.v_proj.weight"] = &l.self_attn.v_proj;
+    out[p + "self_attn.o_proj.weight"] = &l.self_attn.o_proj;
+    out[p + "mlp.gate_proj.weight"] = &l.mlp.gate_proj;
+    out[p + "mlp.up_proj.weight"] = &l.mlp.up_proj;
+    out[p + "mlp.down_proj.weight"] = &l.mlp.down_proj;
+  }
+  if (m.lm_head) out["lm_head.weight"] = m.lm_head.get();
+  return out;
+}
+
+// A 2-D tensor of the file as the kernels read it in place, rows in HF's order: a view of the mapping, or for
+// llama's permuted attn_q / attn_k a copy of its rows (bytes as stored, reordered; no float32 copy).
+kernels::QuantMatrix stored_matrix(const std::shared_ptr<const gguf::File>& file, const GgufTensorName& n,
+                                   const LlamaConfig& c) {
+  const gguf::TensorInfo& t = file->get_tensor(n.gguf);
+  if (t.ne.size() != 2) refuse(file->path(), "tensor '" + n.gguf + "' must be a matrix");
+  if (!n.permuted) return kernels::QuantMatrix::from_tensor(t, file);
+  const int64_t rows = t.ne[1], row_bytes = gguf::row_bytes(t.type, t.ne[0]);
+  if (rows % c.head_dim != 0)
+    refuse(file->path(), "tensor '" + n.gguf + "' has " + std::to_string(rows) + " rows, not whole heads of " +
+                             std::to_string(c.head_dim));
+  auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * row_bytes));
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(bytes->data() + r * row_bytes, t.data + permuted_row(r, c.head_dim) * row_bytes,
+                static_cast<size_t>(row_bytes));
+  return kernels::QuantMatrix::view(t.type, rows, t.ne[0], bytes->data(), bytes);
+}
+
+}  // namespace
+
+std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_gguf(const std::string& path,
+                                                               std::optional<Precision> precision) {
+  const auto file = std::make_shared<const gguf::File>(gguf::File::open(path));
+  const gguf::File& f = *file;
   const LlamaConfig config = llama_config_from_gguf(f);
   Rng rng(0);
   std::unique_ptr<LlamaForCausalLM> m;
   {
-    const nn::SkipInit skip;  // every weight is loaded below (strictly): nothing drawn
+    const nn::SkipInit skip;  // every weight is loaded below (strictly): nothing drawn, nothing written
     m = std::make_unique<LlamaForCausalLM>(config, rng);
   }
-  nn::StateDict state;
-  for (const GgufTensorName& n : llama_gguf_names(config)) state[n.hf] = gguf_tensor_as_hf(f, n, config);
-  m->load_hf_state_dict(state, path);
+  const std::vector<GgufTensorName> names = llama_gguf_names(config);
+  std::map<std::string, Tensor*> params;
+  for (auto& [name, p] : m->named_parameters()) params[name] = p;
+  for (const gguf::TensorInfo& t : f.tensors()) {  // strict: every tensor of the file has a place
+    const bool known = t.name == "rope_freqs.weight" ||
+                       std::any_of(names.begin(), names.end(), [&](const GgufTensorName& n) { return n.gguf == t.name; });
+    if (!known) refuse(path, "tensor '" + t.name + "' has no place in a " + config.model_type + " model");
+  }
+  for (const auto& [name, p] : params)  // and every parameter of the model a tensor of the file
+    if (std::none_of(names.begin(), names.end(), [&](const GgufTensorName& n) { return n.hf == name; }))
+      refuse(path, "no tensor of the file holds " + name);
+  std::map<std::string, nn::Linear*> linears;
+  Precision stored = Precision::kFloat32;  // kInt8 when a linear weight has an integer block product
+  if (!precision) {
+    linears = linears_by_name(*m);
+    for (const GgufTensorName& n : names)
+      if ((linears.count(n.hf) || n.hf == "model.embed_tokens.weight") &&
+          kernels::quant_gemm_integer(f.get_tensor(n.gguf).type))
+        stored = Precision::kInt8;
+  }
+  for (const GgufTensorName& n : names) {
+    auto it = params.find(n.hf);
+    if (it == params.end()) refuse(path, "tensor '" + n.gguf + "' (" + n.hf + ") has no place in the model");
+    const gguf::TensorInfo& t = f.get_tensor(n.gguf);
+    if (t.shape() != it->second->shape())
+      refuse(path, "tensor '" + n.gguf + "' has shape " + str(t.shape()) + " where " + n.hf + " is " +
+                       str(it->second->shape()));
+    if (!precision && linears.count(n.hf)) {  // kept as stored
+      nn::Linear& lin = *linears[n.hf];
+      lin.use_stored_linear_weight(lin.weight, LinearWeight::quantized(stored_matrix(file, n, config)), stored);
+      continue;
+    }
+    if (!precision && n.hf == "model.embed_tokens.weight" && t.type != gguf::Type::F32) {
+      m->model.embed_tokens.use_stored(LinearWeight::quantized(stored_matrix(file, n, config)));
+      continue;
+    }
+    const Tensor x = gguf_tensor_as_hf(f, n, config);
+    nn::check_finite({{n.hf, x}}, path + ": ");
+    it->second->copy_from(x);
+  }
   m->eval();
-  m->set_precision(precision);
+  m->set_precision(precision.value_or(stored));
   return m;
 }
 

@@ -1,6 +1,8 @@
 // nn::Embedding: "weight" (V, E) ~ N(0, 1) as torch.nn.Embedding, optional zeroed padding row.
 // The forward is qkv::embedding (which checks the ids' range).
 #include "qkv/nn/embedding.h"
+
+#include "qkv/kernels/quant_gemm.h"
 #include "qkv/nn/init.h"
 
 #include "qkv/core/error.h"
@@ -50,7 +52,24 @@ ad::Var Embedding::forward(const Context& c, const Ids& ids) const {
   for (int64_t id : ids.data)
     QKV_CHECK_ARG(id >= 0 && id < num_, "[Embedding] id ", id, " out of range [0, ", num_, ") for ids ",
                   str(ids.shape));
+  if (stored_.defined()) {
+    QKV_CHECK_ARG(c.tape() == nullptr, "[Embedding] a stored (quantized) table is for inference; ids ", str(ids.shape));
+    Shape shape = ids.shape;
+    shape.push_back(dim_);
+    Tensor out = Tensor::empty(shape);
+    kernels::embedding_rows(*stored_.quant(), ids.data.data(), static_cast<int64_t>(ids.data.size()), out.data());
+    return ad::Var(out);
+  }
   return ad::embedding(c.param(weight), ids, padding_idx_);
+}
+
+void Embedding::use_stored(LinearWeight stored) {
+  QKV_CHECK_ARG(stored.quantized() && stored.out_features() == num_ && stored.in_features() == dim_,
+                "[Embedding] a stored table (", stored.out_features(), ", ", stored.in_features(), ") for (", num_,
+                ", ", dim_, ")");
+  QKV_CHECK_ARG(!padding_idx_, "[Embedding] a stored table with a padding_idx");
+  stored_ = std::move(stored);
+  weight = Tensor();
 }
 
 }  // namespace qkv::nn

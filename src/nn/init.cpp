@@ -11,11 +11,11 @@ SkipInit::~SkipInit() { --skip_depth; }
 bool SkipInit::active() { return skip_depth > 0; }
 
 Tensor init_uniform(Rng& rng, const Shape& shape, float lo, float hi) {
-  return SkipInit::active() ? Tensor::zeros(shape) : rng.uniform(shape, lo, hi);
+  return SkipInit::active() ? Tensor::empty(shape) : rng.uniform(shape, lo, hi);
 }
 
 Tensor init_normal(Rng& rng, const Shape& shape, float mean, float stddev) {
-  return SkipInit::active() ? Tensor::zeros(shape) : rng.normal(shape, mean, stddev);
+  return SkipInit::active() ? Tensor::empty(shape) : rng.normal(shape, mean, stddev);
 }
 
 }  // namespace qkv::nn

@@ -51,6 +51,8 @@ StateDict Module::state_dict() const {
 }
 
 void Module::load_state_dict(const StateDict& state, bool strict) {
+  QKV_CHECK_ARG(!stored_, "[load_state_dict] this module reads weights as their file stores them (quantized); "
+                "load the model again instead");
   auto params = named_parameters();
   std::set<std::string> known;
   std::string missing, unexpected;
@@ -85,14 +87,42 @@ void Module::register_linear_weight(Tensor* weight) {
 }
 
 void Module::prepare_linear_weights() {
-  for (auto& [w, prepared] : linear_weights_)
+  for (auto& [w, prepared] : linear_weights_) {
+    if (stored_ && !w->defined() && prepared.defined()) continue;  // read as the file stores it
     prepared = !prepared_ || !w->defined() ? LinearWeight() : LinearWeight(*w, precision_);
+  }
   weights_live_.store(false, std::memory_order_relaxed);
   for (auto& [name, m] : children_) m->prepare_linear_weights();
 }
 
+void Module::use_stored_linear_weight(Tensor& weight, LinearWeight stored, Precision precision) {
+  QKV_CHECK_ARG(stored.defined() && weight.defined() && stored.out_features() == weight.size(0) &&
+                    stored.in_features() == weight.size(1),
+                "[Module] a stored weight (", stored.out_features(), ", ", stored.in_features(),
+                ") for the linear weight ", weight.defined() ? str(weight.shape()) : std::string("(undefined)"));
+  for (auto& [w, prepared] : linear_weights_)
+    if (w == &weight) {
+      prepared = std::move(stored);
+      weight = Tensor();
+      stored_ = prepared_ = true;
+      precision_ = precision;
+      weights_live_.store(false, std::memory_order_relaxed);
+      return;
+    }
+  QKV_CHECK_ARG(false, "[Module] the tensor ", str(weight.shape()), " is not a registered linear weight of this module");
+}
+
 void Module::set_precision(Precision p) {
   std::vector<Module*> stack{this};
+  while (!stack.empty()) {  // a module reading stored weights keeps their precision
+    const Module* m = stack.back();
+    stack.pop_back();
+    QKV_CHECK_ARG(!m->stored_ || m->precision_ == p, "[Module] precision ", precision_name(p),
+                  ": this model reads its weights as its file stores them (", precision_name(m->precision_),
+                  " products); load it again at ", precision_name(p), " instead");
+    for (auto& [name, child] : m->children_) stack.push_back(child);
+  }
+  stack.push_back(this);
   while (!stack.empty()) {
     Module* m = stack.back();
     stack.pop_back();
@@ -125,6 +155,8 @@ Tensor Module::linear_at(const Tensor& x, const Tensor& weight, const Tensor& bi
 bool Module::uses_prepared_weights(bool recording, const char* op, const Shape& x) const {
   if (!prepared_) return false;
   if (recording) {
+    QKV_CHECK_ARG(!stored_, "[", op, "] weights read as their file stores them (quantized) are for inference; "
+                  "load the model at fp32 or bf16 to train (input ", str(x), ")");
     QKV_CHECK_ARG(precision_ != Precision::kInt8, "[", op, "] precision ", precision_name(precision_),
                   " is for inference; train in fp32 or bf16 (input ", str(x), ")");
     weights_live_.store(true, std::memory_order_relaxed);

@@ -184,7 +184,9 @@ TEST(Bert, NaNInQueriesPropagatesThroughThePackedPath) {
   EXPECT_TRUE(any_nan);
 }
 
-TEST(Bert, UnderSkipInitParametersStartAtZeroAndLoadingGivesTheSameModel) {
+// SkipInit writes nothing (the parameters are uninitialised, as PyTorch's skip_init leaves them: a large model's
+// pages stay untouched until its weights are loaded); loading gives the same model.
+TEST(Bert, UnderSkipInitLoadingGivesTheSameModel) {
   Rng rng_a(9), rng_b(10);
   BertModel a(tiny_config(), rng_a);
   std::unique_ptr<BertModel> skipped;
@@ -194,9 +196,6 @@ TEST(Bert, UnderSkipInitParametersStartAtZeroAndLoadingGivesTheSameModel) {
   }
   BertModel& b = *skipped;
   EXPECT_FALSE(qkv::nn::SkipInit::active());
-  for (const auto& [name, p] : b.named_parameters())
-    if (name.find("norm") == std::string::npos)  // LayerNorm starts at ones and zeros either way
-      for (float v : p->to_vector()) ASSERT_EQ(v, 0.0f) << name;
   b.load_hf_state_dict(a.hf_state_dict());
   const Tensor fa = a.forward_packed({2, 8, 9, 3, 2, 5, 3}, {4, 3});
   const Tensor fb = b.forward_packed({2, 8, 9, 3, 2, 5, 3}, {4, 3});

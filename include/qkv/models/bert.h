@@ -40,7 +40,7 @@ struct BertConfig {
 // (types, E), norm.{weight,bias} (E).
 class BertEmbeddings : public nn::Module {
  public:
-  // Tables drawn from rng (N(0, 1)), or zeros under nn::SkipInit.
+  // Tables drawn from rng (N(0, 1)), or uninitialised under nn::SkipInit (to be loaded).
   BertEmbeddings(const BertConfig& config, Rng& rng);
 
   // ids: (N) in [0, V)  positions: (N) in [0, P)  token_types: (N) in [0, types), or empty for all 0  ->  (N, E)

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -185,15 +186,21 @@ class LlamaForCausalLM : public nn::Module {
   // model.safetensors (or its shards). Throws std::runtime_error with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /
   // misshapen / non-finite tensor). The model comes in eval mode with its precision set to `precision` (the linear
   // weights converted and packed once, for that precision only: see nn::Module::set_precision).
+  // precision std::nullopt: a GGUF's weights as stored (see from_gguf); a folder's at kFloat32.
   static std::unique_ptr<LlamaForCausalLM> from_pretrained(const std::string& dir,
-                                                           Precision precision = Precision::kFloat32);
+                                                           std::optional<Precision> precision = Precision::kFloat32);
   // A GGUF file (llama.cpp's format) of architecture "llama" (Llama 2 and 3, SmolLM, TinyLlama, Mistral), "qwen2"
   // or "gemma2": the config from its metadata (llama_config_from_gguf), the tensors mapped to HF's names (attn_q /
   // attn_k rows back in HF's rotate_half order; Gemma's norms back from 1 + w), tied embeddings when output.weight
-  // is absent. Weights of every type kernels::dequantize reads are dequantized once to float32, then prepared for
-  // `precision`. Errors name the file and the key or tensor (std::runtime_error).
+  // is absent. Every tensor of the file must have its place (strict). precision:
+  //   std::nullopt: the weights as the file stores them, read in place from the mapping (kernels::gemm_quant,
+  //     kernels::embedding_rows; llama's attn_q / attn_k rows copied once into HF's order): no float32 copy of a
+  //     linear weight or of a quantized token embedding; the model runs at kInt8 when a linear weight has an
+  //     integer block product (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else at kFloat32; it is for inference.
+  //   a Precision: every weight dequantized once to float32 (a reference run), then prepared for it.
+  // Errors name the file and the key or tensor (std::runtime_error).
   static std::unique_ptr<LlamaForCausalLM> from_gguf(const std::string& path,
-                                                     Precision precision = Precision::kFloat32);
+                                                     std::optional<Precision> precision = Precision::kFloat32);
   // Loads HF-named weights (strict: every parameter present with its shape, nothing else; lm_head.weight is
   // ignored when the embeddings are tied, as HF does). Nothing is changed on error. `source` names them in errors.
   void load_hf_state_dict(const nn::StateDict& state, const std::string& source);

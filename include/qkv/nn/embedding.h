@@ -10,6 +10,7 @@
 #include "qkv/nn/context.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/embedding.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv::nn {
 
@@ -32,7 +33,12 @@ class Embedding : public Module {
   int64_t embedding_dim() const { return dim_; }
   std::optional<int64_t> padding_idx() const { return padding_idx_; }
 
-  Tensor weight;  // (V, E)
+  // Rows read as a file stores them (a GGUF's quantized token embedding, LinearWeight::quantized of shape (V, E)):
+  // `weight` is released and forward dequantizes the rows it looks up. Inference only (a training forward throws).
+  void use_stored(LinearWeight stored);
+  const LinearWeight& stored() const { return stored_; }
+
+  Tensor weight;  // (V, E); undefined after use_stored
 
  private:
   void set_padding_idx(std::optional<int64_t> padding_idx);  // checks it against num_, stores it non-negative
@@ -40,6 +46,7 @@ class Embedding : public Module {
   int64_t num_;
   int64_t dim_;
   std::optional<int64_t> padding_idx_;
+  LinearWeight stored_;
 };
 
 }  // namespace qkv::nn

@@ -65,6 +65,14 @@ class Module {
   // throws std::invalid_argument naming `op` and the input shape x.
   bool uses_prepared_weights(bool recording, const char* op, const Shape& x) const;
 
+  // Inference on a weight as a file stores it (a GGUF's quantized blocks: LinearWeight::quantized): `weight`, one
+  // of this module's registered linear weights, is released (undefined: no float32 copy, absent from state_dict)
+  // and every forward reads `stored`. The module's precision becomes `precision` (kInt8 for the integer block
+  // products; attention stays float32). From then on a forward that records a tape, set_precision to another
+  // precision and load_state_dict throw std::invalid_argument: such a module is for inference.
+  void use_stored_linear_weight(Tensor& weight, LinearWeight stored, Precision precision);
+  bool has_stored_weights() const { return stored_; }
+
  protected:
   void register_parameter(const std::string& name, Tensor* param);
   // A registered parameter used as a linear weight (out, in): set_precision prepares it.
@@ -78,6 +86,7 @@ class Module {
   bool training_ = true;
   Precision precision_ = Precision::kFloat32;
   bool prepared_ = false;  // set_precision was called: the linear weights are prepared (packed, converted)
+  bool stored_ = false;    // some linear weights are read as a file stores them (use_stored_linear_weight)
   std::vector<std::pair<const Tensor*, LinearWeight>> linear_weights_;
   mutable std::atomic<bool> weights_live_{false};  // a forward recorded a tape since the last preparation
   void prepare_linear_weights();  // every module below this one, at its own precision
