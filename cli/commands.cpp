@@ -44,6 +44,7 @@ int run(int argc, char** argv) {
   add_run_layer(app);
   add_embed(app);
   add_generate(app);
+  add_chat(app);
   add_search(app);
   add_train(app);
   add_eval(app);

@@ -12,6 +12,7 @@ void add_demo(CLI::App& app);
 void add_run_layer(CLI::App& app);  // cli/run_layer.cpp
 void add_embed(CLI::App& app);   // cli/embed.cpp
 void add_generate(CLI::App& app);  // cli/generate.cpp
+void add_chat(CLI::App& app);      // cli/chat.cpp
 void add_search(CLI::App& app);  // cli/search.cpp
 void add_train(CLI::App& app);      // cli/train.cpp
 void add_eval(CLI::App& app);       // cli/eval.cpp
