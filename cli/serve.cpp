@@ -40,6 +40,7 @@ struct ServeLimits {
   size_t max_body = 16 * 1024;  // bytes of one request body, whatever its Content-Type
   size_t max_text = 2000;       // bytes of each sentence
   int64_t max_tokens = 128;     // T, [CLS] and [SEP] included
+  bool strict = false;          // --run: text outside the run's vocabulary is refused (else a note names it)
 };
 
 // Connections: enough workers that idle or half-open connections leave room for real requests, and short socket
@@ -122,6 +123,13 @@ json::Value page_data(Backend& backend, std::mutex& model_mutex, const ServeLimi
       throw RequestError(400, "[serve] a training run takes one input: 'second' and 'mask' need a BERT model");
     t = backend.run->source_length(text);
   }
+  std::vector<std::string> unknown;
+  if (backend.run) {
+    unknown = backend.run->vocab().unknown_tokens(text);
+    if (limits.strict && !unknown.empty())
+      throw RequestError(400, "[serve] " + std::to_string(unknown.size()) +
+                                  " characters of the text are not in the run's vocabulary (--strict)");
+  }
   if (t > limits.max_tokens)
     throw RequestError(413, "[serve] the input has " + std::to_string(t) + " tokens, more than the limit of " +
                                 std::to_string(limits.max_tokens) + " (--max-tokens)");
@@ -138,6 +146,11 @@ json::Value page_data(Backend& backend, std::mutex& model_mutex, const ServeLimi
   if (backend.bert) {
     const std::string note = truncation_note(*backend.bert, text, second);
     if (!note.empty()) data.set("note", note);
+  } else if (!unknown.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unknown.size() && i < 8; ++i) names += (i ? ", '" : "'") + unknown[i] + "'";
+    data.set("note", std::to_string(unknown.size()) + " characters of the text are not in the run's vocabulary and "
+                         "became <unk>: " + names + (unknown.size() > 8 ? ", ..." : ""));
   }
   json::Value live = json::Value::object();
   live.set("text", text);
@@ -350,6 +363,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--port", *port, "Port on 127.0.0.1 (0: any free port)")->capture_default_str();
   auto* text_opt = cmd->add_option("--text", *text, "The sentence of the first page (required with --run)")
                        ->capture_default_str();
+  auto strict = std::make_shared<bool>(false);
+  cmd->add_flag("--strict", *strict, "With --run: refuse text with characters outside the run's vocabulary "
+                                     "(without it they become <unk>, and the page says so)");
   cmd->add_option("--max-tokens", *max_tokens, "Longest input accepted, in tokens")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{512}));
@@ -360,6 +376,7 @@ void add_serve(CLI::App& app) {
 #ifdef QKV_HAVE_HTTPLIB
     ServeLimits limits;
     limits.max_tokens = *max_tokens;
+    limits.strict = *strict;
     const int rc = run_serve(*model, *run, *port, *text, limits);
     if (rc != 0) throw CLI::RuntimeError(rc);
 #else

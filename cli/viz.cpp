@@ -67,8 +67,10 @@ void run_demo_page(uint64_t seed, const std::string& out) {
                            std::to_string(seed) + ")");
 }
 
-void run_run(const std::string& run_dir, const std::string& input, bool all_checkpoints, const std::string& out) {
+void run_run(const std::string& run_dir, const std::string& input, bool all_checkpoints, bool strict,
+             const std::string& out) {
   RunViewer viewer(run_dir, "viz");
+  check_vocabulary(viewer.vocab(), {input}, strict, "viz");  // characters the run never saw become <unk>: say so
   write_page(out, viewer.snapshots(input, all_checkpoints), viewer.title(input));
 }
 
@@ -83,24 +85,27 @@ void add_viz(CLI::App& app) {
   auto run = std::make_shared<std::string>();
   auto input = std::make_shared<std::string>();
   auto checkpoints = std::make_shared<std::string>("latest");
+  auto strict = std::make_shared<bool>(false);
   cmd->add_option("--run", *run, "A `qkv train --out` directory (rnn-attn, transformer, decoder)");
   cmd->add_option("--input", *input, "With --run: the source text");
   cmd->add_option("--checkpoints", *checkpoints, "With --run: 'latest' or 'all' (a slider over the kept ones)")
       ->check(CLI::IsMember({"latest", "all"}))
       ->capture_default_str();
+  cmd->add_flag("--strict", *strict, "With --run: refuse an input with characters outside the run's vocabulary "
+                                     "(without it they become <unk>, named on stderr)");
   cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2)");
   cmd->add_option("--out", *out, "The HTML page to write (-: stdout)")->capture_default_str();
   cmd->add_option("texts", *texts, "With --model: a sentence, or two for a sentence pair");
   auto* demo = cmd->add_subcommand("demo", "The article's §5 example: 2 samples x 4 heads over 10 tokens");
   demo->add_option("--out", *out, "The HTML page to write (-: stdout)")->capture_default_str();
-  demo->add_option("--seed", *seed, "Seed of the random weights and input")->capture_default_str();
+  demo->add_option("--seed", *seed, "Seed of the random weights and input")->capture_default_str()->check(seed_value());
   demo->callback([=]() { run_demo_page(*seed, *out); });
   cmd->callback([=, cmd_ptr = cmd]() {
     if (cmd_ptr->got_subcommand("demo")) return;
     if (!run->empty()) {
       QKV_CHECK_ARG(model->empty() && texts->empty(), "[viz] --run takes --input, not --model or sentences");
       try {
-        run_run(*run, *input, *checkpoints == "all", *out);
+        run_run(*run, *input, *checkpoints == "all", *strict, *out);
       } catch (const std::exception& e) {
         throw std::runtime_error(one_line(e.what()));
       }

@@ -27,6 +27,7 @@ class RunViewer {
   // Source tokens of `input` (what the map's x axis shows).
   int64_t source_length(const std::string& input) const;
   std::string title(const std::string& input) const;
+  const data::Vocabulary& vocab() const { return vocab_; }
 
  private:
   std::string run_dir_, op_;

@@ -199,6 +199,33 @@ def test_serve_a_training_run(trained_run):
         stop(p)
 
 
+def test_characters_outside_a_runs_vocabulary_are_named_and_strict_refuses_them(trained_run, tmp_path):
+    """viz --run and serve --run turned characters the run never saw into <unk> without a word."""
+    out = tmp_path / "p.html"
+    r = subprocess.run([cli_path(), "viz", "--run", str(trained_run), "--input", "12ab", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    warn = [line for line in r.stderr.splitlines() if "vocabulary" in line]
+    assert len(warn) == 1 and "'a'" in warn[0] and "'b'" in warn[0] and "<unk>" in warn[0], r.stderr
+    r = subprocess.run([cli_path(), "viz", "--run", str(trained_run), "--input", "12ab", "--strict", "--out",
+                        str(tmp_path / "q.html")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "'a'" in r.stderr, r.stderr
+    p, port, _ = start_server("--run", str(trained_run), "--text", "1234")
+    try:
+        status, data = post(port, {"text": "12ab"})
+        assert status == 200 and "'a'" in data["note"] and "<unk>" in data["note"], data
+        status, data = post(port, {"text": "1234"})
+        assert status == 200 and "note" not in data, data
+    finally:
+        stop(p)
+    p, port, _ = start_server("--run", str(trained_run), "--text", "1234", "--strict")
+    try:
+        status, data = post(port, {"text": "12ab"})
+        assert status == 400 and "vocabulary" in data["error"], data
+    finally:
+        stop(p)
+
+
 def test_serve_run_prints_the_run_it_serves(trained_run):
     """`serve --run` said "serving  on": the name came from --model, empty with --run."""
     p, _, line = start_server("--run", str(trained_run), "--text", "1234")
