@@ -24,33 +24,37 @@ QKV = os.environ.get("QKV_BIN", str(REPO / "build" / "qkv"))
 GGUF = str(smollm2.gguf_path())
 QUESTION = "What is the capital of France?"
 COMPLETION = "The capital of France is"
-N_CHAT, N_PLAIN = 20, 12
+EMOJI = "Reply with three emoji."  # 4-byte UTF-8 characters, split across byte-level tokens
+N_CHAT, N_PLAIN, N_EMOJI = 20, 12, 16
 
 # Greedy generate at float32, the prompt tokenized by transformers itself (apply_chat_template for the chat).
 HF_SCRIPT = r"""
 import json, sys, torch, transformers
 torch.set_num_threads(1)
-path, question, completion, n_chat, n_plain = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+path, question, completion, emoji = sys.argv[1:5]
+n_chat, n_plain, n_emoji = map(int, sys.argv[5:8])
 tok = transformers.AutoTokenizer.from_pretrained(path)
 model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 def new_ids(ids, n):
     ids = torch.tensor([ids])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
     return out[0, ids.shape[1]:].tolist()
-chat = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
-chat_ids = tok(chat, add_special_tokens=False).input_ids
-plain_ids = tok(completion).input_ids
-plain = new_ids(plain_ids, n_plain)
-print(json.dumps({"chat": new_ids(chat_ids, n_chat), "eos": model.generation_config.eos_token_id,
-                  "plain": plain, "plain_text": tok.decode(plain, skip_special_tokens=True)}))
+def chat_ids(text):
+    chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tok(chat, add_special_tokens=False).input_ids
+plain = new_ids(tok(completion).input_ids, n_plain)
+emoji = new_ids(chat_ids(emoji), n_emoji)
+print(json.dumps({"chat": new_ids(chat_ids(question), n_chat), "eos": model.generation_config.eos_token_id,
+                  "plain": plain, "plain_text": tok.decode(plain, skip_special_tokens=True),
+                  "emoji": emoji, "emoji_text": tok.decode(emoji, skip_special_tokens=True)}))
 """
 
 
 @pytest.fixture(scope="module")
 def hf_reference():
     """Starts transformers at once; the first test that reads it waits for its answer."""
-    proc = subprocess.Popen([sys.executable, "-c", HF_SCRIPT, str(smollm2.hf_folder()), QUESTION, COMPLETION,
-                             str(N_CHAT), str(N_PLAIN)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", HF_SCRIPT, str(smollm2.hf_folder()), QUESTION, COMPLETION, EMOJI,
+                             str(N_CHAT), str(N_PLAIN), str(N_EMOJI)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     result = {}
 
@@ -107,6 +111,19 @@ def test_plain_completion_matches_transformers(hf_reference):
     ref = hf_reference()
     assert len(ref["plain"]) == N_PLAIN  # no stop id in these tokens: both run to the length
     assert r.stdout == ref["plain_text"] + "\n"
+
+
+def test_streamed_text_is_whole_utf8_as_transformers_decodes_it(hf_reference):
+    # The reply is cut by the length inside an emoji: the held-back bytes end as U+FFFD, as in transformers' decode.
+    r = subprocess.run([QKV, "generate", "--model", GGUF, "--prompt", EMOJI, "--chat", "--max-new-tokens",
+                        str(N_EMOJI)], capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.decode("utf-8")  # strict: a stray byte fails here
+    ref = hf_reference()
+    assert len(ref["emoji"]) == N_EMOJI and ref["eos"] not in ref["emoji"]
+    assert text == ref["emoji_text"] + "\n"
+    assert any(ord(ch) > 0xFFFF for ch in text), text
+    assert text.endswith("\ufffd\n"), text  # the case the test is for: the last emoji's bytes incomplete
 
 
 def test_context_end_cuts_the_reply_with_a_warning():
