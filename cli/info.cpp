@@ -64,7 +64,8 @@ std::map<std::string, int64_t> folder_weight_types(const std::string& dir) {
     files.push_back(join(dir, "model.safetensors"));
   } else {
     const std::string index = join(dir, "model.safetensors.index.json");
-    QKV_CHECK_RUNTIME(is_file(index), "[info] ", dir, " has neither model.safetensors nor model.safetensors.index.json");
+    QKV_CHECK_RUNTIME(is_file(index), "[info] ", dir,
+                      " has neither model.safetensors nor model.safetensors.index.json");
     const json::Value doc = json::Value::parse(read_file_text(index, "info"), index);
     std::set<std::string> shards;
     if (const json::Value* map = doc.find("weight_map"))
@@ -74,7 +75,8 @@ std::map<std::string, int64_t> folder_weight_types(const std::string& dir) {
   }
   std::map<std::string, int64_t> counts;
   for (const std::string& f : files)
-    for (const SafeTensorsEntry& e : read_safetensors_bytes(f, /*map=*/true).header.entries) ++counts[dtype_name(e.dtype)];
+    for (const SafeTensorsEntry& e : read_safetensors_bytes(f, /*map=*/true).header.entries)
+      ++counts[dtype_name(e.dtype)];
   return counts;
 }
 
@@ -90,14 +92,16 @@ std::string tokenizer_kind(const std::string& path, bool gguf_file) {
   }
   const text::TokenizerSpec spec = text::read_tokenizer_json(join(path, "tokenizer.json"));
   bool byte_level = false;
-  for (const text::PreTokenizerStep& s : spec.pre_tokenizer) byte_level |= s.kind == text::PreTokenizerStep::Kind::kByteLevel;
+  for (const text::PreTokenizerStep& s : spec.pre_tokenizer)
+    byte_level |= s.kind == text::PreTokenizerStep::Kind::kByteLevel;
   return std::string(byte_level ? "byte-level BPE" : spec.byte_fallback ? "BPE with byte fallback" : "BPE") +
          " (tokenizer.json)";
 }
 
 void print_model_info(const std::string& path) {
   struct stat st {};
-  QKV_CHECK_RUNTIME(::stat(path.c_str(), &st) == 0, "[info] ", path, " does not exist (a .gguf file or a model folder)");
+  QKV_CHECK_RUNTIME(::stat(path.c_str(), &st) == 0, "[info] ", path,
+                    " does not exist (a .gguf file or a model folder)");
   const bool gguf_file = S_ISREG(st.st_mode);
   models::LlamaConfig c;
   std::map<std::string, int64_t> weights;
@@ -146,7 +150,8 @@ void print_model_info(const std::string& path) {
               tokenizer_kind(path, gguf_file).c_str());
   const auto named = [&](int64_t id) {
     if (id < 0) return std::string("none");
-    return std::to_string(id) + " " + (id < tok->vocab_size() ? tok->token(id) : std::string("(outside the tokenizer)"));
+    return std::to_string(id) + " " +
+           (id < tok->vocab_size() ? tok->token(id) : std::string("(outside the tokenizer)"));
   };
   std::printf("bos: %s\n", named(tok->bos_token_id()).c_str());
   std::printf("eos: %s\n", named(tok->eos_token_id()).c_str());

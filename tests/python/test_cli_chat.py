@@ -54,8 +54,8 @@ print(json.dumps({"chat": new_ids(chat_ids(question), n_chat), "eos": model.gene
 def hf_reference():
     """Starts transformers at once; the first test that reads it waits for its answer."""
     proc = subprocess.Popen([sys.executable, "-c", HF_SCRIPT, str(smollm2.hf_folder()), QUESTION, COMPLETION, EMOJI,
-                             str(N_CHAT), str(N_PLAIN), str(N_EMOJI)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                             str(N_CHAT), str(N_PLAIN), str(N_EMOJI)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     result = {}
 
     def get():
