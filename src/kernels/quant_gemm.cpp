@@ -14,6 +14,7 @@
 
 namespace qkv::kernels {
 
+using quant_detail::block_layout;
 using quant_detail::BlockLayout;
 using quant_detail::kQK;
 using quant_detail::TileArgs;
@@ -68,7 +69,68 @@ QuantMatrix QuantMatrix::slice(int64_t begin, int64_t end) const {
   QuantMatrix m = *this;
   m.rows = end - begin;
   if (data) m.data = data + begin * row_bytes;
+  if (packed && begin % quant_detail::kPackRows == 0) {
+    m.packed = packed + begin / quant_detail::kPackRows * packed_stride;
+  } else {
+    m.packed = nullptr;
+    m.packed_stride = 0;
+    m.packed_owner.reset();
+  }
   return m;
+}
+
+QuantMatrix QuantMatrix::repacked() const {
+  constexpr int64_t kRows = quant_detail::kPackRows;
+  if (!quant_gemm_integer(type) || rows < kRows || cols == 0) return *this;
+  const BlockLayout l = block_layout(type);
+  const int64_t nb = cols / kQK, bs = gguf::type_size(type), tiles = rows / kRows;
+  const int64_t vecs = l.kind == 4 ? 8 : 4;
+  const int64_t vbytes = nb * vecs * 64, hbytes = l.qh >= 0 ? nb * 64 : 0, dbytes = nb * kRows * 2;
+  const int64_t stride = (vbytes + hbytes + dbytes * (l.has_min ? 2 : 1) + 63) / 64 * 64;
+  auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tiles * stride + 64));
+  uint8_t* base = buffer->data() + (-reinterpret_cast<uintptr_t>(buffer->data()) & 63);
+  const uint8_t* src = data;
+  const int64_t rb = row_bytes;
+#pragma omp parallel for schedule(static) if (tiles * stride >= (int64_t{1} << 20))
+  for (int64_t t = 0; t < tiles; ++t) {
+    uint8_t* vals = base + t * stride;
+    uint8_t* hbits = vals + vbytes;
+    uint8_t* dst_d = hbits + hbytes;
+    uint8_t* dst_m = dst_d + dbytes;
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t r = 0; r < kRows; ++r) {
+        const uint8_t* blk = src + (t * kRows + r) * rb + b * bs;
+        std::memcpy(dst_d + (b * kRows + r) * 2, blk, 2);
+        if (l.has_min) std::memcpy(dst_m + (b * kRows + r) * 2, blk + 2, 2);
+        uint8_t* v = vals + b * vecs * 64 + r * 4;
+        if (l.kind == 4) {
+          for (int64_t g = 0; g < 8; ++g)
+            for (int64_t e = 0; e < 4; ++e) v[g * 64 + e] = static_cast<uint8_t>(blk[l.qs + 4 * g + e] ^ 0x80u);
+        } else {
+          for (int64_t h = 0; h < 4; ++h) std::memcpy(v + h * 64, blk + l.qs + 4 * h, 4);
+        }
+        if (l.qh >= 0) {
+          uint32_t qh;
+          std::memcpy(&qh, blk + l.qh, 4);
+          for (int g = 0; g < 8; ++g) {
+            uint64_t mask;
+            uint8_t* at = hbits + b * 64 + g * 8;
+            std::memcpy(&mask, at, 8);
+            mask |= static_cast<uint64_t>((qh >> (4 * g)) & 0xFu) << (4 * r);
+            std::memcpy(at, &mask, 8);
+          }
+        }
+      }
+  }
+  QuantMatrix m = *this;
+  m.packed = base;
+  m.packed_stride = stride;
+  m.packed_owner = std::move(buffer);
+  return m;
+}
+
+QuantMatrix QuantMatrix::for_products() const {
+  return active_isa() >= Isa::kAvx512Vnni ? repacked() : *this;
 }
 
 bool quant_gemm_integer(gguf::Type type) {

@@ -1,7 +1,8 @@
 // The quantized product's AVX512-VNNI build: tiles of 16 weight rows as vpdpbusd's u8 operands (nibbles with their
 // fifth bit as they are; Q8_0 as w + 128); per activation row and block the exact int32 sums Σ u · x - offset · Σx
-// (up to 4 rows: operands built in registers, each row's products reduced; more rows: the tile unpacked once
-// column-interleaved, sums in lanes), and quant_gemm_impl.h's float epilogue in 16 lanes.
+// (a matrix with a repacked copy, QuantMatrix::repacked: its column-interleaved tiles, sums in lanes, for every m;
+// otherwise up to 4 rows: operands built in registers, each row's products reduced; more rows: the tile unpacked
+// once column-interleaved), and quant_gemm_impl.h's float epilogue in 16 lanes.
 #include "quant_gemm_simd.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every use.
@@ -206,8 +207,94 @@ void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch)
   }
 }
 
+// Software prefetch into L2 of the tiles 16 KB ahead: a matrix streamed from DRAM (an output head) then reads at
+// the rate of a plain streaming read or above it (the hardware prefetcher alone keeps fewer lines in flight).
+inline constexpr int64_t kPrefetchAhead = 16384;
+
+// A tile of the matrix's repacked copy (QuantMatrix::packed): the operands are stored column-interleaved, so every
+// activation row's 16 block sums come out in lanes from vpdpbusd against its broadcast 4-byte groups (no gather, no
+// horizontal reduction); R <= 4 activation rows share each load of the weights.
+template <int kKind, int R>
+void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile) {
+  const QuantActivations& a = *t.a;
+  const int64_t nb = a.blocks;
+  constexpr int kVecs = kKind == 4 ? 8 : 4;
+  constexpr bool kMin = kKind == 1 || kKind == 3, kHigh = kKind == 2 || kKind == 3;
+  const uint8_t* hbits = tile + nb * kVecs * 64;
+  const uint8_t* d16 = hbits + (kHigh ? nb * 64 : 0);
+  const uint8_t* m16 = d16 + nb * 32;
+  const int64_t lines = t.w->packed_stride / 64;
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* v = tile + b * kVecs * 64;
+    // This block's share of the tile's 64-byte lines, kPrefetchAhead further on.
+    for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
+    __m512i s0[R], s1[R];
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_si512();
+    for (int h = 0; h < 4; ++h) {
+      __m512i lo, hi;
+      int glo = h, ghi = h + 4;  // the 4-byte groups of the activations (elements 4g..4g+3)
+      if constexpr (kKind == 4) {
+        lo = _mm512_load_si512(v + 2 * h * 64);
+        hi = _mm512_load_si512(v + (2 * h + 1) * 64);
+        glo = 2 * h;
+        ghi = 2 * h + 1;
+      } else {
+        const __m512i pv = _mm512_load_si512(v + h * 64);
+        lo = _mm512_and_si512(pv, _mm512_set1_epi8(0x0F));
+        hi = _mm512_and_si512(_mm512_srli_epi16(pv, 4), _mm512_set1_epi8(0x0F));
+        if constexpr (kHigh) {
+          uint64_t mlo, mhi;
+          std::memcpy(&mlo, hbits + b * 64 + h * 8, 8);
+          std::memcpy(&mhi, hbits + b * 64 + (h + 4) * 8, 8);
+          lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(mlo, _mm512_set1_epi8(0x10)));
+          hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mhi, _mm512_set1_epi8(0x10)));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t gl, gh;
+        std::memcpy(&gl, xq[r] + b * kQK + 4 * glo, 4);
+        std::memcpy(&gh, xq[r] + b * kQK + 4 * ghi, 4);
+        s0[r] = _mm512_dpbusd_epi32(s0[r], lo, _mm512_set1_epi32(gl));
+        s1[r] = _mm512_dpbusd_epi32(s1[r], hi, _mm512_set1_epi32(gh));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16 + b * 32)));
+    const __m512 mw = kMin ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(m16 + b * 32)))
+                           : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      __m512i sumi = _mm512_add_epi32(s0[r], s1[r]);
+      const size_t o = static_cast<size_t>((i0 + r) * a.blocks + b);
+      if constexpr (kVnniOffset[kKind] != 0)
+        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
+      __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[o])));
+      if constexpr (kMin) term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(a.s[o])));
+      acc[r] = _mm512_add_ps(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
+}
+
+template <int kKind>
+void tile_packed(const TileArgs& t, int64_t j0) {
+  const uint8_t* tile = t.w->packed + j0 / kTile * t.w->packed_stride;
+  int64_t i = 0;
+  for (; i + 4 <= t.a->rows; i += 4) rows_packed<kKind, 4>(t, j0, i, tile);
+  switch (t.a->rows - i) {
+    case 3: rows_packed<kKind, 3>(t, j0, i, tile); break;
+    case 2: rows_packed<kKind, 2>(t, j0, i, tile); break;
+    case 1: rows_packed<kKind, 1>(t, j0, i, tile); break;
+    default: break;
+  }
+}
+
 template <int kKind>
 void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  if (t.w->packed) return tile_packed<kKind>(t, j0);
   switch (t.a->rows) {
     case 1: return tile_fused<kKind, 1>(t, j0, 0);
     case 2: return tile_fused<kKind, 2>(t, j0, 0);

@@ -76,8 +76,9 @@ namespace avx2 {
 inline constexpr int64_t kTile = 8;
 void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
 }  // namespace avx2
+inline constexpr int64_t kPackRows = 16;  // QuantMatrix::repacked()'s tile: the avx512vnni build's kTile
 namespace avx512 {
-inline constexpr int64_t kTile = 16;
+inline constexpr int64_t kTile = kPackRows;
 void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
 }  // namespace avx512
 

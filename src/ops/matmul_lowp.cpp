@@ -67,7 +67,7 @@ LinearWeight LinearWeight::quantized(kernels::QuantMatrix weight) {
   w.begin_ = 0;
   w.end_ = weight.rows;
   w.in_ = weight.cols;
-  w.quant_ = std::make_shared<const kernels::QuantMatrix>(std::move(weight));
+  w.quant_ = std::make_shared<const kernels::QuantMatrix>(weight.for_products());  // tiles repacked once
   return w;
 }
 

@@ -151,7 +151,13 @@ struct Path {
 std::vector<Path> builds() {
   std::vector<Path> p;
   if (kernels::cpu_supports(kernels::Isa::kAvx2)) p.push_back({"avx2", kernels::avx2::gemm_quant});
-  if (kernels::cpu_supports(kernels::Isa::kAvx512Vnni)) p.push_back({"avx512vnni", kernels::avx512::gemm_quant});
+  if (kernels::cpu_supports(kernels::Isa::kAvx512Vnni)) {
+    p.push_back({"avx512vnni", kernels::avx512::gemm_quant});
+    p.push_back({"avx512vnni repacked", [](const float* x, int64_t m, int64_t ldx, const QuantMatrix& w,
+                                           const float* bias, float* y, int64_t ldy) {
+                   kernels::avx512::gemm_quant(x, m, ldx, w.repacked(), bias, y, ldy);
+                 }});
+  }
   p.push_back({"dispatched", kernels::gemm_quant});
   return p;
 }
@@ -515,6 +521,33 @@ TEST(QuantGemm, EmbeddingRowsDequantizeTheAskedRows) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("[embedding_rows] id 10 at position 1"), std::string::npos) << e.what();
   }
+}
+
+TEST(QuantGemm, RepackedHoldsWholeTilesAndSlicesKeepThemOnTileBoundaries) {
+  for (Type type : kIntegerTypes) {
+    const Weights w = random_weights(type, 40, 96, 51);
+    EXPECT_EQ(w.w.packed, nullptr);
+    const QuantMatrix p = w.w.repacked();
+    ASSERT_NE(p.packed, nullptr) << gguf::type_name(type);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p.packed) % 64, 0u);
+    EXPECT_EQ(p.packed_stride % 64, 0);
+    EXPECT_EQ(p.data, w.w.data);  // the stored blocks stay the source
+    EXPECT_EQ(p.slice(16, 40).packed, p.packed + p.packed_stride);
+    EXPECT_EQ(p.slice(5, 40).packed, nullptr);  // off a tile boundary: products read the stored blocks
+    // A slice's products: the portable bits of the same rows, from the packed tiles and without them.
+    const std::vector<float> x = random_floats(3 * 96, 52, -2.0f, 2.0f);
+    for (const auto& [b, e] : {std::pair<int64_t, int64_t>{16, 40}, {5, 37}, {0, 32}}) {
+      const std::vector<float> ref = run(kernels::portable::gemm_quant, x, 3, w.w.slice(b, e), nullptr);
+      for (const Path& path : builds())
+        EXPECT_TRUE(SameBits(run(path.fn, x, 3, p.slice(b, e), nullptr), ref,
+                             gguf::type_name(type) + " slice " + std::to_string(b) + " " + path.name));
+    }
+  }
+  // Fewer than 16 rows, or a type read through float32 rows: nothing to repack.
+  EXPECT_EQ(random_weights(Type::Q4_0, 15, 64, 53).w.repacked().packed, nullptr);
+  EXPECT_EQ(random_weights(Type::F16, 32, 64, 54).w.repacked().packed, nullptr);
+  const QuantMatrix f = random_weights(Type::Q8_0, 32, 64, 55).w.for_products();
+  EXPECT_EQ(f.packed != nullptr, kernels::active_isa() >= kernels::Isa::kAvx512Vnni);
 }
 
 TEST(QuantGemm, LinearWeightQuantizedRunsTheStoredBlocksAndSlicesRows) {

@@ -22,6 +22,16 @@ struct QuantMatrix {
   int64_t row_bytes = 0;
   const uint8_t* data = nullptr;
   std::shared_ptr<const void> owner;
+  // The avx512vnni build's copy of the rows' whole 16-row tiles (repacked(); nullptr: none, products read `data`):
+  // tile t (rows 16t..16t+15) is packed_stride bytes at packed + t * packed_stride, 64-byte aligned. Per tile, for
+  // blocks b in order: the u8 operands of vpdpbusd with 32-bit lane r = row r (Q4_0 / Q4_1 / Q5_0 / Q5_1: 4 vectors
+  // of 64 bytes, vector h lane r = the row's nibble bytes 4h..4h+3, so low nibbles are elements 4h.. and high
+  // nibbles 16 + 4h..; Q8_0: 8 vectors, vector g lane r = elements 4g..4g+3 as w + 128); then (Q5_0 / Q5_1) per
+  // block 8 u64 masks, mask g bit 4r + e = the fifth bit of element 4g + e of row r; then the 16 rows' fp16 d per
+  // block; then (Q4_1 / Q5_1) their fp16 m. The same bytes as the stored blocks, rearranged.
+  const uint8_t* packed = nullptr;
+  int64_t packed_stride = 0;
+  std::shared_ptr<const void> packed_owner;
 
   // Checks: cols >= 0 a multiple of the type's block size, rows >= 0, data non-null when rows * cols > 0, a type
   // ggml defines; std::invalid_argument "[quant_matrix] ..." otherwise.
@@ -30,7 +40,13 @@ struct QuantMatrix {
   // A 2-D GGUF tensor (ne = (k, n)); `owner` should keep its File alive (e.g. std::make_shared<gguf::File>(file)).
   static QuantMatrix from_tensor(const gguf::TensorInfo& tensor, std::shared_ptr<const void> owner);
 
-  QuantMatrix slice(int64_t begin, int64_t end) const;  // rows [begin, end); std::invalid_argument outside
+  // rows [begin, end); std::invalid_argument outside. The packed tiles stay where begin is a multiple of 16.
+  QuantMatrix slice(int64_t begin, int64_t end) const;
+  // This matrix with its whole 16-row tiles repacked into an owned buffer (the layout above; integer types, rows >=
+  // 16; other matrices are returned as they are). for_products(): repacked() where gemm_quant runs the avx512vnni
+  // build, else the matrix as it is. The products' bits do not depend on it.
+  QuantMatrix repacked() const;
+  QuantMatrix for_products() const;
   bool defined() const { return data != nullptr || rows * cols == 0; }
 };
 

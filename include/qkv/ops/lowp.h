@@ -27,7 +27,8 @@ Tensor round_to_bf16(const Tensor& x);
 //              kernel. All give the same bits.
 // rows(begin, end) is the weight of output channels [begin, end) without copying (a packed Q/K/V projection).
 // quantized(w): a GGUF weight (out, in) kept in its stored blocks (qkv/kernels/quant_gemm.h); linear() runs
-// kernels::gemm_quant on it. Its precision() is kInt8 where the type has the integer block product (Q4_0, Q4_1,
+// kernels::gemm_quant on it (where the avx512vnni build runs, on a copy of its 16-row tiles repacked once here:
+// QuantMatrix::for_products). Its precision() is kInt8 where the type has the integer block product (Q4_0, Q4_1,
 // Q5_0, Q5_1, Q8_0: int8 activations per 32, int32 sums) and kFloat32 for the types read through float32 rows.
 class LinearWeight {
  public:
