@@ -128,7 +128,7 @@ json::Value message(const std::string& role, const std::string& content) {
 }
 
 void run_chat(const ChatArgs& a) {
-  const Precision precision = parse_precision(a.precision);
+  const std::optional<Precision> precision = parse_model_precision(a.precision);
   check_sampling_given(a.sampling, a.top_k_given, a.top_p_given, "chat");
   const models::LanguageModel lm = models::LanguageModel::load(a.model, precision);
   QKV_CHECK_ARG(lm.chat_template.has_value(), "[chat] ", a.model,
@@ -228,7 +228,7 @@ void add_chat(CLI::App& app) {
                   "KV cache in pages of this many positions, read in place by the attention (0: contiguous)")
       ->capture_default_str()
       ->check(at_least(0));
-  add_precision_option(cmd, a->precision);
+  add_model_precision_option(cmd, a->precision);
   add_ctx_option(cmd, a->ctx);
   cmd->callback([a, sampling]() {
     a->top_k_given = sampling.top_k->count() > 0;

@@ -64,7 +64,7 @@ int64_t beam_memory_limit() {
 }
 
 // --prompt TEXT: the model's tokenizer, chat template and stop ids; the reply streamed as text (or ids).
-void run_generate_text(const GenerateArgs& a, Precision precision) {
+void run_generate_text(const GenerateArgs& a, std::optional<Precision> precision) {
   QKV_CHECK_ARG(a.beam == 0, "[generate] --beam takes --prompt-ids; with --prompt the search is greedy or sampled");
   const models::LanguageModel lm = models::LanguageModel::load(a.model, precision);
   const int64_t vocab = lm.model->config().vocab_size;
@@ -99,7 +99,7 @@ void run_generate_text(const GenerateArgs& a, Precision precision) {
 }
 
 void run_generate(const GenerateArgs& a) {
-  const Precision precision = parse_precision(a.precision);
+  const std::optional<Precision> precision = parse_model_precision(a.precision);
   check_sampling_given(a.sampling, a.top_k_given, a.top_p_given, "generate");
   if (a.text_given) return run_generate_text(a, precision);
   const std::vector<int64_t> prompt = parse_ids(a.prompt);
@@ -171,7 +171,7 @@ void add_generate(CLI::App& app) {
                   "KV cache in pages of this many positions, read in place by the attention (0: contiguous)")
       ->capture_default_str()
       ->check(at_least(0));
-  add_precision_option(cmd, a->precision);
+  add_model_precision_option(cmd, a->precision);
   add_ctx_option(cmd, a->ctx);
   cmd->callback([a, sampling, text, ids, eos]() {
     QKV_CHECK_ARG(text->count() > 0 || ids->count() > 0,

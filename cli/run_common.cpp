@@ -87,6 +87,20 @@ void add_precision_option(CLI::App* cmd, std::string& value) {
       ->capture_default_str();
 }
 
+void add_model_precision_option(CLI::App* cmd, std::string& value) {
+  value = "stored";
+  cmd->add_option("--precision", value,
+                  "stored | fp32 | bf16 | int8: stored runs the weights as the file stores them (a GGUF's quantized "
+                  "blocks with int8 activations per 32; a folder's float32); fp32 dequantizes a GGUF once; "
+                  "docs/PRECISION.md")
+      ->capture_default_str();
+}
+
+std::optional<Precision> parse_model_precision(const std::string& value) {
+  if (value == "stored") return std::nullopt;
+  return parse_precision(value);
+}
+
 CLI::Validator at_least(int64_t lo) {
   return CLI::Validator(
       [lo](std::string& text) -> std::string {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ CLI::Validator seed_value();
 // --precision fp32|bf16|int8 on `cmd` (default fp32) into *value; read it with parse_precision (qkv/core/precision.h)
 // in the command, so that a bad value is the one-line "[precision] 'x' is not one of fp32, bf16, int8".
 void add_precision_option(CLI::App* cmd, std::string& value);
+// The --precision of the language-model commands (generate, chat): "stored" (default: the file's own types) or a
+// Precision; parse_model_precision maps "stored" to std::nullopt.
+void add_model_precision_option(CLI::App* cmd, std::string& value);
+std::optional<Precision> parse_model_precision(const std::string& value);
 
 // e.what() with newlines folded, so that every failure is one line.
 std::string one_line(const std::string& message);

@@ -165,7 +165,7 @@ std::vector<int64_t> end_of_generation_ids(const std::string& path, const text::
   return files::is_regular_file(path) ? gguf_stop_ids(path, tokenizer) : folder_stop_ids(path, tokenizer);
 }
 
-LanguageModel LanguageModel::load(const std::string& path, Precision precision) {
+LanguageModel LanguageModel::load(const std::string& path, std::optional<Precision> precision) {
   QKV_CHECK_RUNTIME(files::exists(path), "[language_model] ", path, " does not exist (a .gguf file or a model folder)");
   LanguageModel lm;
   lm.path = path;

@@ -71,7 +71,11 @@ def hf_reference():
 
 
 def qkv(*args, stdin=None, timeout=300):
+    """The command; generate and chat at --precision fp32 unless told otherwise, so that their ids are comparable
+    with transformers' float32 run on the same file (the default, stored, runs the GGUF's Q4_1 weights)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if args and args[0] in ("generate", "chat") and "--precision" not in args:
+        args = (args[0], "--precision", "fp32", *args[1:])
     return subprocess.run([QKV, *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -106,6 +110,22 @@ def test_chat_reply_is_paris_with_transformers_greedy_ids(hf_reference):
     assert len(want) >= 5
 
 
+def test_default_precision_runs_the_stored_q4_1_weights():
+    # --precision stored (the default): the GGUF's Q4_1 / Q8_0 blocks read in place, int8 activations per 32, the
+    # same ids as the Python module's CausalLM at precision=None. (Its first token need not be fp32's: on this prompt
+    # fp32's "The" leads "L" by 0.09 logits, which the 4-bit weights reverse.)
+    import qkv as qkv_module
+    r = ok(qkv("generate", "--precision", "stored", "--model", GGUF, "--prompt", QUESTION, "--chat",
+               "--max-new-tokens", "8", "--print-ids"))
+    tok = qkv_module.Tokenizer.from_pretrained(GGUF)
+    prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
+                                     tokenize=True)
+    want = [int(x) for x in qkv_module.CausalLM.from_pretrained(GGUF).generate(prompt, 8)]
+    got = ids_of(r.stdout)
+    assert got and got == [x for x in want if x not in (0, 2)][:len(got)], (got, want)
+    one_line_error(qkv("generate", "--precision", "fp16", "--model", GGUF, "--prompt", "x"), "fp16")
+
+
 def test_plain_completion_matches_transformers(hf_reference):
     r = ok(qkv("generate", "--model", GGUF, "--prompt", COMPLETION, "--max-new-tokens", str(N_PLAIN)))
     ref = hf_reference()
@@ -115,7 +135,8 @@ def test_plain_completion_matches_transformers(hf_reference):
 
 def test_streamed_text_is_whole_utf8_as_transformers_decodes_it(hf_reference):
     # The reply is cut by the length inside an emoji: the held-back bytes end as U+FFFD, as in transformers' decode.
-    r = subprocess.run([QKV, "generate", "--model", GGUF, "--prompt", EMOJI, "--chat", "--max-new-tokens",
+    r = subprocess.run([QKV, "generate", "--precision", "fp32", "--model", GGUF, "--prompt", EMOJI, "--chat",
+                        "--max-new-tokens",
                         str(N_EMOJI)], capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert r.returncode == 0, r.stderr
     text = r.stdout.decode("utf-8")  # strict: a stray byte fails here
@@ -169,7 +190,8 @@ def read_until(fd, marker, timeout=120):
 
 def test_chat_on_a_terminal_keeps_history_resets_and_survives_ctrl_c():
     master, slave = pty.openpty()
-    proc = subprocess.Popen([QKV, "chat", "--model", GGUF, "--max-new-tokens", "200"], stdin=slave, stdout=slave,
+    proc = subprocess.Popen([QKV, "chat", "--precision", "fp32", "--model", GGUF, "--max-new-tokens", "200"],
+                            stdin=slave, stdout=slave,
                             stderr=slave, env=dict(os.environ, OMP_NUM_THREADS="1"))
     os.close(slave)
     try:

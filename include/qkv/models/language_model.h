@@ -61,7 +61,9 @@ struct LanguageModel {
 
   // A .gguf file or a folder (config.json, model.safetensors or its index, tokenizer.json, and the chat template
   // in chat_template.jinja or tokenizer_config.json). Errors are one std::runtime_error line naming the file.
-  static LanguageModel load(const std::string& path, Precision precision = Precision::kFloat32);
+  // precision: std::nullopt (default) runs the weights as the file stores them (a GGUF's quantized blocks, a
+  // folder's float32); a Precision as LlamaForCausalLM::from_pretrained.
+  static LanguageModel load(const std::string& path, std::optional<Precision> precision = std::nullopt);
 
   // messages: a JSON list of {"role", "content"} objects. The model's template rendered as transformers'
   // apply_chat_template(messages, add_generation_prompt, tokenize=False) renders it, with the tokenizer's bos and
