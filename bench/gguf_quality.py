@@ -57,8 +57,8 @@ def main():
     positions = 0
     for text in TEXTS:
         ids = tok.encode(text, add_special_tokens=False)
-        ref = ref_model.logits(ids)[0]
-        q = stored.logits(ids)[0]
+        ref = ref_model.logits(ids)  # (T, V) for one prompt
+        q = stored.logits(ids)
         llm.reset()
         llm.eval(ids)
         lc = np.array(llm.scores[: len(ids)], dtype=np.float32)
