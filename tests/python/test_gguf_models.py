@@ -1,11 +1,13 @@
-"""Tiny GGUFs of each weight type and architecture, written here with the gguf package from random transformers models
+"""Tiny GGUFs of each weight type (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and Q4_K, Q5_K, Q6_K as random blocks) and
+architecture (llama untied and tied, qwen2, gemma2), written here with the gguf package from random transformers models
 (tensor names, metadata and llama's permuted attn_q / attn_k rows as llama.cpp's converter writes them), loaded by
 qkv.CausalLM.from_pretrained:
 - precision="fp32" (every weight dequantized once) gives the logits of the transformers model whose weights are the
   file's dequantized weights, within float32 rounding;
 - precision=None (the file's weights read as stored, int8 activations per 32 for the integer types) stays within
   the activations' quantization error of those logits: no more than a few times the error that quantizing the
-  weights alone to Q8_0 (the same rounding, per 32 with an fp16 scale) causes."""
+  weights alone to Q8_0 (the same rounding, per 32 with an fp16 scale) causes; the K-quants and float types (read
+  as dequantized float32 rows) within float32 rounding."""
 import numpy as np
 import pytest
 import torch
@@ -14,17 +16,24 @@ import transformers as hf
 import gguf
 import qkv
 
-TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
-ARCHS = ["llama", "llama-tied", "qwen2"]
+TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+ARCHS = ["llama", "llama-tied", "qwen2", "gemma2"]
 IDS = [[3, 17, 45, 9, 88, 2, 61, 30, 7, 12, 90, 5]]
 
 
-def tiny(arch):
-    torch.manual_seed({"llama": 1, "llama-tied": 2, "qwen2": 3}[arch])
-    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
+def tiny(arch, wide=False):
+    """wide: every matrix's rows a multiple of 256 elements (the K-quants' super-blocks)."""
+    torch.manual_seed({"llama": 1, "llama-tied": 2, "qwen2": 3, "gemma2": 4}[arch])
+    e, d = (256, 64) if wide else (64, 16)
+    common = dict(vocab_size=96, hidden_size=e, intermediate_size=2 * e, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=d, max_position_embeddings=128, rms_norm_eps=1e-5,
                   tie_word_embeddings=arch == "llama-tied")
-    if arch == "qwen2":
+    if arch == "gemma2":  # sliding window 4 on even layers (12 ids: it matters), soft-caps, GeGLU, sandwich norms
+        common["tie_word_embeddings"] = True
+        m = hf.Gemma2ForCausalLM(hf.Gemma2Config(**common, rope_theta=10000.0, sliding_window=4,
+                                                 query_pre_attn_scalar=d, attn_logit_softcapping=50.0,
+                                                 final_logit_softcapping=30.0))
+    elif arch == "qwen2":
         m = hf.Qwen2ForCausalLM(hf.Qwen2Config(**common, rope_theta=10000.0))
         with torch.no_grad():  # random biases (HF initialises them to zero)
             for layer in m.model.layers:
@@ -32,10 +41,10 @@ def tiny(arch):
                     p.bias.normal_(0, 0.5)
     else:
         m = hf.LlamaForCausalLM(hf.LlamaConfig(**common, rope_theta=10000.0))
-    with torch.no_grad():  # norms away from 1 so that a misplaced one shows
+    with torch.no_grad():  # norms away from their neutral value so that a misplaced one shows
         for n, p in m.named_parameters():
             if "norm" in n:
-                p.uniform_(0.5, 1.5)
+                p.uniform_(-0.5, 0.5) if arch == "gemma2" else p.uniform_(0.5, 1.5)
     return m.eval()
 
 
@@ -52,11 +61,16 @@ def gguf_names(model, arch):
     for i in range(c.num_hidden_layers):
         h, g = f"model.layers.{i}.", f"blk.{i}."
         names.update({h + "input_layernorm.weight": g + "attn_norm.weight",
-                      h + "post_attention_layernorm.weight": g + "ffn_norm.weight",
                       h + "self_attn.o_proj.weight": g + "attn_output.weight",
                       h + "mlp.gate_proj.weight": g + "ffn_gate.weight",
                       h + "mlp.up_proj.weight": g + "ffn_up.weight",
                       h + "mlp.down_proj.weight": g + "ffn_down.weight"})
+        if arch == "gemma2":
+            names.update({h + "post_attention_layernorm.weight": g + "post_attention_norm.weight",
+                          h + "pre_feedforward_layernorm.weight": g + "ffn_norm.weight",
+                          h + "post_feedforward_layernorm.weight": g + "post_ffw_norm.weight"})
+        else:
+            names[h + "post_attention_layernorm.weight"] = g + "ffn_norm.weight"
         for x in "qkv":
             names[h + f"self_attn.{x}_proj.weight"] = g + f"attn_{x}.weight"
             if arch == "qwen2":
@@ -69,8 +83,13 @@ def write_gguf(path, model, arch, type_name):
     under HF's names (what the file holds)."""
     c = model.config
     qtype = gguf.GGMLQuantizationType[type_name]
-    name = "qwen2" if arch == "qwen2" else "llama"
+    name = arch if arch in ("qwen2", "gemma2") else "llama"
     w = gguf.GGUFWriter(str(path), name)
+    if arch == "gemma2":
+        w.add_key_value("gemma2.attention.sliding_window", c.sliding_window, gguf.GGUFValueType.UINT32)
+        w.add_key_value("gemma2.attn_logit_softcapping", c.attn_logit_softcapping, gguf.GGUFValueType.FLOAT32)
+        w.add_key_value("gemma2.final_logit_softcapping", c.final_logit_softcapping, gguf.GGUFValueType.FLOAT32)
+        w.add_key_value("gemma2.attention.key_length", c.head_dim, gguf.GGUFValueType.UINT32)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
@@ -86,13 +105,21 @@ def write_gguf(path, model, arch, type_name):
         if name == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             heads = c.num_attention_heads if ".q_proj." in hf_name else c.num_key_value_heads
             t = llama_permute(t, heads)
-        if t.ndim == 2:
+        if arch == "gemma2" and "norm" in hf_name:
+            t = t + 1.0  # llama.cpp stores Gemma's RMSNorm gains as 1 + w
+        if t.ndim == 2 and type_name in K_TYPES:  # random blocks (gguf-py cannot quantize K-quants)
+            data = k_blocks(np.random.default_rng(len(held) + 7), qtype, *t.shape)
+            back = gguf.quants.dequantize(data, qtype).reshape(t.shape)
+            w.add_tensor(g_name, data, raw_dtype=qtype)
+        elif t.ndim == 2:
             data = gguf.quants.quantize(t, qtype)
             back = gguf.quants.dequantize(data, qtype).reshape(t.shape)
             w.add_tensor(g_name, data, raw_dtype=qtype)  # data: the bytes, (rows, row bytes)
         else:
             back = t
             w.add_tensor(g_name, t)
+        if arch == "gemma2" and "norm" in hf_name:
+            back = back - 1.0
         if name == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):  # back to HF's row order
             heads = c.num_attention_heads if ".q_proj." in hf_name else c.num_key_value_heads
             back = back.reshape(heads, back.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(back.shape)
@@ -102,6 +129,22 @@ def write_gguf(path, model, arch, type_name):
     w.write_tensors_to_file()
     w.close()
     return held
+
+
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+# Per K-quant type: where its fp16 super-block scales sit, and a size for them that keeps the weights near 0.05.
+K_SCALES = {"Q4_K": ((0, 2), 6e-5), "Q5_K": ((0, 2), 3e-5), "Q6_K": ((208,), 1.5e-5)}
+
+
+def k_blocks(rng, qtype, rows, cols):
+    """rows x cols elements of a K-quant type as random bytes with small finite fp16 super-block scales."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n = rows * cols // block
+    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    at_list, s = K_SCALES[qtype.name]
+    for at in at_list:
+        raw[:, at:at + 2] = (rng.standard_normal(n) * s).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, cols // block * size)
 
 
 def logits_with(model, weights):
@@ -132,25 +175,27 @@ def q8_error():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("type_name", TYPES)
 def test_tiny_gguf_gives_the_logits_of_its_weights(tmp_path, arch, type_name, q8_error):
-    model = tiny(arch)
+    wide = type_name in K_TYPES
+    model = tiny(arch, wide)
     with torch.no_grad():
         orig = model(torch.tensor(IDS)).logits.numpy()
-    if arch not in q8_error:
+    if (arch, wide) not in q8_error:
         held8 = write_gguf(tmp_path / "q8.gguf", model, arch, "Q8_0")
-        q8_error[arch] = rms(logits_with(model, held8) - orig)
-        assert q8_error[arch] > 0
+        q8_error[arch, wide] = rms(logits_with(model, held8) - orig)
+        assert q8_error[arch, wide] > 0
     path = tmp_path / f"{arch}.{type_name}.gguf"
     held = write_gguf(path, model, arch, type_name)
     want = logits_with(model, held)
+    assert np.isfinite(want).all() and want.std() > 1e-2, want.std()  # weights that make a real difference
     fp32 = qkv.CausalLM.from_pretrained(path, precision="fp32").logits(IDS)
     np.testing.assert_allclose(fp32, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
     stored = qkv.CausalLM.from_pretrained(path).logits(IDS)
     assert np.isfinite(stored).all()
     err = rms(stored - want)
-    if type_name in ("F32", "F16"):  # no integer product: float32 rows
+    if type_name in ("F32", "F16") or wide:  # no integer product (yet): dequantized float32 rows
         assert err <= 1e-4 * float(np.abs(want).max()), err
     else:  # int8 activations per 32: the same rounding as Q8_0 weights, applied to the activations
-        assert 0 < err <= 3.0 * q8_error[arch], (err, q8_error[arch])  # > 0: the integer product ran
+        assert 0 < err <= 3.0 * q8_error[arch, False], (err, q8_error[arch, False])  # > 0: the integer product ran
 
 
 def test_gguf_tensor_without_a_place_is_refused_naming_it(tmp_path):
