@@ -557,7 +557,23 @@ File File::open(const std::string& path) {
   ::close(fd);
   if (map == MAP_FAILED) throw std::runtime_error("[gguf] " + path + ": cannot map: " + std::strerror(err));
   std::shared_ptr<const void> owner(map, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
-  return parse(static_cast<const uint8_t*>(map), size, path, std::move(owner));
+  File f = parse(static_cast<const uint8_t*>(map), size, path, std::move(owner));
+  f.map_ = map;
+  f.map_size_ = size;
+  return f;
+}
+
+void File::release_pages() const {
+  if (map_ != nullptr) ::madvise(const_cast<void*>(map_), map_size_, MADV_DONTNEED);
+}
+
+void File::release_pages(const TensorInfo& tensor) const {
+  const auto base = reinterpret_cast<uintptr_t>(map_);
+  const auto begin = reinterpret_cast<uintptr_t>(tensor.data), end = begin + tensor.bytes;
+  if (map_ == nullptr || begin < base || end > base + map_size_) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 const Value* File::find(const std::string& key) const {

@@ -289,10 +289,12 @@ std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_gguf(const std::string&
     if (!precision && linears.count(n.hf)) {  // kept as stored
       nn::Linear& lin = *linears[n.hf];
       lin.use_stored_linear_weight(lin.weight, LinearWeight::quantized(stored_matrix(file, n, config)), stored);
+      file->release_pages(t);  // repacked (where the kernels repack): the mapped pages need not stay
       continue;
     }
     if (!precision && n.hf == "model.embed_tokens.weight" && t.type != gguf::Type::F32) {
       m->model.embed_tokens.use_stored(LinearWeight::quantized(stored_matrix(file, n, config)));
+      file->release_pages(t);  // lookups read the rows they need back from the file
       continue;
     }
     const Tensor x = gguf_tensor_as_hf(f, n, config);
@@ -301,6 +303,7 @@ std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_gguf(const std::string&
   }
   m->eval();
   m->set_precision(precision.value_or(stored));
+  file->release_pages();  // what was read to load or repack is not kept twice; what products read comes back
   return m;
 }
 

@@ -143,6 +143,12 @@ class File {
   const TensorInfo* tensor(const std::string& name) const;             // nullptr when absent
   // Throws std::runtime_error "[gguf] <path>: no tensor 't'".
   const TensorInfo& get_tensor(const std::string& name) const;
+  // Lets the kernel drop the mapped file's pages from this process's memory (madvise MADV_DONTNEED on the private,
+  // read-only mapping): a page touched later is read again from the file. For a loader that has copied or repacked
+  // what it needs, so that the process does not hold the weights twice. No effect on a File parsed from a buffer.
+  void release_pages() const;
+  // The same for the whole pages inside one tensor's bytes (after it was copied or repacked).
+  void release_pages(const TensorInfo& tensor) const;
 
  private:
   std::string path_;
@@ -153,6 +159,8 @@ class File {
   std::vector<Value> values_;
   std::vector<TensorInfo> tensors_;
   std::shared_ptr<const void> owner_;  // keeps the mapping or buffer alive
+  const void* map_ = nullptr;          // open(): the mapping (release_pages)
+  size_t map_size_ = 0;
 };
 
 }  // namespace qkv::gguf
