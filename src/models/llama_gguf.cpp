@@ -267,9 +267,11 @@ std::unique_ptr<LlamaForCausalLM> LlamaForCausalLM::from_gguf(const std::string&
                        std::any_of(names.begin(), names.end(), [&](const GgufTensorName& n) { return n.gguf == t.name; });
     if (!known) refuse(path, "tensor '" + t.name + "' has no place in a " + config.model_type + " model");
   }
-  for (const auto& [name, p] : params)  // and every parameter of the model a tensor of the file
+  for (const auto& param : params) {  // and every parameter of the model a tensor of the file
+    const std::string& name = param.first;
     if (std::none_of(names.begin(), names.end(), [&](const GgufTensorName& n) { return n.hf == name; }))
       refuse(path, "no tensor of the file holds " + name);
+  }
   std::map<std::string, nn::Linear*> linears;
   Precision stored = Precision::kFloat32;  // kInt8 when a linear weight has an integer block product
   if (!precision) {
