@@ -1,0 +1,99 @@
+// Continuous batching: many requests continue their prompts together. Every step is one batched forward of all
+// running sequences (one new token each) over one paged KV pool, so the weights are read once per step for all of
+// them; requests join the batch as soon as their prompt is in the cache and leave it as soon as they finish. A prompt
+// prefix that an earlier request already computed (the previous turns of a chat, a shared system prompt) is taken
+// from the cache rather than recomputed. A request's tokens do not depend on who else is in the batch (the kernels'
+// batch invariance): at temperature 0 a reply is the same alone or among others.
+//
+// The model must outlive the scheduler. All public member functions are thread-safe; the callbacks run on the
+// scheduler's own thread, one request's in order, and must not call back into the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/decode/generate.h"
+#include "qkv/decode/sampling.h"
+#include "qkv/models/llama.h"
+
+namespace qkv::decode {
+
+struct SchedulerOptions {
+  int64_t max_batch = 8;      // sequences decoding at once (--parallel), >= 1
+  int64_t page_size = 16;     // KV positions a page, >= 1
+  int64_t kv_tokens = 0;      // positions the KV pool holds for all sequences together (0: max_batch x context)
+  int64_t max_queued = 64;    // requests waiting for a place in the batch; submit() refuses more (QueueFull)
+  bool reuse_prefix = true;   // take a prompt's longest cached prefix from finished requests' pages
+};
+
+struct RequestOptions {
+  int64_t max_new_tokens = 256;   // >= 0; the context's end stops a reply earlier (FinishReason::kContext)
+  SamplingOptions sampling;       // greedy by default; seed: this request's own random stream
+  std::vector<int64_t> stop_ids;  // ids in [0, vocab_size) that end the reply (not part of it)
+  int64_t top_logprobs = -1;      // -1: no log-probabilities; k >= 0: the chosen token's and the k most likely
+};
+
+// One new token as the request receives it.
+struct TokenEvent {
+  int64_t id = -1;
+  float logprob = 0.0f;                           // log softmax of the logits at the chosen id (top_logprobs >= 0)
+  std::vector<std::pair<int64_t, float>> top;     // the top_logprobs most likely ids and their log-probabilities
+};
+
+struct RequestResult {
+  Generation generation;            // tokens (without the stop id), finish reason, stop id
+  int64_t prompt_tokens = 0;        // the prompt's length
+  int64_t cached_prompt_tokens = 0; // of them, taken from the cache rather than computed
+};
+
+// Thrown by submit() when max_queued requests are already waiting (an HTTP server answers 503).
+class QueueFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SchedulerStats {
+  int64_t running = 0;       // sequences in the batch now
+  int64_t queued = 0;        // requests waiting
+  int64_t kv_pages_used = 0; // pages held by running sequences and the prefix cache
+  int64_t kv_pages_total = 0;
+  int64_t steps = 0;         // batched forwards so far
+  int64_t tokens = 0;        // tokens generated so far, all requests
+};
+
+class Scheduler {
+ public:
+  // on_token(event): false cancels the request (FinishReason::kCancelled). on_done(result): called exactly once per
+  // accepted request, last, also when it was cancelled or the scheduler shut down.
+  using OnToken = std::function<bool(const TokenEvent&)>;
+  using OnDone = std::function<void(const RequestResult&)>;
+
+  Scheduler(const models::LlamaForCausalLM& model, const SchedulerOptions& options);
+  ~Scheduler();  // shutdown(false)
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request and returns its id. Checks everything before accepting: ids in [0, vocab_size), a prompt of
+  // at least one token that leaves room for one new token in the context, options (check_sampling, ...):
+  // std::invalid_argument "[scheduler] ..." otherwise; QueueFull when the queue is full; std::runtime_error after
+  // shutdown().
+  uint64_t submit(std::vector<int64_t> prompt, const RequestOptions& options, OnToken on_token, OnDone on_done);
+  // Ends a request (queued or running) at the next step: on_done follows with FinishReason::kCancelled. Unknown or
+  // finished ids are ignored (a client that hung up may race with its request's end).
+  void cancel(uint64_t id);
+  // finish_running true: no new requests; the queued and running ones run to their end. false: every request is
+  // cancelled. Returns when the scheduler's thread has stopped.
+  void shutdown(bool finish_running);
+  SchedulerStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qkv::decode
