@@ -16,7 +16,7 @@
 #include "qkv/core/gguf.h"
 #include "qkv/core/json.h"
 #include "qkv/core/safetensors.h"
-#include "qkv/dist/comm.h"
+#include "qkv/parallel/comm.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/kernels/lowp.h"
 #include "qkv/models/language_model.h"
@@ -183,8 +183,8 @@ void add_info(CLI::App& app) {
     std::printf("attention kernels: %s\n", kernels::flash_isa_name());
     std::printf("bf16: %s\n", kernels::lowp_paths().bf16);
     std::printf("int8: %s\n", kernels::lowp_paths().int8);
-    if (dist::built_with_mpi()) {
-      std::printf("mpi: yes (%s)\n", dist::mpi_library_version().c_str());
+    if (parallel::built_with_mpi()) {
+      std::printf("mpi: yes (%s)\n", parallel::mpi_library_version().c_str());
     } else {
       std::printf("mpi: no (built without MPI: one process only; install libopenmpi-dev and rebuild)\n");
     }

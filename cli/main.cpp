@@ -7,7 +7,7 @@
 #include <string>
 
 #include "commands.h"
-#include "qkv/dist/comm.h"
+#include "qkv/parallel/comm.h"
 #include "run_common.h"
 
 namespace {
@@ -44,6 +44,6 @@ int main(int argc, char** argv) {
   }
   // One of several mpirun ranks that failed: end them all rather than leave them waiting for this one.
   if (rc != 0 && rc != 130 && rc != 143)
-    if (qkv::dist::Communicator* world = qkv::dist::Communicator::started()) world->abort_all(rc);
+    if (qkv::parallel::Communicator* world = qkv::parallel::Communicator::started()) world->abort_all(rc);
   return close_stdout(rc);
 }

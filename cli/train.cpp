@@ -21,7 +21,7 @@
 #include "commands.h"
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
-#include "qkv/dist/comm.h"
+#include "qkv/parallel/comm.h"
 #include "qkv/ops/functional.h"
 #include "qkv/train/data_parallel.h"
 #include "qkv/train/trainer.h"
@@ -179,7 +179,7 @@ class Progress {
 // ranks do not match (data parallel: a global batch that does not split evenly; context parallel: other than
 // --context-parallel ranks, or sequences that the padding to 2N chunks takes past the decoder's learned positions;
 // Llama's rotary positions have no table).
-void check_same_run(dist::Communicator& comm, const RunConfig& c, const RunData& d) {
+void check_same_run(parallel::Communicator& comm, const RunConfig& c, const RunData& d) {
   const int64_t n = comm.size();
   if (c.context_parallel > 1) {
     QKV_CHECK_ARG(c.context_parallel == n, "[train] --context-parallel ", c.context_parallel, " needs exactly ",
@@ -201,7 +201,7 @@ void check_same_run(dist::Communicator& comm, const RunConfig& c, const RunData&
   std::string differ;
   for (const auto& [key, value] : parse_flat_json(c.to_json(), "config.json")) {
     try {
-      comm.check_same(dist::hash_bytes(value.data(), value.size()), key);
+      comm.check_same(parallel::hash_bytes(value.data(), value.size()), key);
     } catch (const std::runtime_error&) {
       std::string flag = key == "data_hash" ? "--data file contents" : "--" + key;
       std::replace(flag.begin(), flag.end(), '_', '-');
@@ -219,7 +219,7 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked,
   const StopSignals stop_signals;
   if (a.threads > 0) omp_set_num_threads(static_cast<int>(a.threads));
   // Under mpirun every rank trains on its shard of each global batch; rank 0 alone prints and writes files.
-  dist::Communicator& comm = dist::Communicator::world();
+  parallel::Communicator& comm = parallel::Communicator::world();
   const int nranks = comm.size(), rank = comm.rank();
   const bool rank0 = rank == 0;
   if (!rank0) QKV_CHECK_RUNTIME(std::freopen("/dev/null", "w", stdout) != nullptr, "[train] rank ", rank,

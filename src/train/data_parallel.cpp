@@ -8,11 +8,11 @@
 #include <string>
 
 #include "qkv/core/error.h"
-#include "qkv/dist/ring_attention.h"
+#include "qkv/parallel/ring_attention.h"
 
 namespace qkv::train {
 
-DataParallel::DataParallel(dist::Communicator& comm, ad::ParameterSet& params, int64_t bucket_floats)
+DataParallel::DataParallel(parallel::Communicator& comm, ad::ParameterSet& params, int64_t bucket_floats)
     : comm_(&comm), params_(&params), bucket_floats_(bucket_floats) {
   QKV_CHECK_ARG(bucket_floats > 0, "[DataParallel] bucket_floats ", bucket_floats, " must be positive");
   plan();
@@ -52,7 +52,7 @@ std::string layout(const nn::StateDict& state) {
 }  // namespace
 
 void DataParallel::broadcast_from_root(Optimizer& optimizer) {
-  dist::Communicator& c = *comm_;
+  parallel::Communicator& c = *comm_;
   if (c.size() == 1) return;
   for (size_t i = 0; i < params_->size(); ++i) {
     Tensor& v = *(*params_)[i].value;
@@ -61,7 +61,7 @@ void DataParallel::broadcast_from_root(Optimizer& optimizer) {
   }
   nn::StateDict state = optimizer.state_dict();
   const std::string mine = layout(state);
-  c.check_same(dist::hash_bytes(mine.data(), mine.size()), "the optimizer state's tensors (names and shapes)");
+  c.check_same(parallel::hash_bytes(mine.data(), mine.size()), "the optimizer state's tensors (names and shapes)");
   for (auto& [name, t] : state) {
     Tensor owned = t.contiguous().clone();
     c.broadcast(owned.data(), owned.numel(), 0);
@@ -149,7 +149,7 @@ uint64_t DataParallel::parameter_hash() const {
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < params_->size(); ++i) {
     const Tensor v = (*params_)[i].value->contiguous();
-    h = dist::hash_floats(v.data(), v.numel(), h);
+    h = parallel::hash_floats(v.data(), v.numel(), h);
   }
   return h;
 }
@@ -164,14 +164,14 @@ int64_t ContextParallel::padded_length(int64_t t) const {
 }
 
 std::vector<int64_t> ContextParallel::positions(int64_t t) const {
-  return dist::ring_positions(t, comm_->rank(), comm_->size(), Causal::kTopLeft);
+  return parallel::ring_positions(t, comm_->rank(), comm_->size(), Causal::kTopLeft);
 }
 
 ad::Var ContextParallel::attention(const ad::Var& q, const ad::Var& k, const ad::Var& v,
                                    const AttentionOptions& options) const {
   QKV_CHECK_ARG(options.causal != Causal::kNone, "[ContextParallel] q ", str(q.shape()), " k ", str(k.shape()),
                 ": the sequence is split in causal attention's zigzag layout, so only causal attention runs on it");
-  return dist::ring_attention(q, k, v, *comm_, options);
+  return parallel::ring_attention(q, k, v, *comm_, options);
 }
 
 double ContextParallel::global_sum(double local) const {

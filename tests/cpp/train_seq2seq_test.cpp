@@ -273,8 +273,8 @@ TEST(TextModel, DecoderOnlyUnderASequenceShardEqualsThePlainForward) {
   const train::TextModelConfig dc = tiny_decoder(2);
   Rng rng(12);
   const std::unique_ptr<train::TextModel> lm = train::make_text_model(dc, rng);
-  const train::ContextParallel cp(dist::Communicator::world());
-  ASSERT_EQ(dist::Communicator::world().size(), 1);
+  const train::ContextParallel cp(parallel::Communicator::world());
+  ASSERT_EQ(parallel::Communicator::world().size(), 1);
   const data::Example ea{{3, 4, 5}, {4, 3, 5}}, eb{{4, 3}, {5, 4}};  // 7 and 5 tokens: odd, so the shard pads
   const data::LmBatch lb = data::make_lm_batch({&ea, &eb});
   const int64_t B = lb.input.ids.shape[0], T = lb.input.ids.shape[1], P = cp.padded_length(T);

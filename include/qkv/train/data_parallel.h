@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "qkv/dist/comm.h"
+#include "qkv/parallel/comm.h"
 #include "qkv/nn/context.h"
 #include "qkv/ops/autograd.h"
 #include "qkv/train/optim.h"
@@ -26,9 +26,9 @@ class DataParallel {
   // comm and params must outlive this. bucket_floats: the gradient floats of one all-reduce. The buckets are fixed
   // once, in REVERSE ParameterSet order (the order a backward finishes the gradients, as PyTorch's DDP), each of
   // at most bucket_floats gradient floats (a larger parameter is a bucket of its own), and never change.
-  DataParallel(dist::Communicator& comm, ad::ParameterSet& params, int64_t bucket_floats = 1 << 20);
+  DataParallel(parallel::Communicator& comm, ad::ParameterSet& params, int64_t bucket_floats = 1 << 20);
 
-  dist::Communicator& comm() { return *comm_; }
+  parallel::Communicator& comm() { return *comm_; }
 
   // Rank 0's parameter values and optimizer state to every rank (start-up and after a resume).
   void broadcast_from_root(Optimizer& optimizer);
@@ -74,12 +74,12 @@ class DataParallel {
     int64_t offset = 0;          // into buffer_: the gradients, then one flag per parameter
     int64_t floats = 0;          // gradient floats
     size_t ready = 0;            // parameters final so far in this step
-    dist::Request request;
+    parallel::Request request;
   };
   void plan();  // the buckets, for the current ParameterSet
   void start(size_t b, bool during_backward);
 
-  dist::Communicator* comm_;
+  parallel::Communicator* comm_;
   ad::ParameterSet* params_;
   int64_t bucket_floats_;
   double weight_ = 1.0, total_weight_ = 1.0;
@@ -93,13 +93,13 @@ class DataParallel {
 };
 
 // Context parallelism over every rank of `comm`: each rank holds, of every sequence, the positions of the zigzag
-// layout of dist::ring_shard (T right-padded to a multiple of 2N, rank r holding chunks r and 2N-1-r), and every
-// attention is causal ring attention (dist::ring_attention). Set on the training Context
+// layout of parallel::ring_shard (T right-padded to a multiple of 2N, rank r holding chunks r and 2N-1-r), and every
+// attention is causal ring attention (parallel::ring_attention). Set on the training Context
 // (nn::Context::set_sequence_shard) of a model forward that supports it (train::TextModel's decoder-only and
 // Llama kinds).
 class ContextParallel : public nn::SequenceShard {
  public:
-  explicit ContextParallel(dist::Communicator& comm) : comm_(&comm) {}
+  explicit ContextParallel(parallel::Communicator& comm) : comm_(&comm) {}
   int64_t padded_length(int64_t t) const override;
   std::vector<int64_t> positions(int64_t t) const override;
   // Causal attention only (the layout is causal's zigzag); a per-key mask travels with its keys.
@@ -109,7 +109,7 @@ class ContextParallel : public nn::SequenceShard {
   double global_sum(double local) const;
 
  private:
-  dist::Communicator* comm_;
+  parallel::Communicator* comm_;
 };
 
 }  // namespace qkv::train

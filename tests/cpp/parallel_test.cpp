@@ -1,4 +1,4 @@
-// Tests of qkv::dist at any group size: ctest runs this binary as one process (the group of one) and again under
+// Tests of qkv::parallel at any group size: ctest runs this binary as one process (the group of one) and again under
 // `mpirun -np 2/3/4` (CMakeLists.txt: dist_test_mpirun_np*). Every rank builds the same global inputs from one seed,
 // computes the one-process fused attention as the reference, and checks its own shard of the ring's results. Also
 // here: train::DataParallel's all-reduce overlapped with the backward against the blocking sum, and the Llama kind
@@ -15,8 +15,8 @@
 #include "tiny_llama.h"
 #include "qkv/core/rng.h"
 #include "qkv/data/batch.h"
-#include "qkv/dist/comm.h"
-#include "qkv/dist/ring_attention.h"
+#include "qkv/parallel/comm.h"
+#include "qkv/parallel/ring_attention.h"
 #include "qkv/models/llama.h"
 #include "qkv/ops/attention.h"
 #include "qkv/ops/functional.h"
@@ -28,7 +28,7 @@
 namespace qkv {
 namespace {
 
-using dist::Communicator;
+using parallel::Communicator;
 
 // Normwise relative error bounds of the ring against one process (the merge and the per-block kernels round
 // differently): forward max|a - ref| <= 1e-5 max|ref|, backward 1e-4.
@@ -86,7 +86,7 @@ TEST(DistComm, IallreduceSumIsTheSumOnEveryRankOnceTestSaysDone) {
   std::vector<float> blocking = x;
   c.allreduce_sum(blocking.data(), static_cast<int64_t>(blocking.size()));
   const int64_t sent = c.bytes_sent();
-  dist::Request req = c.iallreduce_sum(x.data(), static_cast<int64_t>(x.size()));
+  parallel::Request req = c.iallreduce_sum(x.data(), static_cast<int64_t>(x.size()));
   EXPECT_EQ(c.bytes_sent() - sent, static_cast<int64_t>(sizeof(float) * x.size()));
   EXPECT_EQ(req.pending(), n > 1);
   int polls = 0;
@@ -120,8 +120,8 @@ TEST(DistComm, RingOfNonBlockingMessages) {
     return;
   }
   std::vector<float> out = {static_cast<float>(r), static_cast<float>(10 * r)}, in(2, -1.0f);
-  dist::Request recv = c.irecv(in.data(), 2, (r + n - 1) % n, 5);
-  dist::Request send = c.isend(out.data(), 2, (r + 1) % n, 5);
+  parallel::Request recv = c.irecv(in.data(), 2, (r + n - 1) % n, 5);
+  parallel::Request send = c.isend(out.data(), 2, (r + 1) % n, 5);
   c.wait(recv);
   c.wait(send);
   EXPECT_FALSE(recv.pending());
@@ -133,7 +133,7 @@ TEST(DistComm, RingOfNonBlockingMessages) {
 
 TEST(DistComm, CheckSameRefusesADifferingRank) {
   Communicator& c = Communicator::world();
-  EXPECT_NO_THROW(c.check_same(dist::hash_bytes("config", 6), "config"));
+  EXPECT_NO_THROW(c.check_same(parallel::hash_bytes("config", 6), "config"));
   if (c.size() == 1) return;
   try {
     c.check_same(c.rank() == c.size() - 1 ? 1u : 0u, "the model width");
@@ -147,11 +147,11 @@ TEST(DistComm, CheckSameRefusesADifferingRank) {
 
 TEST(DistComm, HashSeesEveryBit) {
   std::vector<float> a = {1.0f, -0.0f, 3.5f};
-  const uint64_t h = dist::hash_floats(a.data(), 3);
-  EXPECT_EQ(h, dist::hash_floats(a.data(), 3));
+  const uint64_t h = parallel::hash_floats(a.data(), 3);
+  EXPECT_EQ(h, parallel::hash_floats(a.data(), 3));
   a[1] = 0.0f;  // equal as floats, different bits
-  EXPECT_NE(h, dist::hash_floats(a.data(), 3));
-  EXPECT_NE(dist::hash_floats(a.data(), 2), dist::hash_floats(a.data(), 3));
+  EXPECT_NE(h, parallel::hash_floats(a.data(), 3));
+  EXPECT_NE(parallel::hash_floats(a.data(), 2), parallel::hash_floats(a.data(), 3));
 }
 
 TEST(RingShard, ZigzagPositionsCoverTheSequenceOnce) {
@@ -159,13 +159,13 @@ TEST(RingShard, ZigzagPositionsCoverTheSequenceOnce) {
     for (Causal causal : {Causal::kNone, Causal::kTopLeft}) {
       std::vector<int> seen(24, 0);
       for (int r = 0; r < n; ++r)
-        for (int64_t p : dist::ring_positions(24, r, n, causal)) ++seen[static_cast<size_t>(p)];
+        for (int64_t p : parallel::ring_positions(24, r, n, causal)) ++seen[static_cast<size_t>(p)];
       for (int s : seen) EXPECT_EQ(s, 1) << "n " << n;
     }
   }
-  EXPECT_EQ(dist::ring_positions(8, 1, 2, Causal::kTopLeft), (std::vector<int64_t>{2, 3, 4, 5}));
-  EXPECT_THROW(dist::ring_positions(10, 0, 3, Causal::kNone), std::invalid_argument);
-  EXPECT_THROW(dist::ring_positions(12, 0, 4, Causal::kTopLeft), std::invalid_argument);
+  EXPECT_EQ(parallel::ring_positions(8, 1, 2, Causal::kTopLeft), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_THROW(parallel::ring_positions(10, 0, 3, Causal::kNone), std::invalid_argument);
+  EXPECT_THROW(parallel::ring_positions(12, 0, 4, Causal::kTopLeft), std::invalid_argument);
 }
 
 struct RingCase {
@@ -210,17 +210,17 @@ TEST_P(RingAttention, MatchesOneProcessForwardAndBackward) {
   const AttentionGrads ref_g = attention_backward(q, k, v, ref.out, ref.lse, d_out, global);
 
   const int n = c.size(), r = c.rank();
-  const auto shard = [&](const Tensor& x, int64_t axis) { return dist::ring_shard(x, axis, r, n, rc.causal); };
+  const auto shard = [&](const Tensor& x, int64_t axis) { return parallel::ring_shard(x, axis, r, n, rc.causal); };
   AttentionOptions local = global;
   local.return_lse = false;
   if (rc.mask != MaskKind::kNone) local.mask = shard(global.mask, -1);
   const Tensor ql = shard(q, -2), kl = shard(k, -2), vl = shard(v, -2);
   const int64_t sent0 = c.bytes_sent();
-  const AttentionResult got = dist::ring_attention(ql, kl, vl, c, local);
+  const AttentionResult got = parallel::ring_attention(ql, kl, vl, c, local);
   const int64_t sent1 = c.bytes_sent();
   EXPECT_LE(normwise_error(got.out, shard(ref.out, -2)), kForwardRtol);
   EXPECT_LE(normwise_error(got.lse, shard(ref.lse, -1)), kForwardRtol);
-  const AttentionGrads g = dist::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
+  const AttentionGrads g = parallel::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
   // The communication volume of docs/DISTRIBUTED.md's model: N - 1 K/V(+mask) blocks out per rank in the forward;
   // as many again in the backward, plus N dK/dV blocks.
   const int64_t kv = kl.numel() + vl.numel(), block = kv + (rc.mask != MaskKind::kNone ? B * T / n : 0);
@@ -261,14 +261,14 @@ TEST(RingAttention, GqaAndSoftcapMatchOneProcess) {
     ASSERT_GT(normwise_error(attention_fused(q, k, v, uncapped).out, ref.out), 100 * kForwardRtol)
         << "the cap must matter for this test";
 
-    const auto shard = [&](const Tensor& x, int64_t axis) { return dist::ring_shard(x, axis, r, n, causal); };
+    const auto shard = [&](const Tensor& x, int64_t axis) { return parallel::ring_shard(x, axis, r, n, causal); };
     AttentionOptions local = global;
     local.return_lse = false;
     const Tensor ql = shard(q, -2), kl = shard(k, -2), vl = shard(v, -2);
-    const AttentionResult got = dist::ring_attention(ql, kl, vl, c, local);
+    const AttentionResult got = parallel::ring_attention(ql, kl, vl, c, local);
     EXPECT_LE(normwise_error(got.out, shard(ref.out, -2)), kForwardRtol);
     EXPECT_LE(normwise_error(got.lse, shard(ref.lse, -1)), kForwardRtol);
-    const AttentionGrads g = dist::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
+    const AttentionGrads g = parallel::ring_attention_backward(ql, kl, vl, got.out, got.lse, shard(d_out, -2), c, local);
     EXPECT_EQ(g.dk.shape(), kl.shape());
     EXPECT_LE(normwise_error(g.dq, shard(ref_g.dq, -2)), kBackwardRtol);
     EXPECT_LE(normwise_error(g.dk, shard(ref_g.dk, -2)), kBackwardRtol);
@@ -287,19 +287,19 @@ TEST(RingAttentionTape, BackwardThroughTheTapeIsTheRingBackward) {
   const Tensor v = testing::randn({B, T, H, D}, 23), d_out = testing::randn({B, H, T, D}, 24);
   AttentionOptions o;
   o.causal = Causal::kTopLeft;
-  const auto shard = [&](const Tensor& x, int64_t axis) { return dist::ring_shard(x, axis, r, n, o.causal); };
+  const auto shard = [&](const Tensor& x, int64_t axis) { return parallel::ring_shard(x, axis, r, n, o.causal); };
   ad::Tape tape;
   const ad::Var ql = tape.leaf(shard(q, 1)), kl = tape.leaf(shard(k, 1)), vl = tape.leaf(shard(v, 1));
-  const ad::Var out = dist::ring_attention(ad::transpose(ql, 1, 2), ad::transpose(kl, 1, 2),
+  const ad::Var out = parallel::ring_attention(ad::transpose(ql, 1, 2), ad::transpose(kl, 1, 2),
                                            ad::transpose(vl, 1, 2), c, o);
   tape.backward(out, shard(d_out, -2));
 
   const auto heads = [](const ad::Var& x) { return x.value.transpose(1, 2).contiguous(); };
   AttentionOptions with_lse = o;
-  const AttentionResult f = dist::ring_attention(heads(ql), heads(kl), heads(vl), c, with_lse);
+  const AttentionResult f = parallel::ring_attention(heads(ql), heads(kl), heads(vl), c, with_lse);
   EXPECT_EQ(out.value.to_vector(), f.out.to_vector());
   const AttentionGrads g =
-      dist::ring_attention_backward(heads(ql), heads(kl), heads(vl), f.out, f.lse, shard(d_out, -2), c, o);
+      parallel::ring_attention_backward(heads(ql), heads(kl), heads(vl), f.out, f.lse, shard(d_out, -2), c, o);
   EXPECT_EQ(ql.grad().transpose(1, 2).contiguous().to_vector(), g.dq.to_vector());
   EXPECT_EQ(kl.grad().transpose(1, 2).contiguous().to_vector(), g.dk.to_vector());
   EXPECT_EQ(vl.grad().transpose(1, 2).contiguous().to_vector(), g.dv.to_vector());
@@ -320,26 +320,26 @@ TEST(RingAttentionErrors, RefusesWhatDoesNotShard) {
   AttentionOptions full_mask;
   full_mask.mask = Tensor::ones({6, 6});
   full_mask.mask_kind = MaskKind::kKeep;
-  EXPECT_THROW(dist::ring_attention(q, k, v, c, full_mask), std::invalid_argument);
+  EXPECT_THROW(parallel::ring_attention(q, k, v, c, full_mask), std::invalid_argument);
   try {
-    dist::ring_attention(q, k, v, c, full_mask);
+    parallel::ring_attention(q, k, v, c, full_mask);
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("[ring_attention] the mask must be per key"), std::string::npos) << e.what();
   }
   AttentionOptions weights;
   weights.return_weights = true;
-  EXPECT_THROW(dist::ring_attention(q, k, v, c, weights), std::invalid_argument);
+  EXPECT_THROW(parallel::ring_attention(q, k, v, c, weights), std::invalid_argument);
   AttentionOptions causal;
   causal.causal = Causal::kTopLeft;
   const Tensor k_short = testing::randn({1, 4, 4}, 4);
-  EXPECT_THROW(dist::ring_attention(q, k_short, k_short, c, causal), std::invalid_argument);
-  const AttentionResult f = dist::ring_attention(q, k, v, c);
-  EXPECT_THROW(dist::ring_attention_backward(q, k, v, f.out, Tensor(), f.out, c), std::invalid_argument);
+  EXPECT_THROW(parallel::ring_attention(q, k_short, k_short, c, causal), std::invalid_argument);
+  const AttentionResult f = parallel::ring_attention(q, k, v, c);
+  EXPECT_THROW(parallel::ring_attention_backward(q, k, v, f.out, Tensor(), f.out, c), std::invalid_argument);
   AttentionOptions window = causal;
   window.window_left = 3;
   window.window_right = 0;
   try {
-    dist::ring_attention(q, k, v, c, window);
+    parallel::ring_attention(q, k, v, c, window);
     ADD_FAILURE() << "a sliding window passed";
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
@@ -420,7 +420,7 @@ TEST(DataParallelOverlap, ReducedGradientsEqualTheBlockingSum) {
     EXPECT_EQ(p.has_grad, has[i] != 0.0f) << p.name;
     if (!p.has_grad) continue;
     EXPECT_LE(normwise_error(p.grad, Tensor::from_vector(p.value->shape(), ref[i])), 1e-6) << p.name;
-    h = dist::hash_floats(p.grad.data(), p.grad.numel(), h ^ i);
+    h = parallel::hash_floats(p.grad.data(), p.grad.numel(), h ^ i);
   }
   EXPECT_TRUE(params[0].has_grad) << "rank 0's gradient reaches every rank";
   EXPECT_FALSE(params[1].has_grad);

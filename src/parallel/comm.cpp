@@ -1,5 +1,5 @@
-// The process group over Open MPI (QKV_HAVE_MPI), or the one process alone. See qkv/dist/comm.h.
-#include "qkv/dist/comm.h"
+// The process group over Open MPI (QKV_HAVE_MPI), or the one process alone. See qkv/parallel/comm.h.
+#include "qkv/parallel/comm.h"
 
 #include <climits>
 #include <cstdlib>
@@ -15,7 +15,7 @@
 #include <mpi.h>
 #endif
 
-namespace qkv::dist {
+namespace qkv::parallel {
 
 struct RequestState {
 #ifdef QKV_HAVE_MPI
@@ -278,4 +278,4 @@ uint64_t hash_floats(const float* data, int64_t n, uint64_t seed) {
   return hash_bytes(data, static_cast<size_t>(n) * sizeof(float), seed);
 }
 
-}  // namespace qkv::dist
+}  // namespace qkv::parallel

@@ -14,10 +14,10 @@
 
 #include "qkv/core/attention_types.h"
 #include "qkv/core/tensor.h"
-#include "qkv/dist/comm.h"
+#include "qkv/parallel/comm.h"
 #include "qkv/ops/autograd.h"
 
-namespace qkv::dist {
+namespace qkv::parallel {
 
 // The rows of x along `axis` (global length T, divisible by `size`, and by 2·size when causal) that rank `rank`
 // holds, as a contiguous copy in the layout above.
@@ -49,4 +49,4 @@ AttentionGrads ring_attention_backward(const Tensor& q, const Tensor& k, const T
 ad::Var ring_attention(const ad::Var& q, const ad::Var& k, const ad::Var& v, Communicator& comm,
                        const AttentionOptions& options = {});
 
-}  // namespace qkv::dist
+}  // namespace qkv::parallel

@@ -1,6 +1,6 @@
 // Ring attention forward and backward over the fused kernels (ops/attention.h: attention_fused returns out + lse,
-// attention_backward takes the merged out + lse). See qkv/dist/ring_attention.h for the layout and the contract.
-#include "qkv/dist/ring_attention.h"
+// attention_backward takes the merged out + lse). See qkv/parallel/ring_attention.h for the layout and the contract.
+#include "qkv/parallel/ring_attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "qkv/core/error.h"
 #include "qkv/ops/attention.h"
 
-namespace qkv::dist {
+namespace qkv::parallel {
 namespace {
 
 // Message tags: K/V blocks of step s use kKvTag + s, the dK/dV accumulated for the block of step s use kGradTag + s.
@@ -321,4 +321,4 @@ ad::Var ring_attention(const ad::Var& q, const ad::Var& k, const ad::Var& v, Com
   });
 }
 
-}  // namespace qkv::dist
+}  // namespace qkv::parallel

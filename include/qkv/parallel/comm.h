@@ -9,14 +9,14 @@
 #include <memory>
 #include <string>
 
-namespace qkv::dist {
+namespace qkv::parallel {
 
 // True when qkv was compiled against MPI (CMake option QKV_WITH_MPI).
 bool built_with_mpi();
 // The MPI library's own one-line version ("Open MPI v4.1.4, ..."), or "" without MPI.
 std::string mpi_library_version();
 
-struct RequestState;  // defined in src/dist/comm.cpp
+struct RequestState;  // defined in src/parallel/comm.cpp
 
 // One pending isend/irecv/iallreduce_sum. Move-only; Communicator::wait completes it. One destroyed while pending
 // is waited for (its error, if any, is dropped: a destructor cannot throw).
@@ -97,4 +97,4 @@ class Communicator {
 uint64_t hash_bytes(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);
 uint64_t hash_floats(const float* data, int64_t n, uint64_t seed = 0xcbf29ce484222325ull);
 
-}  // namespace qkv::dist
+}  // namespace qkv::parallel
