@@ -141,6 +141,43 @@ Ids to_ids(const py::handle& obj, const char* fn, bool& one_d) {
   return ids;
 }
 
+// model(ids, output_attentions=..., output_hidden_states=...): a types.SimpleNamespace with logits, attentions and
+// hidden_states (tuples of float32 arrays, or None when not asked), batch axis dropped for 1-D ids.
+py::object forward_outputs(const CausalLM& m, const py::object& ids_obj, bool output_attentions,
+                           bool output_hidden_states, const py::object& attention_layers) {
+  const char* fn = "CausalLM.forward";
+  bool one_d = false;
+  const Ids ids = to_ids(ids_obj, fn, one_d);
+  models::ForwardOptions o;
+  o.output_attentions = output_attentions;
+  o.output_hidden_states = output_hidden_states;
+  if (!attention_layers.is_none()) {
+    if (!output_attentions)
+      throw py::value_error(std::string("[") + fn + "] attention_layers goes with output_attentions=True");
+    o.attention_layers = py::cast<std::vector<int64_t>>(attention_layers);
+  }
+  models::CausalLMOutput out;
+  {
+    py::gil_scoped_release nogil;
+    out = m.model->forward(ids, o);
+  }
+  auto arr = [&](const Tensor& t) -> py::object {
+    if (!t.defined()) return py::none();
+    return to_numpy(one_d ? t.select(0, 0) : t);
+  };
+  auto tuple_of = [&](const std::vector<Tensor>& v, bool asked) -> py::object {
+    if (!asked) return py::none();
+    py::tuple r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = arr(v[i]);
+    return r;
+  };
+  py::dict d;
+  d["logits"] = arr(out.logits);
+  d["attentions"] = tuple_of(out.attentions, output_attentions);
+  d["hidden_states"] = tuple_of(out.hidden_states, output_hidden_states);
+  return namespace_of(d);
+}
+
 }  // namespace
 
 void bind_llama(py::module_& m) {
@@ -189,6 +226,28 @@ void bind_llama(py::module_& m) {
             return to_numpy(one_d ? out.select(0, 0) : out);
           },
           py::arg("ids"), "ids: int (T) or (B, T) -> float32 logits (T, V) or (B, T, V).")
+      .def(
+          "forward",
+          [](const CausalLM& m, const py::object& ids, bool output_attentions, bool output_hidden_states,
+             const py::object& attention_layers) {
+            return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers);
+          },
+          py::arg("ids"), py::arg("output_attentions") = false, py::arg("output_hidden_states") = false,
+          py::kw_only(), py::arg("attention_layers") = py::none(),
+          "transformers' model(ids, output_attentions=..., output_hidden_states=...). ids: int (T) or (B, T) -> an "
+          "object with .logits (B, T, V); .attentions: one (B, H, T, T) array of probabilities per layer (H = "
+          "num_attention_heads; None for a layer outside attention_layers when given), else None; .hidden_states: "
+          "L + 1 arrays (B, T, E): the embeddings, each layer's output, the last one after the final norm (as "
+          "transformers), else None. The batch axis is dropped for 1-D ids. The attention still runs its fused "
+          "kernel; the probabilities are recomputed beside it.")
+      .def(
+          "__call__",
+          [](const CausalLM& m, const py::object& ids, bool output_attentions, bool output_hidden_states,
+             const py::object& attention_layers) {
+            return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers);
+          },
+          py::arg("ids"), py::arg("output_attentions") = false, py::arg("output_hidden_states") = false,
+          py::kw_only(), py::arg("attention_layers") = py::none(), "The same as forward.")
       .def(
           "generate",
           [](const CausalLM& m, const py::object& ids_obj, int64_t max_new_tokens, const py::object& do_sample,

@@ -48,7 +48,8 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
 }
 
 ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
-                            const std::vector<int64_t>* positions, int64_t last) const {
+                            const std::vector<int64_t>* positions, int64_t last, const ForwardOptions* options,
+                            CausalLMOutput* record) const {
   QKV_CHECK_ARG(ids.shape.size() == 2 && ids.shape[0] > 0 && ids.shape[1] > 0 &&
                     static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1],
                 "[llama] ids ", str(ids.shape), " must be a non-empty (B, T) holding B·T values, got ",
@@ -71,10 +72,28 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
       std::make_shared<const RopeTable>(given ? rope_table(*positions, head_dim_, rope_theta_, rope_scaling_)
                                               : rope_table(offset, t, head_dim_, rope_theta_, rope_scaling_));
   QKV_CHECK_ARG(last >= 0, "[llama] last must be >= 0, got ", last, " for ids ", str(ids.shape));
-  for (size_t i = 0; i < layers.size(); ++i)
+  const bool attentions = record && options && options->output_attentions;
+  const bool hidden = record && options && options->output_hidden_states;
+  QKV_CHECK_ARG(!(attentions || hidden) || (last == 0 && c.sequence_shard() == nullptr), "[llama] ids ",
+                str(ids.shape), ": attentions and hidden states are recorded for every row (last 0) and not under a "
+                "sequence shard");
+  std::vector<bool> asked(layers.size(), attentions && options->attention_layers.empty());
+  if (attentions)
+    for (int64_t l : options->attention_layers) {
+      QKV_CHECK_ARG(l >= 0 && l < static_cast<int64_t>(layers.size()), "[llama] attention layer ", l,
+                    " is outside [0, ", layers.size(), ")");
+      asked[static_cast<size_t>(l)] = true;
+    }
+  if (attentions) record->attentions.assign(layers.size(), Tensor());
+  if (hidden) record->hidden_states.assign(1, x.value);
+  for (size_t i = 0; i < layers.size(); ++i) {
     x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope,
-                           i + 1 == layers.size() ? last : 0);
-  return norm.forward(c, x);
+                           i + 1 == layers.size() ? last : 0, asked[i] ? &record->attentions[i] : nullptr);
+    if (hidden && i + 1 < layers.size()) record->hidden_states.push_back(x.value);
+  }
+  x = norm.forward(c, x);
+  if (hidden) record->hidden_states.push_back(x.value);  // the last layer's output after the final norm, as HF
+  return x;
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Rng& rng) : model(c, rng), config_(c) {
@@ -92,6 +111,10 @@ ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vec
   ad::Var h = model.forward(c, ids, caches, positions, c.sequence_shard() == nullptr ? logits_to_keep : 0);
   const int64_t t = h.size(1);
   if (logits_to_keep > 0 && logits_to_keep < t) h = ad::slice(h, 1, t - logits_to_keep, t);
+  return head(c, h);
+}
+
+ad::Var LlamaForCausalLM::head(const nn::Context& c, const ad::Var& h) const {
   const nn::Embedding& e = model.embed_tokens;
   ad::Var logits = lm_head                ? lm_head->forward(c, h)
                    : e.stored().defined() ? ad::Var(linear(h.value, e.stored()))  // a quantized tied table
@@ -99,6 +122,14 @@ ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vec
   const float cap = config_.final_logit_softcapping;
   if (cap > 0.0f) logits = ad::scale(ad::tanh(ad::scale(logits, 1.0f / cap)), cap);
   return logits;
+}
+
+CausalLMOutput LlamaForCausalLM::forward(const Ids& ids, const ForwardOptions& options,
+                                         std::vector<nn::KvCache>* caches) const {
+  const nn::Context c;
+  CausalLMOutput out;
+  out.logits = head(c, model.forward(c, ids, caches, nullptr, 0, &options, &out)).value;
+  return out;
 }
 
 std::vector<nn::KvCache> LlamaForCausalLM::new_caches(int64_t rows, int64_t capacity, int64_t page_size) const {

@@ -93,9 +93,13 @@ class LlamaAttention : public nn::Module {
   // last: 0, or n > 0 for the outputs of x's last min(n, T) rows only (B, n, E): the keys and values of every row
   // go to the attention (and the cache), the queries of those rows only (a prefill's last layer, whose other rows
   // no logit reads). Not under a sequence shard.
+  // probs: null, or where the attention probabilities go, (B, Hq, Tq, T_keys) with T_keys every cached position
+  // (the new ones included): recomputed exactly from q and the keys beside the fused kernel, which still gives the
+  // output (scale, soft-cap, window, causal alignment and GQA as the layer runs them). Not under a sequence shard.
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                   const std::vector<int64_t>* positions = nullptr,
-                  const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0) const;
+                  const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0,
+                  Tensor* probs = nullptr) const;
 
   nn::Linear q_proj, k_proj, v_proj, o_proj;
 
@@ -124,9 +128,11 @@ class LlamaDecoderLayer : public nn::Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, int64_t layer, Rng& rng);
   // last: as LlamaAttention's; the residual stream and the MLP then run on those rows only.
+  // probs: as LlamaAttention's (the layer's attention probabilities, when not null).
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                   const std::vector<int64_t>* positions = nullptr,
-                  const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0) const;
+                  const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0,
+                  Tensor* probs = nullptr) const;
 
   LlamaAttention self_attn;
   LlamaMlp mlp;
@@ -139,6 +145,26 @@ class LlamaDecoderLayer : public nn::Module {
   bool sandwich_;
 };
 
+// What a forward records beside the logits (HF's output_attentions / output_hidden_states).
+struct ForwardOptions {
+  bool output_attentions = false;     // CausalLMOutput::attentions
+  bool output_hidden_states = false;  // CausalLMOutput::hidden_states
+  // With output_attentions: the layers whose probabilities are computed (empty: every layer); the others stay
+  // undefined tensors in `attentions`, which always has L entries. Each in [0, L).
+  std::vector<int64_t> attention_layers;
+};
+
+// HF's CausalLMOutputWithPast under its names; B, T: the ids' shape, T_keys: the cached positions before the call
+// plus T.
+struct CausalLMOutput {
+  Tensor logits;                     // (B, T, V)
+  std::vector<Tensor> attentions;    // L entries (B, Hq, T, T_keys) when output_attentions, else empty
+  // L + 1 entries (B, T, E) when output_hidden_states, else empty: the embeddings (times sqrt(E) for Gemma), then
+  // the output of each layer, the last one after the final norm (transformers replaces the last layer's raw output
+  // by the normalised one).
+  std::vector<Tensor> hidden_states;
+};
+
 // HF's LlamaModel / MistralModel / Qwen2Model / Gemma2Model: "embed_tokens", "layers.N", "norm".
 class LlamaModel : public nn::Module {
  public:
@@ -147,8 +173,11 @@ class LlamaModel : public nn::Module {
   // positions: as LlamaAttention's (required under c.sequence_shard(), with no caches).
   // last: 0, or n > 0 for the hidden states of the last min(n, T) positions only (B, n, E): the last layer runs its
   // queries, residual and MLP on those rows (every layer's keys and values still cover all T). Not under a shard.
+  // record: null, or where options' attentions and hidden states go (CausalLMOutput's; its logits untouched);
+  // last must be 0 then, and no shard.
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
-                  const std::vector<int64_t>* positions = nullptr, int64_t last = 0) const;
+                  const std::vector<int64_t>* positions = nullptr, int64_t last = 0,
+                  const ForwardOptions* options = nullptr, CausalLMOutput* record = nullptr) const;
 
   nn::Embedding embed_tokens;
   std::vector<std::unique_ptr<LlamaDecoderLayer>> layers;
@@ -178,6 +207,13 @@ class LlamaForCausalLM : public nn::Module {
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr,
                   int64_t logits_to_keep = 0, const std::vector<int64_t>* positions = nullptr) const;
   Tensor logits(const Ids& ids) const { return forward(nn::Context(), ids).value; }
+  // HF's model(ids, output_attentions=..., output_hidden_states=...), for inference: logits (B, T, V) at every
+  // position and what options ask for (CausalLMOutput). caches: as above (a decode step's attentions are
+  // (B, Hq, T, T_cache) over every cached key). The attention keeps its fused kernel; the probabilities of the asked
+  // layers are recomputed beside it (LlamaAttention::forward's probs). attention_layers out of [0, L) throw
+  // std::invalid_argument "[llama] ...".
+  CausalLMOutput forward(const Ids& ids, const ForwardOptions& options,
+                         std::vector<nn::KvCache>* caches = nullptr) const;
   // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
   // attention reads in place through attention_with_kvcache's block table.
   std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0) const;
@@ -206,6 +242,10 @@ class LlamaForCausalLM : public nn::Module {
   void load_hf_state_dict(const nn::StateDict& state, const std::string& source);
 
   const LlamaConfig& config() const { return config_; }
+
+  // The logits (..., V) of final hidden states h (..., E): lm_head (or the tied embeddings), then the final soft-cap.
+  // The logit lens reads a layer's hidden state through model.norm and this.
+  ad::Var head(const nn::Context& c, const ad::Var& h) const;
 
   LlamaModel model;
   std::unique_ptr<nn::Linear> lm_head;  // null when tied
