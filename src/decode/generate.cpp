@@ -1,8 +1,9 @@
-// The one token-by-token continuation of a prompt: prefill through the KV caches, then sample, stop, stream.
+// The one token-by-token continuation of a prompt: the decoding step of decode_batch.h with one row.
 #include "qkv/decode/generate.h"
 
 #include <algorithm>
 
+#include "decode_batch.h"
 #include "qkv/core/error.h"
 
 namespace qkv::decode {
@@ -32,46 +33,25 @@ Generation generate(const models::LlamaForCausalLM& model, const std::vector<int
   const auto p = static_cast<int64_t>(prompt.size());
   QKV_CHECK_ARG(p < context, "[generate] the prompt of ", p, " tokens fills the model's context of ", context,
                 " positions");
-  Generation g;
-  if (options.max_new_tokens == 0) return g;
   auto cancelled = [&] { return options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed); };
+  detail::Reply reply(options.sampling, options.stop_ids, options.max_new_tokens, -1, p, context);
+  if (reply.done()) return reply.generation();
   if (cancelled()) {
-    g.finish = FinishReason::kCancelled;
-    return g;
+    reply.cancel();
+    return reply.generation();
   }
-  // Positions p .. p + n - 1 hold the new tokens that are fed back: at most context - p of them.
-  const int64_t room = std::min(options.max_new_tokens, context - p);
-  Rng rng(options.sampling.seed);
-  std::vector<nn::KvCache> caches = model.new_caches(1, p + room, options.page_size);
-  Tensor logits = model.forward(nn::Context(), Ids{prompt, {1, p}}, &caches, 1).value;
-  for (;;) {
-    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
-    const int64_t token = sample_token(last.data(), v, options.sampling, rng);
-    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end()) {
-      g.finish = FinishReason::kStop;
-      g.stop_id = token;
-      return g;
-    }
-    g.tokens.push_back(token);
-    if (on_token && !on_token(token)) {
-      g.finish = FinishReason::kCancelled;
-      return g;
-    }
-    const auto n = static_cast<int64_t>(g.tokens.size());
-    if (n == options.max_new_tokens) {
-      g.finish = FinishReason::kLength;
-      return g;
-    }
-    if (n == room) {  // the next token would have no position left
-      g.finish = FinishReason::kContext;
-      return g;
-    }
+  // The scheduler's step with a batch of one row.
+  detail::Batch batch(model, options.page_size, reply.max_positions());
+  Tensor logits = batch.add(prompt, {}, 0);
+  const std::function<bool(const TokenEvent&)> each = [&](const TokenEvent& e) { return !on_token || on_token(e.id); };
+  while (reply.advance(logits.data(), v, each)) {
     if (cancelled()) {
-      g.finish = FinishReason::kCancelled;
-      return g;
+      reply.cancel();
+      break;
     }
-    logits = model.forward(nn::Context(), Ids{{token}, {1, 1}}, &caches).value;
+    logits = batch.step({reply.next_input()});
   }
+  return reply.generation();
 }
 
 }  // namespace qkv::decode

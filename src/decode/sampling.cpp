@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "qkv/core/error.h"
+#include "qkv/decode/generate.h"
 
 namespace qkv::decode {
 
@@ -150,21 +151,14 @@ std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::
   for (size_t i = 0; i < prompt.size(); ++i)
     QKV_CHECK_ARG(prompt[i] >= 0 && prompt[i] < v, "[generate] prompt id ", prompt[i], " at ", i,
                   " is outside [0, vocab_size = ", v, ")");
-  std::vector<int64_t> out;
-  if (max_new_tokens == 0) return out;
-  Rng rng(options.seed);
-  std::vector<nn::KvCache> caches =
-      model.new_caches(1, static_cast<int64_t>(prompt.size()) + max_new_tokens, page_size);
-  Tensor logits =
-      model.forward(nn::Context(), Ids{prompt, {1, static_cast<int64_t>(prompt.size())}}, &caches, 1).value;
-  for (;;) {
-    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
-    const int64_t token = sample_token(last.data(), v, options, rng);
-    out.push_back(token);
-    if (static_cast<int64_t>(out.size()) == max_new_tokens || token == eos) break;
-    logits = model.forward(nn::Context(), Ids{{token}, {1, 1}}, &caches).value;
-  }
-  return out;
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.sampling = options;
+  if (eos >= 0) o.stop_ids = {eos};
+  o.page_size = page_size;
+  Generation g = generate(model, prompt, o);
+  if (g.finish == FinishReason::kStop) g.tokens.push_back(g.stop_id);
+  return g.tokens;
 }
 
 }  // namespace qkv::decode

@@ -1,7 +1,9 @@
-// KvCache storage: amortised-doubling capacity along the time axis, row gathers for beam search.
+// KvCache storage: amortised-doubling capacity along the time axis, row gathers for beam search, and paged rows of
+// their own lengths over one shared pool of pages.
 #include "qkv/nn/kv_cache.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "qkv/core/error.h"
 
@@ -38,48 +40,112 @@ void KvCache::reset(int64_t rows, int64_t heads, int64_t head_dim, int64_t capac
   dim_ = head_dim;
   len_ = 0;
   page_ = page_size;
+  table_.clear();
+  lens_.clear();
   if (page_ == 0) {
-    table_.clear();
-    refs_.clear();
-    free_.clear();
+    pool_.reset();
     max_pages_ = 0;
     k_ = Tensor::empty({rows, heads, capacity, head_dim});
     v_ = Tensor::empty({rows, heads, capacity, head_dim});
     return;
   }
+  k_ = Tensor();
+  v_ = Tensor();
   // Unused table entries hold page 0, a valid index (the attention reads only each row's first pages).
   max_pages_ = (capacity + page_ - 1) / page_;
   table_.assign(static_cast<size_t>(rows * max_pages_), 0);
-  const int64_t pool = std::max<int64_t>(1, rows * max_pages_);
-  k_ = Tensor::empty({pool, page_, heads, head_dim});
-  v_ = Tensor::empty({pool, page_, heads, head_dim});
-  refs_.assign(static_cast<size_t>(pool), 0);
-  free_.clear();
-  for (int64_t p = pool; p-- > 0;) free_.push_back(static_cast<int32_t>(p));  // page 0 is taken first
+  lens_.assign(static_cast<size_t>(rows), 0);
+  pool_ = std::make_shared<Pool>();
+  reserve_pages(std::max<int64_t>(1, rows * max_pages_));
+}
+
+void KvCache::check_paged(const char* what) const {
+  QKV_CHECK_ARG(pool_ != nullptr, "[KvCache] ", what, " needs a paged cache (reset with page_size > 0)");
+}
+
+void KvCache::reset_shared(const KvCache& other, int64_t rows) {
+  other.check_paged("reset_shared");
+  QKV_CHECK_ARG(rows >= 0, "[KvCache] reset_shared with rows ", rows, " < 0");
+  if (pool_ != nullptr && this != &other) reorder({});  // this cache's references go back to its pool
+  const std::shared_ptr<Pool> pool = other.pool_;
+  rows_ = rows;
+  heads_ = other.heads_;
+  dim_ = other.dim_;
+  len_ = 0;
+  page_ = other.page_;
+  max_pages_ = std::max<int64_t>(1, other.max_pages_);
+  table_.assign(static_cast<size_t>(rows * max_pages_), 0);
+  lens_.assign(static_cast<size_t>(rows), 0);
+  pool_ = pool;
+  k_ = Tensor();
+  v_ = Tensor();
+}
+
+int64_t KvCache::row_length(int64_t row) const {
+  QKV_CHECK_ARG(row >= 0 && row < rows_, "[KvCache] row ", row, " is outside [0, ", rows_, ")");
+  return paged() ? lens_[static_cast<size_t>(row)] : len_;
+}
+
+bool KvCache::ragged() const {
+  return std::any_of(lens_.begin(), lens_.end(), [&](int64_t l) { return l != len_; });
+}
+
+int64_t KvCache::pages_in_use() const {
+  return pool_ ? static_cast<int64_t>(pool_->refs.size() - pool_->free.size()) : 0;
+}
+
+int64_t KvCache::pool_pages() const { return pool_ ? static_cast<int64_t>(pool_->refs.size()) : 0; }
+
+// The pool grows to `pages` pages (they keep their indices; the new ones are free, the lowest taken first).
+void KvCache::reserve_pages(int64_t pages) {
+  check_paged("reserve_pages");
+  Pool& p = *pool_;
+  const int64_t old = static_cast<int64_t>(p.refs.size());
+  if (pages <= old) return;
+  Tensor k = Tensor::empty({pages, page_, heads_, dim_});
+  Tensor v = Tensor::empty({pages, page_, heads_, dim_});
+  if (old > 0) {
+    k.slice(0, 0, old).copy_from(p.k);
+    v.slice(0, 0, old).copy_from(p.v);
+  }
+  p.k = k;
+  p.v = v;
+  p.refs.resize(static_cast<size_t>(pages), 0);
+  std::vector<int32_t> fresh;
+  for (int64_t q = pages; q-- > old;) fresh.push_back(static_cast<int32_t>(q));
+  p.free.insert(p.free.begin(), fresh.begin(), fresh.end());  // pages freed earlier are still taken first
 }
 
 // A free pool page with one reference; the pool doubles when none is free (pages keep their indices).
 int32_t KvCache::take_page() {
-  if (free_.empty()) {
-    const int64_t old = k_.size(0), pool = 2 * old;
-    Tensor k = Tensor::empty({pool, page_, heads_, dim_});
-    Tensor v = Tensor::empty({pool, page_, heads_, dim_});
-    k.slice(0, 0, old).copy_from(k_);
-    v.slice(0, 0, old).copy_from(v_);
-    k_ = k;
-    v_ = v;
-    refs_.resize(static_cast<size_t>(pool), 0);
-    for (int64_t p = pool; p-- > old;) free_.push_back(static_cast<int32_t>(p));
-  }
-  const int32_t p = free_.back();
-  free_.pop_back();
-  refs_[static_cast<size_t>(p)] = 1;
+  if (pool_->free.empty()) reserve_pages(2 * static_cast<int64_t>(pool_->refs.size()));
+  const int32_t p = pool_->free.back();
+  pool_->free.pop_back();
+  pool_->refs[static_cast<size_t>(p)] = 1;
   return p;
 }
 
 void KvCache::release_page(int32_t page) {
-  QKV_ASSERT(refs_[static_cast<size_t>(page)] > 0);
-  if (--refs_[static_cast<size_t>(page)] == 0) free_.push_back(page);
+  QKV_ASSERT(page >= 0 && static_cast<size_t>(page) < pool_->refs.size() && pool_->refs[static_cast<size_t>(page)] > 0);
+  if (--pool_->refs[static_cast<size_t>(page)] == 0) pool_->free.push_back(page);
+}
+
+void KvCache::retain_pages(std::span<const int32_t> pages) {
+  check_paged("retain_pages");
+  for (int32_t p : pages) {
+    QKV_CHECK_ARG(p >= 0 && static_cast<size_t>(p) < pool_->refs.size() && pool_->refs[static_cast<size_t>(p)] > 0,
+                  "[KvCache] retain_pages: page ", p, " is not a held page of the pool of ", pool_->refs.size());
+    ++pool_->refs[static_cast<size_t>(p)];
+  }
+}
+
+void KvCache::release_pages(std::span<const int32_t> pages) {
+  check_paged("release_pages");
+  for (int32_t p : pages) {
+    QKV_CHECK_ARG(p >= 0 && static_cast<size_t>(p) < pool_->refs.size() && pool_->refs[static_cast<size_t>(p)] > 0,
+                  "[KvCache] release_pages: page ", p, " is not a held page of the pool of ", pool_->refs.size());
+    release_page(p);
+  }
 }
 
 void KvCache::grow(int64_t need) {
@@ -96,36 +162,45 @@ void KvCache::grow(int64_t need) {
   v_ = v;
 }
 
-// Pages for positions [len_, need) of every row, taken from the pool in the order rows reach them (so rows'
-// pages interleave); the table widens and the pool doubles (pages keep their indices) as needed. A row's last,
-// partly filled page that other rows share is first copied into a page of its own (copy on write).
-void KvCache::grow_pages(int64_t need) {
-  const int64_t have = (len_ + page_ - 1) / page_, want = (need + page_ - 1) / page_;
-  if (need > len_ && len_ % page_ != 0)
-    for (int64_t r = 0; r < rows_; ++r) {
-      int32_t& e = table_[static_cast<size_t>(r * max_pages_ + have - 1)];
-      if (refs_[static_cast<size_t>(e)] == 1) continue;
-      const int32_t own = take_page();  // may grow the pool: read k_ / v_ after it
-      k_.select(0, own).copy_from(k_.select(0, e));
-      v_.select(0, own).copy_from(v_.select(0, e));
-      release_page(e);
-      e = own;
-    }
-  if (want <= have) return;
-  if (want > max_pages_) {
-    const int64_t wider = std::max(want, 2 * max_pages_);
-    std::vector<int32_t> t(static_cast<size_t>(rows_ * wider), 0);
-    for (int64_t r = 0; r < rows_; ++r)
-      std::copy(table_.begin() + r * max_pages_, table_.begin() + r * max_pages_ + have, t.begin() + r * wider);
-    table_ = std::move(t);
-    max_pages_ = wider;
+// The block table holds at least `pages` entries a row (it doubles; rows keep their entries).
+void KvCache::widen(int64_t pages) {
+  if (pages <= max_pages_) return;
+  const int64_t wider = std::max(pages, 2 * max_pages_);
+  std::vector<int32_t> t(static_cast<size_t>(rows_ * wider), 0);
+  for (int64_t r = 0; r < rows_; ++r)
+    std::copy(table_.begin() + r * max_pages_, table_.begin() + (r + 1) * max_pages_, t.begin() + r * wider);
+  table_ = std::move(t);
+  max_pages_ = wider;
+}
+
+// Pages for positions [length(r), length(r) + tn) of every row r, taken from the pool in the order rows reach them
+// (so rows' pages interleave); the table widens and the pool doubles (pages keep their indices) as needed. A row's
+// last, partly filled page that others share is first copied into a page of its own (copy on write).
+void KvCache::grow_pages(int64_t tn) {
+  if (tn <= 0) return;
+  int64_t want_max = 0;
+  for (int64_t r = 0; r < rows_; ++r) {
+    const int64_t len = lens_[static_cast<size_t>(r)];
+    want_max = std::max(want_max, pages_of(len + tn));
+    if (len % page_ == 0) continue;
+    int32_t& e = table_[static_cast<size_t>(r * max_pages_ + len / page_)];
+    if (pool_->refs[static_cast<size_t>(e)] == 1) continue;
+    const int32_t own = take_page();  // may grow the pool: read its tensors after it
+    pool_->k.select(0, own).copy_from(pool_->k.select(0, e));
+    pool_->v.select(0, own).copy_from(pool_->v.select(0, e));
+    release_page(e);
+    e = own;
   }
-  for (int64_t i = have; i < want; ++i)
-    for (int64_t r = 0; r < rows_; ++r) table_[static_cast<size_t>(r * max_pages_ + i)] = take_page();
+  widen(want_max);
+  for (int64_t i = 0; i < want_max; ++i)
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int64_t len = lens_[static_cast<size_t>(r)];
+      if (i >= pages_of(len) && i < pages_of(len + tn)) table_[static_cast<size_t>(r * max_pages_ + i)] = take_page();
+    }
 }
 
 void KvCache::append(const Tensor& k, const Tensor& v) {
-  QKV_CHECK_ARG(k_.defined(), "[KvCache] append before reset");
+  QKV_CHECK_ARG(ready(), "[KvCache] append before reset");
   QKV_CHECK_ARG(k.defined() && v.defined() && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == rows_ &&
                     k.size(1) == heads_ && k.size(3) == dim_,
                 "[KvCache] append k ", k.defined() ? str(k.shape()) : "()", " and v ",
@@ -139,40 +214,91 @@ void KvCache::append(const Tensor& k, const Tensor& v) {
     len_ += tn;
     return;
   }
-  grow_pages(len_ + tn);
+  grow_pages(tn);
   const Tensor kc = k.contiguous(), vc = v.contiguous();
-  for (int64_t r = 0; r < rows_; ++r)
+  float* kp = pool_->k.data();
+  float* vp = pool_->v.data();
+  for (int64_t r = 0; r < rows_; ++r) {
+    int64_t& len = lens_[static_cast<size_t>(r)];
     for (int64_t t = 0; t < tn; ++t) {
-      const int64_t pos = len_ + t;
+      const int64_t pos = len + t;
       const int64_t slot = table_[static_cast<size_t>(r * max_pages_ + pos / page_)] * page_ + pos % page_;
       for (int64_t h = 0; h < heads_; ++h) {
         const int64_t src = ((r * heads_ + h) * tn + t) * dim_, dst = (slot * heads_ + h) * dim_;
-        std::copy(kc.data() + src, kc.data() + src + dim_, k_.data() + dst);
-        std::copy(vc.data() + src, vc.data() + src + dim_, v_.data() + dst);
+        std::copy(kc.data() + src, kc.data() + src + dim_, kp + dst);
+        std::copy(vc.data() + src, vc.data() + src + dim_, vp + dst);
       }
     }
-  len_ += tn;
+    len += tn;
+  }
+  len_ = rows_ > 0 ? *std::max_element(lens_.begin(), lens_.end()) : len_ + tn;
+}
+
+int64_t KvCache::add_row(std::span<const int32_t> pages, int64_t length) {
+  check_paged("add_row");
+  QKV_CHECK_ARG(length >= 0 && static_cast<int64_t>(pages.size()) == pages_of(length), "[KvCache] add_row: ",
+                pages.size(), " pages for a row of ", length, " positions in pages of ", page_);
+  retain_pages(pages);
+  widen(std::max<int64_t>(1, pages_of(length)));
+  table_.resize(static_cast<size_t>((rows_ + 1) * max_pages_), 0);
+  std::copy(pages.begin(), pages.end(), table_.begin() + rows_ * max_pages_);
+  lens_.push_back(length);
+  len_ = rows_ == 0 ? length : std::max(len_, length);
+  return rows_++;
+}
+
+void KvCache::take_rows(KvCache& other) {
+  check_paged("take_rows");
+  QKV_CHECK_ARG(other.pool_ == pool_, "[KvCache] take_rows from a cache on another pool (make it with reset_shared)");
+  if (&other == this) return;
+  widen(other.max_pages_);
+  table_.resize(static_cast<size_t>((rows_ + other.rows_) * max_pages_), 0);
+  for (int64_t r = 0; r < other.rows_; ++r) {
+    const int64_t len = other.lens_[static_cast<size_t>(r)];
+    const auto src = other.table_.begin() + r * other.max_pages_;
+    std::copy(src, src + pages_of(len), table_.begin() + (rows_ + r) * max_pages_);
+    lens_.push_back(len);
+    len_ = rows_ + r == 0 ? len : std::max(len_, len);
+  }
+  rows_ += other.rows_;
+  other.rows_ = 0;
+  other.len_ = 0;
+  other.table_.clear();
+  other.lens_.clear();
+}
+
+std::vector<int32_t> KvCache::row_pages(int64_t row) const {
+  check_paged("row_pages");
+  const int64_t len = row_length(row);
+  const auto src = table_.begin() + row * max_pages_;
+  return std::vector<int32_t>(src, src + pages_of(len));
 }
 
 void KvCache::reorder(const std::vector<int64_t>& rows) {
-  QKV_CHECK_ARG(k_.defined(), "[KvCache] reorder before reset");
+  QKV_CHECK_ARG(ready(), "[KvCache] reorder before reset");
   if (is_identity(rows, rows_)) return;
   for (int64_t r : rows)
     QKV_CHECK_ARG(r >= 0 && r < rows_, "[KvCache] reorder row ", r, " is outside [0, ", rows_, ")");
   const auto n = static_cast<int64_t>(rows.size());
   if (paged()) {  // each new row shares its source row's pages; the old rows' references go
-    const int64_t have = (len_ + page_ - 1) / page_;
     std::vector<int32_t> t(static_cast<size_t>(n * max_pages_), 0);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t p = 0; p < have; ++p) {
-        const int32_t src = table_[static_cast<size_t>(rows[static_cast<size_t>(i)] * max_pages_ + p)];
-        ++refs_[static_cast<size_t>(src)];
-        t[static_cast<size_t>(i * max_pages_ + p)] = src;
+    std::vector<int64_t> lens(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t src = rows[static_cast<size_t>(i)], len = lens_[static_cast<size_t>(src)];
+      lens[static_cast<size_t>(i)] = len;
+      for (int64_t p = 0; p < pages_of(len); ++p) {
+        const int32_t e = table_[static_cast<size_t>(src * max_pages_ + p)];
+        ++pool_->refs[static_cast<size_t>(e)];
+        t[static_cast<size_t>(i * max_pages_ + p)] = e;
       }
+    }
     for (int64_t r = 0; r < rows_; ++r)
-      for (int64_t p = 0; p < have; ++p) release_page(table_[static_cast<size_t>(r * max_pages_ + p)]);
+      for (int64_t p = 0; p < pages_of(lens_[static_cast<size_t>(r)]); ++p)
+        release_page(table_[static_cast<size_t>(r * max_pages_ + p)]);
     table_ = std::move(t);
+    lens_ = std::move(lens);
     rows_ = n;
+    len_ = n > 0 ? *std::max_element(lens_.begin(), lens_.end()) : 0;
     return;
   }
   const int64_t cap = std::max<int64_t>(k_.size(2), 1);
@@ -190,6 +316,7 @@ void KvCache::reorder(const std::vector<int64_t>& rows) {
 
 // (N, H, length, D) copied out of the pages of `pool`.
 Tensor KvCache::gather(const Tensor& pool) const {
+  QKV_CHECK_ARG(!ragged(), "[KvCache] keys / values of ragged rows (read them through block_table)");
   Tensor out = Tensor::empty({rows_, heads_, len_, dim_});
   for (int64_t r = 0; r < rows_; ++r)
     for (int64_t pos = 0; pos < len_; ++pos) {
@@ -202,13 +329,13 @@ Tensor KvCache::gather(const Tensor& pool) const {
 }
 
 Tensor KvCache::keys() const {
-  QKV_CHECK_ARG(k_.defined(), "[KvCache] keys before reset");
-  return paged() ? gather(k_) : k_.slice(2, 0, len_);
+  QKV_CHECK_ARG(ready(), "[KvCache] keys before reset");
+  return paged() ? gather(pool_->k) : k_.slice(2, 0, len_);
 }
 
 Tensor KvCache::values() const {
-  QKV_CHECK_ARG(v_.defined(), "[KvCache] values before reset");
-  return paged() ? gather(v_) : v_.slice(2, 0, len_);
+  QKV_CHECK_ARG(ready(), "[KvCache] values before reset");
+  return paged() ? gather(pool_->v) : v_.slice(2, 0, len_);
 }
 
 }  // namespace qkv::nn

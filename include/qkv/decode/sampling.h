@@ -66,9 +66,9 @@ class CausalLmRecomputeStep : public StepModel {
   std::vector<std::vector<int64_t>> rows_;  // per row: prompt + tokens so far
 };
 
-// The prompt (P >= 1 ids in [0, V)) continued by max_new_tokens >= 0 tokens, greedy or sampled as options says,
-// through the KV caches (the prompt runs at once, then one token per step). Stops early after eos when eos >= 0;
-// eos is -1 (never) or an id in [0, vocab_size).
+// The prompt (P >= 1 ids in [0, V), P below the context) continued by max_new_tokens >= 0 tokens, greedy or sampled
+// as options says: decode::generate (generate.h) with eos as its one stop id, which is kept as the last token here.
+// Stops early after eos when eos >= 0, or at the end of the context; eos is -1 (never) or an id in [0, vocab_size).
 // page_size > 0: paged caches of that many positions a page (new_caches). -> the new tokens only.
 std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& options = {}, int64_t eos = -1,
