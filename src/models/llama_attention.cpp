@@ -32,6 +32,15 @@ AttentionOptions attention_options(float scale, int64_t window, float softcap, P
   return o;
 }
 
+// The probabilities (B, Hq, Tq, Tk) of q (B, Hq, Tq, D) over the keys k (B, Hkv, Tk, D) under o, recomputed beside
+// the fused kernel by the reference softmax (scale, soft-cap, causal alignment, window and GQA as the layer ran them;
+// the values take no part: a zero column stands in for them).
+Tensor attention_probabilities(const Tensor& q, const Tensor& k, AttentionOptions o) {
+  o.return_weights = true;
+  o.enable_gqa = q.size(1) != k.size(1);
+  return attention_reference(q, k, Tensor::zeros({k.size(0), k.size(1), k.size(2), 1}), o).weights;
+}
+
 }  // namespace
 
 LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
@@ -49,7 +58,7 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, int64_t layer, Rng& rng)
 
 ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                                 const std::vector<int64_t>* positions,
-                                const std::shared_ptr<const RopeTable>& rope, int64_t last) const {
+                                const std::shared_ptr<const RopeTable>& rope, int64_t last, Tensor* probs) const {
   const LlamaConfig& k = config_;
   QKV_CHECK_ARG(x.dim() == 3 && x.size(2) == k.hidden_size, "[llama] attention input ", str(x.shape()),
                 " must be (B, T, ", k.hidden_size, ")");
@@ -61,6 +70,8 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   const int64_t tq = last > 0 && last < t ? last : t;
   QKV_CHECK_ARG(shard == nullptr || tq == t, "[llama] the last ", last, " rows of the attention input ",
                 str(x.shape()), " under context parallelism (every shard's queries run around the ring)");
+  QKV_CHECK_ARG(shard == nullptr || probs == nullptr, "[llama] attention probabilities of the input ", str(x.shape()),
+                " under context parallelism (the keys are spread over the ring)");
   // (B, T, H·D) -> (B, H, T, D)
   ad::Var q = ad::permute(
       ad::reshape(q_proj.forward(c, tq < t ? ad::slice(x, 1, t - tq, t) : x), {b, tq, k.num_attention_heads, d}),
@@ -105,6 +116,7 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
     const bool bf16 = o.precision == Precision::kBFloat16;
     cache->append(bf16 ? round_to_bf16(kk.value) : kk.value, bf16 ? round_to_bf16(v.value) : v.value);
     if (cache->paged()) {  // the pages read in place; q (B, Hq, T, D) as (B, T, Hq, D), out (B, T, Hq, D)
+      if (probs) *probs = attention_probabilities(q.value, cache->keys(), o);
       Tensor kp = cache->key_pages(), vp = cache->value_pages();
       std::vector<int32_t> lens(static_cast<size_t>(b));
       for (int64_t r = 0; r < b; ++r) lens[static_cast<size_t>(r)] = static_cast<int32_t>(cache->row_length(r));
@@ -117,6 +129,7 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
     v = ad::Var(cache->values());
   }
   o.enable_gqa = q.size(1) != kk.size(1);
+  if (probs) *probs = attention_probabilities(q.value, kk.value, o);
   QKV_CHECK_ARG(shard == nullptr || !sliding_, "[llama] sliding_window ", k.sliding_window, " with the input ",
                 str(x.shape()), ": context parallelism (ring attention) has no sliding window; use sliding_window 0");
   const ad::Var out = shard != nullptr ? shard->attention(q, kk, v, o) : ad::attention(q, kk, v, o);
