@@ -46,10 +46,7 @@ bool all_zero(const Tensor& t) {
 double oracle_loss(const DTensor& q, const DTensor& k, const DTensor& v, const AttentionOptions& o,
                    const std::vector<double>& g) {
   const DTensor mask = o.mask.defined() ? testing::to_dtensor(o.mask) : DTensor{};
-  const double scale =
-      o.scale ? static_cast<double>(*o.scale) : 1.0 / std::sqrt(static_cast<double>(q.shape.back()));
-  const testing::OracleResult r =
-      testing::attention_oracle(q, k, v, o.mask.defined() ? &mask : nullptr, o.mask_kind, o.causal, scale);
+  const testing::OracleResult r = testing::attention_oracle(q, k, v, o.mask.defined() ? &mask : nullptr, o);
   double loss = 0.0;
   for (size_t i = 0; i < r.out.size(); ++i) loss += r.out[i] * g[i];
   return loss;

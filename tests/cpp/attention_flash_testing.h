@@ -16,6 +16,7 @@
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/kernels/lowp.h"
 #include "qkv/ops/attention.h"
+#include "qkv/ops/attention_plain.h"
 
 namespace qkv::testing::flash {
 
@@ -81,53 +82,29 @@ inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const At
   const int64_t group = o.enable_gqa ? batch.back() / k.size(-3) : 1;
   const Dense Q = dense(q, batch, tq, dk), K = dense(k, batch, tk, dk, group), V = dense(v, batch, tk, dv, group);
   const double cap = o.softcap;
-  const bool has_mask = o.mask_kind != MaskKind::kNone;
-  const Dense M = has_mask ? dense(o.mask, batch, tq, tk) : Dense{};
   const Dense G = d_out.defined() ? dense(d_out, batch, tq, dv) : Dense{};
   const Dense O = fwd_out.defined() ? dense(fwd_out, batch, tq, dv) : Dense{};
+  const PlainAttention plain = attention_plain(q, k, v, o);  // the forward: attention in 40 lines
   Oracle r;
-  r.out.assign(static_cast<size_t>(nb * tq * dv), 0.0);
-  r.lse.assign(static_cast<size_t>(nb * tq), -kInf);
+  r.out = plain.out;
+  r.lse = plain.lse;
   std::vector<double> dq(static_cast<size_t>(nb * tq * dk)), dkf(static_cast<size_t>(nb * tk * dk)),
       dvf(static_cast<size_t>(nb * tk * dv));
   std::vector<double> dq_abs(dq.size()), dk_abs(dkf.size());  // sums of |terms|
-  std::vector<double> s(static_cast<size_t>(tk)), w(static_cast<size_t>(tk)), dw(static_cast<size_t>(tk)),
-      dcap(static_cast<size_t>(tk), 1.0);
-  for (int64_t b = 0; b < nb; ++b)
+  std::vector<double> w(static_cast<size_t>(tk)), dw(static_cast<size_t>(tk)), dcap(static_cast<size_t>(tk), 1.0);
+  for (int64_t b = 0; b < nb && d_out.defined(); ++b)
     for (int64_t i = 0; i < tq; ++i) {
-      double mx = -kInf;
+      const size_t row = static_cast<size_t>(b * tq + i);
+      if (r.lse[row] == -kInf) continue;  // fully masked row: no gradient
       for (int64_t j = 0; j < tk; ++j) {
-        double dot = 0.0;
-        for (int64_t c = 0; c < dk; ++c) dot += Q.at(b, i, c) * K.at(b, j, c);
-        double x = scale * dot;
-        if (cap > 0.0) {  // soft cap, before the masks
-          const double t = std::tanh(x / cap);
-          x = cap * t;
+        w[j] = plain.weights[row * tk + j];
+        if (cap > 0.0) {  // the soft cap's derivative, 1 - tanh², at the scaled score
+          double dot = 0.0;
+          for (int64_t c = 0; c < dk; ++c) dot += Q.at(b, i, c) * K.at(b, j, c);
+          const double t = std::tanh(scale * dot / cap);
           dcap[j] = 1.0 - t * t;
         }
-        if (o.causal == Causal::kTopLeft && j > i) x = -kInf;
-        if (o.causal == Causal::kBottomRight && j > i + tk - tq) x = -kInf;
-        if (o.window_left >= 0 && j < i + tk - tq - o.window_left) x = -kInf;
-        if (o.window_right >= 0 && j > i + tk - tq + o.window_right) x = -kInf;
-        if (has_mask) {
-          const double m = M.at(b, i, j);
-          if (o.mask_kind == MaskKind::kKeep && m == 0.0) x = -kInf;
-          if (o.mask_kind == MaskKind::kBlock && m != 0.0) x = -kInf;
-          if (o.mask_kind == MaskKind::kAdditive) x += m;
-        }
-        s[j] = x;
-        mx = std::max(mx, x);
       }
-      if (mx == -kInf) continue;  // fully masked row: out 0, lse -inf, no gradient
-      double sum = 0.0;
-      for (int64_t j = 0; j < tk; ++j) sum += std::exp(s[j] - mx);
-      const size_t row = static_cast<size_t>(b * tq + i);
-      r.lse[row] = mx + std::log(sum);
-      for (int64_t j = 0; j < tk; ++j) {
-        w[j] = std::exp(s[j] - mx) / sum;
-        for (int64_t c = 0; c < dv; ++c) r.out[row * dv + c] += w[j] * V.at(b, j, c);
-      }
-      if (!d_out.defined()) continue;
       double wdw = 0.0, wdw_abs = 0.0;
       for (int64_t j = 0; j < tk; ++j) {
         double x = 0.0;

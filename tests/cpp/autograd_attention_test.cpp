@@ -37,9 +37,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 testing::TwinFn attention_twin(const Shape& qs, const Shape& ks, const Shape& vs, const AttentionOptions& o) {
   return [=](const DIn& in) {
     const testing::DTensor mask = o.mask.defined() ? testing::to_dtensor(o.mask) : testing::DTensor{};
-    const double sc = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(qs.back()));
-    return testing::attention_oracle({qs, in[0]}, {ks, in[1]}, {vs, in[2]}, o.mask.defined() ? &mask : nullptr,
-                                     o.mask_kind, o.causal, sc)
+    return testing::attention_oracle({qs, in[0]}, {ks, in[1]}, {vs, in[2]}, o.mask.defined() ? &mask : nullptr, o)
         .out;
   };
 }
@@ -161,8 +159,10 @@ TEST(GradAttention, DifferentiableBiasGetsTheScoreGradient) {
       [&](const DIn& in) {
         // The bias enters the float64 oracle as a double additive mask (scale 1/sqrt(4)).
         testing::DTensor m{bias.shape(), in[3]};
-        return testing::attention_oracle({q.shape(), in[0]}, {k.shape(), in[1]}, {v.shape(), in[2]}, &m,
-                                         MaskKind::kAdditive, o.causal, 0.5)
+        AttentionOptions with_bias = o;
+        with_bias.mask_kind = MaskKind::kAdditive;
+        with_bias.scale = 0.5f;
+        return testing::attention_oracle({q.shape(), in[0]}, {k.shape(), in[1]}, {v.shape(), in[2]}, &m, with_bias)
             .out;
       },
       {q, k, v, bias}, 94));
