@@ -2,12 +2,16 @@
 // portable reference (plain loops: the definition of the bits), the float32 path, and the dispatch by active_isa().
 #include "qkv/kernels/quant_gemm.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
 
 #include "qkv/core/error.h"
 #include "qkv/core/half.h"
+#include "qkv/kernels/activations.h"
 #include "qkv/kernels/cpu.h"
 #include "qkv/kernels/quant.h"
 #include "quant_gemm_impl.h"
@@ -141,46 +145,70 @@ bool quant_gemm_integer(gguf::Type type) {
 
 // --- activations -------------------------------------------------------------------------------------------------
 
-void quantize_activations(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out) {
+namespace quant_detail {
+
+void quantize_block(const float* xb, int8_t* q, float& d_out, float& s_out, int32_t& sum_out) {
+  bool finite = true;
+  float amax = 0.0f;
+  for (int j = 0; j < kQK; ++j) {
+    finite = finite && std::isfinite(xb[j]);
+    amax = std::max(amax, std::fabs(xb[j]));
+  }
+  if (!finite) {  // the row's outputs become NaN through d and s
+    std::fill_n(q, kQK, int8_t{0});
+    d_out = s_out = std::numeric_limits<float>::quiet_NaN();
+    sum_out = 0;
+    return;
+  }
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  int32_t sum = 0;
+  for (int j = 0; j < kQK; ++j) {
+    q[j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+    sum += q[j];
+  }
+  d_out = fp16_to_float(fp16_from_float(d));
+  s_out = fp16_to_float(fp16_from_float(static_cast<float>(sum) * d));
+  sum_out = sum;
+}
+
+}  // namespace quant_detail
+
+namespace {
+
+void quantize_rows(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out, bool vector) {
   QKV_CHECK_ARG(m >= 0 && k >= 0 && k % kQK == 0 && ldx >= k && (x != nullptr || m * k == 0),
                 "[quantize_activations] x (", m, ", ", k, ") with ldx ", ldx, ": k must be a multiple of ", kQK,
                 ", ldx >= k, x non-null");
   out.rows = m;
   out.cols = k;
   out.blocks = k / kQK;
-  out.q.assign(static_cast<size_t>(m * k), 0);
-  out.d.assign(static_cast<size_t>(m * out.blocks), 0.0f);
-  out.s.assign(out.d.size(), 0.0f);
-  out.sum.assign(out.d.size(), 0);
+  out.q.resize(static_cast<size_t>(m * k));
+  out.d.resize(static_cast<size_t>(m * out.blocks));
+  out.s.resize(out.d.size());
+  out.sum.resize(out.d.size());
   const int64_t nb = out.blocks;
 #pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + i * ldx + b * kQK;
-      int8_t* q = out.q.data() + i * k + b * kQK;
-      const size_t o = static_cast<size_t>(i * nb + b);
-      bool finite = true;
-      float amax = 0.0f;
-      for (int j = 0; j < kQK; ++j) {
-        finite = finite && std::isfinite(xb[j]);
-        amax = std::max(amax, std::fabs(xb[j]));
-      }
-      if (!finite) {  // the row's outputs become NaN through d and s
-        out.d[o] = out.s[o] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      const float d = amax / 127.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      int32_t sum = 0;
-      for (int j = 0; j < kQK; ++j) {
-        q[j] = static_cast<int8_t>(std::roundf(xb[j] * id));
-        sum += q[j];
-      }
-      out.d[o] = fp16_to_float(fp16_from_float(d));
-      out.s[o] = fp16_to_float(fp16_from_float(static_cast<float>(sum) * d));
-      out.sum[o] = sum;
+    const size_t o = static_cast<size_t>(i * nb);
+    int8_t* q = out.q.data() + i * k;
+    if (vector) {
+      quant_detail::avx512::quantize_blocks(x + i * ldx, nb, q, &out.d[o], &out.s[o], &out.sum[o]);
+      continue;
     }
+    for (int64_t b = 0; b < nb; ++b)
+      quant_detail::quantize_block(x + i * ldx + b * kQK, q + b * kQK, out.d[o + b], out.s[o + b], out.sum[o + b]);
   }
+}
+
+}  // namespace
+
+void quantize_activations(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out) {
+  quantize_rows(x, m, ldx, k, out, active_isa() >= Isa::kAvx512Vnni);
+}
+
+void quantize_activations_reference(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out) {
+  quantize_rows(x, m, ldx, k, out, false);
 }
 
 // --- the portable reference and the float32 path ----------------------------------------------------------------
@@ -261,33 +289,57 @@ void float_path(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, co
   }
 }
 
-// The integer product: activations quantized once, tiles of `tile` columns by `fn` (nullptr: every column by the
-// reference), the columns past the last whole tile by the reference.
+// The tiles of one build: `fn` over whole tiles of `tile` columns (nullptr: every column by the reference).
+struct Tiles {
+  TileFn fn = nullptr;
+  int64_t tile = 1;
+  bool vector_quantizer = false;  // the avx512vnni build quantizes activations with its vector loop
+};
+
+// Output columns [j0, j1) of t (j0 a multiple of the tile): whole tiles below `done` by the build, the rest by the
+// reference. One thread.
+void columns(const TileArgs& t, const Tiles& b, int64_t done, int64_t j0, int64_t j1, std::vector<uint8_t>& scratch) {
+  int64_t j = j0;
+  if (b.fn)
+    for (; j + b.tile <= std::min(j1, done); j += b.tile) b.fn(t, j, scratch);
+  for (; j < j1; ++j) quant_detail::reference_column(t, j);
+}
+
+// Where the whole tiles end: the tiles gather a block's scales from their rows at int32 offsets, so rows too long
+// for that run the reference (a repacked matrix reads no offsets).
+int64_t tiles_end(const QuantMatrix& w, const Tiles& b) {
+  if (!b.fn) return 0;
+  if (!w.packed && w.row_bytes * b.tile >= (int64_t{1} << 31)) return 0;
+  return w.rows / b.tile * b.tile;
+}
+
+// The integer product: activations quantized once, whole tiles by the build and the columns past the last whole
+// tile by the reference, in one parallel region.
 void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
-                 int64_t ldy, TileFn fn, int64_t tile) {
+                 int64_t ldy, const Tiles& b) {
   QuantActivations a;
-  quantize_activations(x, m, ldx, w.cols, a);
+  quantize_rows(x, m, ldx, w.cols, a, b.vector_quantizer);
   const TileArgs t{&a, &w, bias, y, ldy};
-  // The tiles gather a block's scales from their rows at int32 offsets: rows too long for that run the reference.
-  const bool offsets_fit = w.row_bytes * tile < (int64_t{1} << 31);
-  const int64_t n = w.rows, tiles = fn && offsets_fit ? n / tile : 0, done = tiles * tile;
+  const int64_t n = w.rows, done = tiles_end(w, b);
+  const int64_t tiles = done / b.tile, items = tiles + (n - done);  // whole tiles, then single columns
   const bool parallel = m * n * w.cols >= (int64_t{1} << 18);  // as the int8 product: below, one thread
-#pragma omp parallel if (parallel && tiles > 1)
+#pragma omp parallel if (parallel && items > 1)
   {
     std::vector<uint8_t> scratch;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < tiles; ++c) fn(t, c * tile, scratch);
+    for (int64_t c = 0; c < items; ++c) {
+      const int64_t j0 = c < tiles ? c * b.tile : done + (c - tiles);
+      columns(t, b, done, j0, c < tiles ? j0 + b.tile : j0 + 1, scratch);
+    }
   }
-#pragma omp parallel for schedule(static) if (parallel && n - done > 1)
-  for (int64_t j = done; j < n; ++j) quant_detail::reference_column(t, j);
 }
 
 void run(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y, int64_t ldy,
-         TileFn fn, int64_t tile) {
+         const Tiles& b) {
   check_args(x, m, ldx, w, y, ldy);
   if (m == 0 || w.rows == 0) return;
   if (!quant_gemm_integer(w.type)) return float_path(x, m, ldx, w, bias, y, ldy);
-  run_integer(x, m, ldx, w, bias, y, ldy, fn, tile);
+  run_integer(x, m, ldx, w, bias, y, ldy, b);
 }
 
 enum class Build { kPortable, kAvx2, kAvx512Vnni };
@@ -304,7 +356,7 @@ Build active_build() {
 namespace portable {
 void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
                 int64_t ldy) {
-  run(x, m, ldx, w, bias, y, ldy, nullptr, 1);
+  run(x, m, ldx, w, bias, y, ldy, Tiles{});
 }
 }  // namespace portable
 
@@ -312,7 +364,7 @@ namespace avx2 {
 void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
                 int64_t ldy) {
   QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx2), kOp, " the avx2 build needs AVX2 + FMA, which this CPU lacks");
-  run(x, m, ldx, w, bias, y, ldy, quant_detail::avx2::tile, quant_detail::avx2::kTile);
+  run(x, m, ldx, w, bias, y, ldy, Tiles{quant_detail::avx2::tile, quant_detail::avx2::kTile, false});
 }
 }  // namespace avx2
 
@@ -321,7 +373,7 @@ void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, co
                 int64_t ldy) {
   QKV_CHECK_RUNTIME(cpu_supports(Isa::kAvx512Vnni), kOp,
                     " the avx512vnni build needs AVX-512 F/BW/DQ/VL + VNNI, which this CPU lacks");
-  run(x, m, ldx, w, bias, y, ldy, quant_detail::avx512::tile, quant_detail::avx512::kTile);
+  run(x, m, ldx, w, bias, y, ldy, Tiles{quant_detail::avx512::tile, quant_detail::avx512::kTile, true});
 }
 }  // namespace avx512
 
@@ -333,6 +385,109 @@ void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, co
     case Build::kPortable: break;
   }
   portable::gemm_quant(x, m, ldx, w, bias, y, ldy);
+}
+
+namespace {
+
+Tiles active_tiles() {
+  switch (active_build()) {
+    case Build::kAvx512Vnni: return {quant_detail::avx512::tile, quant_detail::avx512::kTile, true};
+    case Build::kAvx2: return {quant_detail::avx2::tile, quant_detail::avx2::kTile, false};
+    case Build::kPortable: break;
+  }
+  return {};
+}
+
+constexpr const char* kMlpOp = "[gated_mlp_quant]";
+
+void check_mlp(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate, const QuantMatrix& up,
+               const QuantMatrix& down, const float* y, int64_t ldy) {
+  const int64_t e = gate.cols, f = gate.rows;
+  QKV_CHECK_ARG(gate.defined() && up.defined() && down.defined() && quant_gemm_integer(gate.type) &&
+                    quant_gemm_integer(up.type) && quant_gemm_integer(down.type),
+                kMlpOp, " gate ", gguf::type_name(gate.type), " (", gate.rows, ", ", gate.cols, "), up ",
+                gguf::type_name(up.type), " (", up.rows, ", ", up.cols, ") and down ", gguf::type_name(down.type),
+                " (", down.rows, ", ", down.cols, ") must be defined integer-product types (Q4_0, Q4_1, Q5_0, Q5_1, "
+                "Q8_0)");
+  QKV_CHECK_ARG(up.type == gate.type && up.rows == f && up.cols == e && down.rows == e && down.cols == f &&
+                    f % kQK == 0,
+                kMlpOp, " gate (", gate.rows, ", ", gate.cols, ") and up (", up.rows, ", ", up.cols,
+                ") must be one type and shape (f, e), down (", down.rows, ", ", down.cols, ") must be (e, f), and f a"
+                " multiple of ", kQK);
+  QKV_CHECK_ARG(m >= 0 && ldx >= e && ldy >= e && ((x != nullptr && y != nullptr) || m == 0), kMlpOp, " x (", m,
+                ", ", e, ") with ldx ", ldx, " and y with ldy ", ldy, ": need m >= 0, ldx >= e, ldy >= e, x and y"
+                " non-null");
+}
+
+}  // namespace
+
+void gated_mlp_quant_reference(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate,
+                               const float* gate_bias, const QuantMatrix& up, const float* up_bias,
+                               const QuantMatrix& down, const float* down_bias, float* y, int64_t ldy) {
+  check_mlp(x, m, ldx, gate, up, down, y, ldy);
+  const int64_t f = gate.rows;
+  std::vector<float> g(static_cast<size_t>(m * f)), u(g.size()), h(g.size());
+  portable::gemm_quant(x, m, ldx, gate, gate_bias, g.data(), f);
+  portable::gemm_quant(x, m, ldx, up, up_bias, u.data(), f);
+  silu_forward(g.data(), h.data(), m * f);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = h[i] * u[i];
+  portable::gemm_quant(h.data(), m, f, down, down_bias, y, ldy);
+}
+
+void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate, const float* gate_bias,
+                     const QuantMatrix& up, const float* up_bias, const QuantMatrix& down, const float* down_bias,
+                     float* y, int64_t ldy) {
+  check_mlp(x, m, ldx, gate, up, down, y, ldy);
+  if (m == 0) return;
+  const Tiles b = active_tiles();
+  const int64_t e = gate.cols, f = gate.rows;
+  QuantActivations ax, ah;
+  quantize_rows(x, m, ldx, e, ax, b.vector_quantizer);
+  ah.rows = m;
+  ah.cols = f;
+  ah.blocks = f / kQK;
+  ah.q.resize(static_cast<size_t>(m * f));
+  ah.d.resize(static_cast<size_t>(m * ah.blocks));
+  ah.s.resize(ah.d.size());
+  ah.sum.resize(ah.d.size());
+  std::vector<float> g(static_cast<size_t>(m * f)), u(g.size());
+  const TileArgs tg{&ax, &gate, gate_bias, g.data(), f}, tu{&ax, &up, up_bias, u.data(), f};
+  const TileArgs td{&ah, &down, down_bias, y, ldy};
+  const int64_t gate_done = tiles_end(gate, b), up_done = tiles_end(up, b), down_done = tiles_end(down, b);
+  // Blocks of 32 columns: one quantization block of h per row, and whole tiles of every build (8, 16).
+  const int64_t h_items = f / kQK, y_items = (e + kQK - 1) / kQK;
+  const bool parallel = m * 3 * e * f >= (int64_t{1} << 18);
+#pragma omp parallel if (parallel)
+  {
+    std::vector<uint8_t> scratch;
+    // This thread's run of h's column blocks (static, contiguous): gate and up, then per row SiLU over the run
+    // (one call: the lanes fall as in one call over all of h, f and the run being multiples of 32), the product
+    // with up, and the run's quantization blocks of h.
+    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t c0 = h_items * tid / nt, c1 = h_items * (tid + 1) / nt;
+    if (c0 < c1) {
+      const int64_t j0 = c0 * kQK, j1 = c1 * kQK;
+      columns(tg, b, gate_done, j0, j1, scratch);
+      columns(tu, b, up_done, j0, j1, scratch);
+      for (int64_t i = 0; i < m; ++i) {
+        float* gi = g.data() + i * f;
+        const float* ui = u.data() + i * f;
+        silu_forward(gi + j0, gi + j0, j1 - j0);
+        for (int64_t j = j0; j < j1; ++j) gi[j] = gi[j] * ui[j];
+        const size_t o = static_cast<size_t>(i * ah.blocks + c0);
+        int8_t* q = ah.q.data() + i * f + j0;
+        if (b.vector_quantizer) {
+          quant_detail::avx512::quantize_blocks(gi + j0, c1 - c0, q, &ah.d[o], &ah.s[o], &ah.sum[o]);
+        } else {
+          for (int64_t c = 0; c < c1 - c0; ++c)
+            quant_detail::quantize_block(gi + j0 + c * kQK, q + c * kQK, ah.d[o + c], ah.s[o + c], ah.sum[o + c]);
+        }
+      }
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < y_items; ++c) columns(td, b, down_done, c * kQK, std::min(e, (c + 1) * kQK), scratch);
+  }
 }
 
 const char* quant_gemm_path() {

@@ -3,6 +3,9 @@
 // (a matrix with a repacked copy, QuantMatrix::repacked: its column-interleaved tiles, sums in lanes, for every m;
 // otherwise up to 4 rows: operands built in registers, each row's products reduced; more rows: the tile unpacked
 // once column-interleaved), and quant_gemm_impl.h's float epilogue in 16 lanes.
+#include <limits>
+
+#include "qkv/core/half.h"
 #include "quant_gemm_simd.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every use.
@@ -305,6 +308,41 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
 }
 
 }  // namespace
+
+void quantize_blocks(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t* sum) {
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQK;
+    const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+    const __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1);
+    // |x| < inf is false for inf and NaN: a block with any of them is marked as quantize_block marks it.
+    if ((_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ)) != 0xFFFF) {
+      std::memset(q + b * kQK, 0, kQK);
+      d[b] = s[b] = std::numeric_limits<float>::quiet_NaN();
+      sum[b] = 0;
+      continue;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    const float dv = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(dv != 0.0f ? 1.0f / dv : 0.0f);
+    // roundf (halves away from zero), exactly: the truncation plus one unit in the sign's direction where the
+    // dropped fraction (exact: |v| < 2^23) is at least one half.
+    const auto round_away = [](__m512 v) {
+      const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+      const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+      const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
+      return _mm512_cvtps_epi32(_mm512_mask_add_ps(t, up, t, one));
+    };
+    const __m512i q0 = round_away(_mm512_mul_ps(x0, id)), q1 = round_away(_mm512_mul_ps(x1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQK), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQK + 16), _mm512_cvtepi32_epi8(q1));
+    const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    d[b] = fp16_to_float(fp16_from_float(dv));
+    s[b] = fp16_to_float(fp16_from_float(static_cast<float>(total) * dv));
+    sum[b] = total;
+  }
+}
 
 void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   switch (block_layout(t.w->type).kind) {

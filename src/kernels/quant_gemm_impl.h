@@ -69,6 +69,10 @@ struct TileArgs {
 };
 using TileFn = void (*)(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
 
+// One block of 32 activations quantized as ggml's Q8_0 / Q8_1 (quant_gemm.h quantize_activations): q, and d, s, sum
+// (NaN d and s for a block with a non-finite value). The plain loop; avx512::quantize_blocks gives its bits.
+void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t& sum);
+
 // The portable reference of output column j for every row (plain loops; also the SIMD builds' leftover columns).
 void reference_column(const TileArgs& t, int64_t j);
 
@@ -80,6 +84,8 @@ inline constexpr int64_t kPackRows = 16;  // QuantMatrix::repacked()'s tile: the
 namespace avx512 {
 inline constexpr int64_t kTile = kPackRows;
 void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch);
+// nb consecutive blocks of one row (x[32 b ..] -> q[32 b ..], d[b], s[b], sum[b]) as quantize_block.
+void quantize_blocks(const float* x, int64_t nb, int8_t* q, float* d, float* s, int32_t* sum);
 }  // namespace avx512
 
 }  // namespace qkv::kernels::quant_detail

@@ -68,6 +68,23 @@ bool quant_gemm_integer(gguf::Type type);
 void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
                 int64_t ldy);
 
+// The gated MLP (SwiGLU) of a Llama layer on integer-type weights, y (m, e) = h · Dᵀ + bd with
+// h (m, f) = silu(x · Gᵀ + bg) ⊙ (x · Uᵀ + bu): x (m, e) rows ldx apart, gate and up (f, e), down (e, f), biases
+// (or nullptr) of their outputs; y rows ldy apart. The same bits as its reference, the composition gemm_quant(gate),
+// gemm_quant(up), silu_forward (qkv/kernels/activations.h), the product, gemm_quant(down), and so batch invariant
+// and thread-count invariant as gemm_quant. Fast path of a decode step: x quantized once for gate and up, and one
+// OpenMP region over fixed blocks of 32 columns: each thread's gate / up columns, their SiLU · up and h's block of
+// 32 quantized at once, a barrier, then its blocks of down's columns.
+// Errors: std::invalid_argument "[gated_mlp_quant] ..." naming the shapes where a weight is not an integer type
+// (quant_gemm_integer), gate and up differ in type or shape, down is not (e, f), f is not a multiple of 32, or
+// m < 0, ldx < e, ldy < e, null pointers.
+void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate, const float* gate_bias,
+                     const QuantMatrix& up, const float* up_bias, const QuantMatrix& down, const float* down_bias,
+                     float* y, int64_t ldy);
+void gated_mlp_quant_reference(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate,
+                               const float* gate_bias, const QuantMatrix& up, const float* up_bias,
+                               const QuantMatrix& down, const float* down_bias, float* y, int64_t ldy);
+
 // What gemm_quant runs here: "avx512vnni", "avx2" or "portable" (the integer product's build, by active_isa());
 // with a type, the same for an integer type, else "float32 (dequantized rows)".
 const char* quant_gemm_path();
@@ -86,7 +103,10 @@ struct QuantActivations {
   std::vector<float> d, s;
   std::vector<int32_t> sum;
 };
+// quantize_activations runs the avx512vnni build's vector quantizer where gemm_quant runs that build (the same
+// bits); quantize_activations_reference is the plain loop that defines them.
 void quantize_activations(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out);
+void quantize_activations_reference(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActivations& out);
 
 // float32 -> IEEE half bits, round to nearest even (overflow to inf, NaN kept quiet): ggml's GGML_FP32_TO_FP16.
 uint16_t fp16_from_float(float f);
