@@ -72,7 +72,7 @@ struct Scheduler::Impl {
         total_pages(pages),
         context(m.config().max_position_embeddings),
         vocab(m.config().vocab_size),
-        batch(m, o.page_size, std::min<int64_t>(pages * o.page_size, 4096)) {}
+        batch(m, o.page_size, std::min<int64_t>(pages * o.page_size, 1024)) {}  // the pool grows as needed
 
   int64_t pages_of(int64_t positions) const { return (positions + options.page_size - 1) / options.page_size; }
   // Pages the pool holds plus those the running rows may still take.

@@ -273,7 +273,7 @@ static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& co
     if (paired.k != nullptr) cx.paired = &paired;
   }
   const int64_t units = nb * nqt;
-  const int64_t splits = forward_splits(units, threads, ceil_div(cx.tk, fk));
+  const int64_t splits = config.split_keys ? forward_splits(units, threads, ceil_div(cx.tk, fk)) : 1;
   // Work for the team size: the multiply-adds, or, where the rows are few (decoding), the K/V reads, each charged as
   // a weight read (kernels::kWeightReadWork): one query row over 1000 cached keys is memory-bound, not small.
   const int64_t keys = tq > 0 ? std::max<int64_t>(0, cx.key_end(tq - 1) - cx.key_begin(0)) : 0;

@@ -286,7 +286,11 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
   float* out = r.out.data();
   float* lp = lse.data();
   const Tensor qr = bf16 ? round_to_bf16(q) : q;
-  for_each_sequence(B, [&](int64_t b, const kernels::FlashConfig& cfg) {
+  // Keys never split across threads: a sequence's bits do not depend on the batch around it or the thread count
+  // (a server's continuous batching gives a request the same reply alone or among others).
+  for_each_sequence(B, [&](int64_t b, const kernels::FlashConfig& team) {
+    kernels::FlashConfig cfg = team;
+    cfg.split_keys = false;
     const int64_t tk = lens[static_cast<size_t>(b)];
     if (tk == 0) {  // nothing cached: zeros, lse -inf
       std::fill(lp + b * hq * tq, lp + (b + 1) * hq * tq, kNegInf);

@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <vector>
 
 #include "qkv/core/rng.h"
+#include "qkv/ops/attention_varlen.h"
 
 namespace qkv {
 namespace {
@@ -162,6 +165,52 @@ TEST(KvCacheRagged, MisuseIsRefused) {
   EXPECT_THROW(a.release_pages(unheld), std::invalid_argument);
   EXPECT_THROW(a.row_length(0), std::invalid_argument);
   EXPECT_THROW(a.reset_shared(b, -1), std::invalid_argument);
+}
+
+// The decoding attention over ragged rows of one pool gives each row the bits it gets alone, on 1 and on 2 threads
+// (its keys are never split across threads): continuous batching's invariance at the attention.
+TEST(KvCacheRagged, AttentionOfARowIsTheSameBitsAloneBatchedAndAtAnyThreadCount) {
+  // 3 kv heads: a count of units (heads x query tiles) that 2 threads do not divide, where a forward splits keys.
+  const int64_t n = 8, page = 16, hkv = 3, hq = 6, d = 16;
+  Rng rng(3);
+  KvCache batch, fresh;
+  batch.reset(0, hkv, d, page, page);
+  std::vector<KvCache> alone(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 20 + 37 * i;  // 20 .. 279 keys: one to many key tiles
+    const Tensor k = rng.normal({1, hkv, len, d}), v = rng.normal({1, hkv, len, d});
+    fresh.reset_shared(batch);
+    fresh.add_row({}, 0);
+    fresh.append(k, v);
+    batch.take_rows(fresh);
+    alone[static_cast<size_t>(i)].reset(1, hkv, d, 16, page);
+    alone[static_cast<size_t>(i)].append(k, v);
+  }
+  const Tensor q = rng.normal({n, 1, hq, d});
+  AttentionOptions o;
+  o.causal = Causal::kBottomRight;
+  std::vector<int32_t> lens;
+  for (int64_t i = 0; i < n; ++i) lens.push_back(static_cast<int32_t>(batch.row_length(i)));
+  const int saved = omp_get_max_threads();
+  std::vector<float> first;
+  for (int threads : {2, 1}) {
+    omp_set_num_threads(threads);
+    Tensor kp = batch.key_pages(), vp = batch.value_pages();
+    const Tensor all = attention_with_kvcache(q, kp, vp, Tensor(), Tensor(), lens, batch.block_table(),
+                                              batch.max_pages(), o).out.contiguous();
+    if (first.empty()) first = all.to_vector();
+    EXPECT_EQ(all.to_vector(), first) << threads << " threads";
+    for (int64_t i = 0; i < n; ++i) {
+      KvCache& a = alone[static_cast<size_t>(i)];
+      Tensor ka = a.key_pages(), va = a.value_pages();
+      const std::vector<int32_t> one{static_cast<int32_t>(a.length())};
+      const Tensor row = attention_with_kvcache(q.slice(0, i, i + 1), ka, va, Tensor(), Tensor(), one,
+                                                a.block_table(), a.max_pages(), o).out;
+      EXPECT_EQ(row.contiguous().to_vector(), all.slice(0, i, i + 1).contiguous().to_vector())
+          << "row " << i << " of " << lens[static_cast<size_t>(i)] << " keys, " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace

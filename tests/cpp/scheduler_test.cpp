@@ -4,6 +4,7 @@
 #include "qkv/decode/scheduler.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <chrono>
 #include <cmath>
@@ -522,7 +523,7 @@ TEST(Scheduler, SmolLM2EightGreedyRequestsTogetherGetTheirAloneTokens) {
   const auto m = models::LlamaForCausalLM::from_gguf(testing::smollm2_gguf(), std::nullopt);
   std::vector<std::vector<int64_t>> prompts;
   std::vector<RequestOptions> options;
-  const int64_t lengths[] = {2, 5, 8, 13, 21, 34, 40, 55};
+  const int64_t lengths[] = {2, 13, 32, 33, 35, 37, 38, 55};  // 32 .. 38: one to three key tiles
   for (int64_t i = 0; i < 8; ++i) {
     prompts.push_back(random_prompt(lengths[i], 1100 + static_cast<uint64_t>(i), 2000));
     RequestOptions o;
@@ -530,6 +531,16 @@ TEST(Scheduler, SmolLM2EightGreedyRequestsTogetherGetTheirAloneTokens) {
     options.push_back(o);
   }
   expect_batched_equals_alone(*m, prompts, options, 16);
+  // Alone on one thread (the scheduler's runs on OMP_NUM_THREADS): the same tokens.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (size_t i = 0; i < prompts.size(); i += 3) {
+    const decode::Generation one = alone(*m, prompts[i], options[i], 16);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one.tokens, alone(*m, prompts[i], options[i], 16).tokens) << "request " << i;
+    omp_set_num_threads(1);
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace

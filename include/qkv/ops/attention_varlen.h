@@ -42,6 +42,8 @@ AttentionGrads attention_varlen_backward(const Tensor& q, const Tensor& k, const
 // no mask. Hq % Hkv == 0 (GQA). -> out (B, Tq, Hq, Dv); lse (B, Hq, Tq) when return_lse.
 // precision kBFloat16: q and the appended k_new / v_new are rounded to bf16 (what the cache then holds), as
 // attention() rounds its inputs; keys cached before are read as they are (append them at bf16 too).
+// Batch invariance: each sequence's out and lse are the same bits whatever the other sequences of the call and the
+// thread count (one fixed reduction order over its keys: they are never split across threads).
 AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& k_new,
                                        const Tensor& v_new, std::span<const int32_t> cache_seqlens,
                                        std::span<const int32_t> block_table, int64_t max_blocks,
