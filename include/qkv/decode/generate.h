@@ -25,7 +25,9 @@ struct GenerateOptions {
   int64_t max_new_tokens = 256;           // >= 0
   SamplingOptions sampling;               // greedy by default
   std::vector<int64_t> stop_ids;          // ids in [0, vocab_size) that end the reply
-  int64_t page_size = 0;                  // > 0: paged KV caches
+  int64_t page_size = 0;                  // > 0: paged KV caches: the step (and the bits) of a Scheduler with
+                                          // this page_size; 0: contiguous ones (another attention kernel, whose
+                                          // last bits, amplified by quantized weights, can change a reply)
   const std::atomic<bool>* cancel = nullptr;  // read before every step: true ends the reply (Ctrl-C)
 };
 
@@ -40,7 +42,8 @@ using TokenCallback = std::function<bool(int64_t)>;
 
 // prompt: P >= 1 ids in [0, V); the prompt must leave room for one new token in the model's context
 // (std::invalid_argument "[generate] the prompt of P tokens fills the context of N" otherwise). The prompt runs at
-// once through the KV caches, then one token per step.
+// once through the KV caches, then one token per step: the Scheduler's decoding step (src/decode/decode_batch.h)
+// with a batch of one row.
 Generation generate(const models::LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
                     const GenerateOptions& options, const TokenCallback& on_token = {});
 
