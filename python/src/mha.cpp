@@ -63,8 +63,8 @@ py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, 
   o.need_weights = need_weights;
   o.average_attn_weights = average_attn_weights;
   o.batch_first = bf;  // messages show the caller's (T, B, E)
-  nn::MhaOutput r = locked_nogil(self.mu, [&] { return self.m->forward(q, k, v, o); });
-  return py::make_tuple(to_numpy(from_batch_first(r.out, bf)),
+  nn::MhaResult r = locked_nogil(self.mu, [&] { return self.m->forward(q, k, v, o); });
+  return py::make_tuple(to_numpy(from_batch_first(r.out.value, bf)),
                         r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
 }
 

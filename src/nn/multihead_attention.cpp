@@ -427,10 +427,9 @@ MhaResult MultiheadAttention::forward_packed(const Context& c, const ad::Var& qu
   return result;
 }
 
-MhaOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                       const MhaForwardOptions& options) {
-  MhaResult r = forward(Context(&dropout_rng_), query, key, value, options);
-  return {r.out.value, r.weights};
+  return forward(Context(&dropout_rng_), query, key, value, options);
 }
 
 }  // namespace qkv::nn

@@ -2,10 +2,10 @@
 // Exceeding max_len is a caller mistake, never a silent wrap or clamp.
 #include <cmath>
 
-#include "../ops/positional_internal.h"
 #include "qkv/core/error.h"
 #include "qkv/nn/init.h"
 #include "qkv/nn/positional/learned.h"
+#include "qkv/ops/elementwise.h"
 
 namespace qkv::nn {
 namespace {
@@ -46,7 +46,7 @@ Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) cons
   QKV_CHECK_ARG(x.defined(), "[LearnedPositionalEmbedding] x is undefined");
   QKV_CHECK_ARG(x.dim() >= 2 && x.size(-1) == embed_dim_, "[LearnedPositionalEmbedding] x ", str(x.shape()),
                 " must be (..., T, ", embed_dim_, ")");
-  return detail::add_position_rows(x, rows(x.size(-2), offset).contiguous());
+  return add(x, rows(x.size(-2), offset));  // the rows broadcast over the leading dims
 }
 
 }  // namespace qkv::nn

@@ -4,9 +4,9 @@
 #include <span>
 #include <vector>
 
-#include "../ops/functional_internal.h"
-#include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
+#include "qkv/kernels/grad.h"
+#include "qkv/ops/autograd.h"
 #include "qkv/nn/rnn.h"
 #include "qkv/ops/functional.h"
 
@@ -57,7 +57,8 @@ void recurrent_backward(Tape& t, const Var& h, const Tensor& hval, const Var& w_
 
 }  // namespace
 
-Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh, const std::vector<uint8_t>& active) {
+Var gru_cell_step(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh,
+                  const std::vector<uint8_t>& active) {
   detail::check_defined(gi, "gru_cell", "gi");
   detail::check_defined(h, "gru_cell", "h");
   detail::check_defined(w_hh, "gru_cell", "w_hh");
@@ -109,8 +110,8 @@ Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh, cons
   });
 }
 
-LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
-                   const std::vector<uint8_t>& active) {
+LstmVars lstm_cell_step(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
+                        const std::vector<uint8_t>& active) {
   detail::check_defined(gi, "lstm_cell", "gi");
   detail::check_defined(h, "lstm_cell", "h");
   detail::check_defined(c, "lstm_cell", "c");

@@ -143,11 +143,11 @@ RnnVars rnn_layers(int64_t gates, const std::vector<RnnLayerVars>& layers, const
       const std::vector<uint8_t>& act = padded ? active[static_cast<size_t>(t)] : kAll;
       const ad::Var g = ad::select(gi, time_axis, t);
       if (lstm) {
-        ad::LstmVars s = ad::lstm_cell(g, h, c, p.w_hh, p.b_hh, act);
+        ad::LstmVars s = ad::lstm_cell_step(g, h, c, p.w_hh, p.b_hh, act);
         h = s.h;
         c = s.c;
       } else {
-        h = ad::gru_cell(g, h, p.w_hh, p.b_hh, act);
+        h = ad::gru_cell_step(g, h, p.w_hh, p.b_hh, act);
       }
       outs.push_back(h);
     }
@@ -197,12 +197,12 @@ RnnVars RnnBase::step_any(const Context& c, const ad::Var& x, const ad::Var& h, 
     const Layer& p = layers_[static_cast<size_t>(l)];
     const ad::Var gi = ad::linear(in, c.param(p.w_ih), c.param(p.b_ih));
     if (lstm) {
-      ad::LstmVars s = ad::lstm_cell(gi, ad::select(h, 0, l), ad::select(cell, 0, l), c.param(p.w_hh),
+      ad::LstmVars s = ad::lstm_cell_step(gi, ad::select(h, 0, l), ad::select(cell, 0, l), c.param(p.w_hh),
                                      c.param(p.b_hh));
       hn.push_back(s.h);
       cn.push_back(s.c);
     } else {
-      hn.push_back(ad::gru_cell(gi, ad::select(h, 0, l), c.param(p.w_hh), c.param(p.b_hh)));
+      hn.push_back(ad::gru_cell_step(gi, ad::select(h, 0, l), c.param(p.w_hh), c.param(p.b_hh)));
     }
     in = hn.back();
   }

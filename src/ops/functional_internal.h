@@ -1,5 +1,4 @@
-// Private helper of the differentiable ops (not installed): finds the tape of an op's inputs and records its node,
-// or returns a constant when no input needs a gradient.
+// Private helpers of the differentiable ops (not installed): id checks and the fast sum_to of their backwards.
 #pragma once
 
 #include <initializer_list>
@@ -14,20 +13,7 @@
 namespace qkv::ad::detail {
 
 
-inline Tape* tape_of(std::initializer_list<const Var*> inputs) {
-  for (const Var* v : inputs)
-    if (v && v->slot >= 0) return v->tape;
-  return nullptr;
-}
-
-// Records `fn` (a callable (Tape&, std::span<const Tensor>)) as the backward of `value` when any input needs
-// a gradient; otherwise returns `value` as a constant without building the closure's std::function.
-template <class F>
-Var record(const Tensor& value, std::initializer_list<const Var*> inputs, F&& fn) {
-  Tape* t = tape_of(inputs);
-  if (!t) return Var(value);
-  return t->record(value, inputs, Tape::Backward(std::forward<F>(fn)));
-}
+// tape_of, record and check_defined: qkv/ops/autograd.h (op authors of other layers use them too).
 
 // Token ids of a batch: a non-empty (B, T) whose data holds B·T values.
 inline void check_ids(const Ids& ids, const char* op, const char* name) {
@@ -42,10 +28,6 @@ inline void check_ids(const Ids& ids, const char* op, const char* name) {
 inline Tensor sum_to(const Tensor& g, const Shape& shape) {
   Tensor fast = kernels::sum_to_trailing(g, shape);
   return fast.defined() ? fast : qkv::sum_to(g, shape);
-}
-
-inline void check_defined(const Var& v, const char* op, const char* name) {
-  QKV_CHECK_ARG(v.defined(), "[", op, "] ", name, " is undefined");
 }
 
 }  // namespace qkv::ad::detail

@@ -6,8 +6,8 @@
 #include <memory>
 #include <span>
 
-#include "../ops/functional_internal.h"
 #include "qkv/core/error.h"
+#include "qkv/ops/autograd.h"
 
 namespace qkv::train {
 using ad::Parameter;

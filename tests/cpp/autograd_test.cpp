@@ -410,10 +410,10 @@ TEST(GradRnn, GruCellStepWithAnInactiveRow) {
   const Tensor gi = randn({nb, 3 * hs}, 115), h = randn({nb, hs}, 116), w = randn({3 * hs, hs}, 117, 0.5f),
                b = randn({3 * hs}, 118);
   const std::vector<uint8_t> active{1, 0, 1};
-  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return ad::gru_cell(x[0], x[1], x[2], x[3], active); },
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return ad::gru_cell_step(x[0], x[1], x[2], x[3], active); },
                              [&](const DIn& in) { return gru_twin(in, nb, hs, active); }, {gi, h, w, b}, 119,
                              kCellGradTol));
-  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return ad::gru_cell(x[0], x[1], x[2], x[3]); },
+  EXPECT_TRUE(GradsMatchTwin([&](const Vars& x) { return ad::gru_cell_step(x[0], x[1], x[2], x[3]); },
                              [&](const DIn& in) { return gru_twin(in, nb, hs); }, {gi, h, w, b}, 120, kCellGradTol));
 }
 
@@ -448,7 +448,7 @@ TEST(GradRnn, LstmCellStepBothOutputsAndAnInactiveRow) {
   for (const std::vector<uint8_t>& active : {std::vector<uint8_t>{}, std::vector<uint8_t>{0, 1}}) {
     EXPECT_TRUE(GradsMatchTwin(
         [&](const Vars& x) {
-          ad::LstmVars s = ad::lstm_cell(x[0], x[1], x[2], x[3], x[4], active);
+          ad::LstmVars s = ad::lstm_cell_step(x[0], x[1], x[2], x[3], x[4], active);
           return ad::concat({ad::reshape(s.h, {nb * hs}), ad::reshape(s.c, {nb * hs})}, 0);
         },
         [&](const DIn& in) { return lstm_twin(in, nb, hs, active); }, {gi, h, c, w, b}, 126, kCellGradTol));
@@ -460,7 +460,7 @@ TEST(GradRnn, LstmCellOnlyHiddenUsed) {
   const Tensor gi = randn({nb, 4 * hs}, 127), h = randn({nb, hs}, 128), c = randn({nb, hs}, 129),
                w = randn({4 * hs, hs}, 130, 0.5f), b = randn({4 * hs}, 131);
   EXPECT_TRUE(GradsMatchTwin(
-      [&](const Vars& x) { return ad::lstm_cell(x[0], x[1], x[2], x[3], x[4]).h; },
+      [&](const Vars& x) { return ad::lstm_cell_step(x[0], x[1], x[2], x[3], x[4]).h; },
       [&](const DIn& in) {
         DVec both = lstm_twin(in, nb, hs);
         return DVec(both.begin(), both.begin() + nb * hs);
@@ -470,9 +470,9 @@ TEST(GradRnn, LstmCellOnlyHiddenUsed) {
 
 TEST(GradRnn, CellErrorsNameTheOp) {
   const Tensor gi = randn({2, 6}, 133), h = randn({2, 2}, 134), w = randn({6, 2}, 135);
-  EXPECT_TRUE(ThrowsArg([&] { ad::gru_cell(gi, h, w, Var(), {1, 1, 1}); }, "[gru_cell]"));
-  EXPECT_TRUE(ThrowsArg([&] { ad::gru_cell(Var(), h, w, Var()); }, "[gru_cell]"));
-  EXPECT_TRUE(ThrowsArg([&] { ad::lstm_cell(randn({2, 8}, 1), h, Var(), randn({8, 2}, 2), Var()); },
+  EXPECT_TRUE(ThrowsArg([&] { ad::gru_cell_step(gi, h, w, Var(), {1, 1, 1}); }, "[gru_cell]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::gru_cell_step(Var(), h, w, Var()); }, "[gru_cell]"));
+  EXPECT_TRUE(ThrowsArg([&] { ad::lstm_cell_step(randn({2, 8}, 1), h, Var(), randn({8, 2}, 2), Var()); },
                         "[lstm_cell]"));
 }
 

@@ -41,11 +41,11 @@ TEST(MultiheadAttention, SplitMergeEqualsPerHeadLoopCrossAttention) {
   const Tensor q = randn({c.B, c.Tq, c.E}, 3), k = randn({c.B, c.Tk, c.E}, 4), v = randn({c.B, c.Tk, c.E}, 5);
   MhaForwardOptions o;
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(q, k, v, o);
+  const MhaResult r = mha.forward(q, k, v, o);
   const auto ref = mha_reference(q, k, v, params_of(mha));
-  ASSERT_EQ(r.out.shape(), Shape({c.B, c.Tq, c.E}));
+  ASSERT_EQ(r.out.value.shape(), Shape({c.B, c.Tq, c.E}));
   ASSERT_EQ(r.weights.shape(), Shape({c.B, c.H, c.Tq, c.Tk}));
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble));
 }
 
@@ -57,16 +57,16 @@ TEST(MultiheadAttention, PackedSelfAttentionEqualsPerHeadLoopAndSlicedPath) {
   const Tensor x = randn({c.B, c.Tq, c.E}, 8);
   MhaForwardOptions o;
   o.need_weights = false;  // fused attention path
-  const MhaOutput packed = mha.forward(x, x, x, o);  // same tensor: one (3E, E) projection
+  const MhaResult packed = mha.forward(x, x, x, o);  // same tensor: one (3E, E) projection
   EXPECT_FALSE(packed.weights.defined());
   const auto ref = mha_reference(x, x, x, params_of(mha));
-  EXPECT_TRUE(AllClose(packed.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(packed.out.value, ref.out, kModuleVsDouble));
   // Equal values in distinct storage take the three-projection path: same result up to float reordering.
-  const MhaOutput sliced = mha.forward(x, x.clone(), x.clone(), o);
-  EXPECT_TRUE(AllClose(sliced.out, packed.out, kFloatReorder));
+  const MhaResult sliced = mha.forward(x, x.clone(), x.clone(), o);
+  EXPECT_TRUE(AllClose(sliced.out.value, packed.out.value, kFloatReorder));
   // key is value but not query (cross-attention on memory): the (2E, E) projection.
   const Tensor mem = x.clone();
-  EXPECT_TRUE(AllClose(mha.forward(x, mem, mem, o).out, packed.out, kFloatReorder));
+  EXPECT_TRUE(AllClose(mha.forward(x, mem, mem, o).out.value, packed.out.value, kFloatReorder));
 }
 
 TEST(MultiheadAttention, NonContiguousInputsAndOddSizes) {
@@ -78,9 +78,9 @@ TEST(MultiheadAttention, NonContiguousInputsAndOddSizes) {
   ASSERT_FALSE(qt.is_contiguous());
   const Tensor k = randn({2, 7, 3}, 6).transpose(1, 2);  // (2, 3, 7)
   ASSERT_FALSE(k.is_contiguous());
-  const MhaOutput r = mha.forward(qt, k, k);
+  const MhaResult r = mha.forward(qt, k, k);
   const auto ref = mha_reference(qt, k, k, params_of(mha));
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
 }
 
 TEST(MultiheadAttention, NeedWeightsAveragedIsMeanOfPerHead) {
@@ -89,16 +89,16 @@ TEST(MultiheadAttention, NeedWeightsAveragedIsMeanOfPerHead) {
   MultiheadAttention mha(c.E, c.H, rng);
   randomize_parameters(mha, 9);
   const Tensor q = randn({c.B, c.Tq, c.E}, 10), k = randn({c.B, c.Tk, c.E}, 11);
-  const MhaOutput avg = mha.forward(q, k, k);  // PyTorch defaults: need_weights, averaged
+  const MhaResult avg = mha.forward(q, k, k);  // PyTorch defaults: need_weights, averaged
   MhaForwardOptions o;
   o.average_attn_weights = false;
-  const MhaOutput per = mha.forward(q, k, k, o);
+  const MhaResult per = mha.forward(q, k, k, o);
   ASSERT_EQ(avg.weights.shape(), Shape({c.B, c.Tq, c.Tk}));
   const auto ref = mha_reference(q, k, k, params_of(mha));
   EXPECT_TRUE(AllClose(avg.weights, mean_heads(ref.weights, c.B, c.H, c.Tq, c.Tk), kModuleVsDouble));
   EXPECT_TRUE(AllClose(avg.weights, mean_heads(qkv::testing::to_double(per.weights), c.B, c.H, c.Tq, c.Tk),
                        kFloatReorder));
-  EXPECT_TRUE(BitIdentical(avg.out, per.out));
+  EXPECT_TRUE(BitIdentical(avg.out.value, per.out.value));
   // Each averaged row is a distribution.
   const auto w = avg.weights.to_vector();
   for (int64_t row = 0; row < c.B * c.Tq; ++row) {
@@ -122,11 +122,11 @@ TEST(MultiheadAttention, KeyPaddingMaskNonzeroMeansIgnore) {
   MhaForwardOptions o;
   o.key_padding_mask = kpm;
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(q, k, k, o);
+  const MhaResult r = mha.forward(q, k, k, o);
   const auto ref = mha_reference(q, k, k, params_of(mha), [&](int64_t b, int64_t, int64_t, int64_t j) {
     return kpm.at({b, j}) != 0.0f ? kNegInf : 0.0;
   });
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble));
   for (int64_t h = 0; h < c.H; ++h)
     for (int64_t i = 0; i < c.Tq; ++i) {
@@ -138,7 +138,7 @@ TEST(MultiheadAttention, KeyPaddingMaskNonzeroMeansIgnore) {
   const Tensor q0 = q.slice(0, 0, 1), k0 = k.slice(0, 0, 1).slice(1, 0, c.Tk - 2);
   MhaForwardOptions plain;
   plain.need_weights = false;
-  EXPECT_TRUE(AllClose(r.out.slice(0, 0, 1), mha.forward(q0, k0, k0, plain).out, kFloatReorder));
+  EXPECT_TRUE(AllClose(r.out.value.slice(0, 0, 1), mha.forward(q0, k0, k0, plain).out.value, kFloatReorder));
   // kKeep is the opposite polarity; kAdditive with -inf is the same as kBlock.
   MhaForwardOptions keep = o;
   Tensor inverted = Tensor::zeros({c.B, c.Tk});
@@ -146,7 +146,7 @@ TEST(MultiheadAttention, KeyPaddingMaskNonzeroMeansIgnore) {
     for (int64_t j = 0; j < c.Tk; ++j) inverted.at({b, j}) = kpm.at({b, j}) != 0.0f ? 0.0f : 1.0f;
   keep.key_padding_mask = inverted;
   keep.key_padding_mask_kind = MaskKind::kKeep;
-  EXPECT_TRUE(BitIdentical(mha.forward(q, k, k, keep).out, r.out));
+  EXPECT_TRUE(BitIdentical(mha.forward(q, k, k, keep).out.value, r.out.value));
   MhaForwardOptions additive = o;
   Tensor add = Tensor::zeros({c.B, c.Tk});
   for (int64_t b = 0; b < c.B; ++b)
@@ -154,7 +154,7 @@ TEST(MultiheadAttention, KeyPaddingMaskNonzeroMeansIgnore) {
       add.at({b, j}) = kpm.at({b, j}) != 0.0f ? -std::numeric_limits<float>::infinity() : 0.0f;
   additive.key_padding_mask = add;
   additive.key_padding_mask_kind = MaskKind::kAdditive;
-  EXPECT_TRUE(AllClose(mha.forward(q, k, k, additive).out, r.out, kFloatReorder));
+  EXPECT_TRUE(AllClose(mha.forward(q, k, k, additive).out.value, r.out.value, kFloatReorder));
 }
 
 TEST(MultiheadAttention, AttnMaskBoolTrueMeansNotAllowed) {
@@ -168,11 +168,11 @@ TEST(MultiheadAttention, AttnMaskBoolTrueMeansNotAllowed) {
   MhaForwardOptions o;
   o.attn_mask = m;  // default kind kBlock
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(q, k, k, o);
+  const MhaResult r = mha.forward(q, k, k, o);
   const auto ref = mha_reference(q, k, k, params_of(mha), [&](int64_t, int64_t, int64_t i, int64_t j) {
     return m.at({i, j}) != 0.0f ? kNegInf : 0.0;
   });
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.H; ++h)
       for (int64_t i = 0; i < c.Tq; ++i) EXPECT_EQ(r.weights.at({b, h, i, (i + 2) % c.Tk}), 0.0f);
@@ -184,7 +184,7 @@ TEST(MultiheadAttention, AttnMaskBoolTrueMeansNotAllowed) {
   const auto ref_a = mha_reference(q, k, k, params_of(mha), [&](int64_t, int64_t, int64_t i, int64_t j) {
     return static_cast<double>(bias.at({i, j}));
   });
-  EXPECT_TRUE(AllClose(mha.forward(q, k, k, a).out, ref_a.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(mha.forward(q, k, k, a).out.value, ref_a.out, kModuleVsDouble));
 }
 
 TEST(MultiheadAttention, PerBatchHeadMaskRowIsBTimesHPlusH) {
@@ -200,11 +200,11 @@ TEST(MultiheadAttention, PerBatchHeadMaskRowIsBTimesHPlusH) {
   MhaForwardOptions o;
   o.attn_mask = m;
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(q, k, k, o);
+  const MhaResult r = mha.forward(q, k, k, o);
   const auto ref = mha_reference(q, k, k, params_of(mha), [&](int64_t b, int64_t h, int64_t, int64_t j) {
     return j == (b * c.H + h) % c.Tk ? kNegInf : 0.0;
   });
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble));
 }
 
@@ -225,12 +225,12 @@ TEST(MultiheadAttention, KeyPaddingAndAttnMaskAndBiasCombine) {
   o.attn_mask = am;
   o.attn_bias = bias;
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(q, k, k, o);
+  const MhaResult r = mha.forward(q, k, k, o);
   const auto ref = mha_reference(q, k, k, params_of(mha), [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     if (kpm.at({b, j}) != 0.0f || am.at({i, j}) != 0.0f) return kNegInf;
     return static_cast<double>(bias.at({0, h, i, j}));
   });
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble));
   // attn_bias alone equals the same values passed as a (B*H, Tq, Tk) additive attn_mask.
   MhaForwardOptions only_bias;
@@ -238,7 +238,7 @@ TEST(MultiheadAttention, KeyPaddingAndAttnMaskAndBiasCombine) {
   MhaForwardOptions as_mask;
   as_mask.attn_mask = bias.expand({c.B, c.H, c.Tq, c.Tk}).reshape({c.B * c.H, c.Tq, c.Tk});
   as_mask.attn_mask_kind = MaskKind::kAdditive;
-  EXPECT_TRUE(BitIdentical(mha.forward(q, k, k, only_bias).out, mha.forward(q, k, k, as_mask).out));
+  EXPECT_TRUE(BitIdentical(mha.forward(q, k, k, only_bias).out.value, mha.forward(q, k, k, as_mask).out.value));
 }
 
 TEST(MultiheadAttention, FullyMaskedRowIsZeroNotNaN) {
@@ -253,16 +253,16 @@ TEST(MultiheadAttention, FullyMaskedRowIsZeroNotNaN) {
   for (int64_t j = 0; j < c.Tk; ++j) kpm.at({0, j}) = 1.0f;  // batch 0: every key padded
   MhaForwardOptions o;
   o.key_padding_mask = kpm;
-  const MhaOutput r = mha.forward(q, k, k, o);
-  EXPECT_FALSE(AnyNaN(r.out));
+  const MhaResult r = mha.forward(q, k, k, o);
+  EXPECT_FALSE(AnyNaN(r.out.value));
   EXPECT_FALSE(AnyNaN(r.weights));
   for (int64_t i = 0; i < c.Tq; ++i)
-    for (int64_t e = 0; e < c.E; ++e) EXPECT_EQ(r.out.at({0, i, e}), mha.out_proj.bias.at({e}));
+    for (int64_t e = 0; e < c.E; ++e) EXPECT_EQ(r.out.value.at({0, i, e}), mha.out_proj.bias.at({e}));
   for (int64_t i = 0; i < c.Tq; ++i)
     for (int64_t j = 0; j < c.Tk; ++j) EXPECT_EQ(r.weights.at({0, i, j}), 0.0f);
   // The fused path (no weights) agrees.
   o.need_weights = false;
-  EXPECT_TRUE(AllClose(mha.forward(q, k, k, o).out, r.out, kFloatReorder));
+  EXPECT_TRUE(AllClose(mha.forward(q, k, k, o).out.value, r.out.value, kFloatReorder));
 }
 
 TEST(MultiheadAttention, IsCausalNoLeakFromFuture) {
@@ -280,16 +280,16 @@ TEST(MultiheadAttention, IsCausalNoLeakFromFuture) {
     MhaForwardOptions o;
     o.is_causal = true;
     o.need_weights = need_weights;
-    const Tensor ox = mha.forward(x, x, x, o).out, oy = mha.forward(y, y, y, o).out;
+    const Tensor ox = mha.forward(x, x, x, o).out.value, oy = mha.forward(y, y, y, o).out.value;
     EXPECT_TRUE(BitIdentical(ox.slice(1, 0, 3), oy.slice(1, 0, 3))) << "need_weights " << need_weights;
     EXPECT_FALSE(BitIdentical(ox.slice(1, 3, T), oy.slice(1, 3, T)));
   }
   MhaForwardOptions o;
   o.is_causal = true;
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(x, x, x, o);
+  const MhaResult r = mha.forward(x, x, x, o);
   const auto ref = mha_reference(x, x, x, params_of(mha), {}, /*causal=*/true);
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble));
   // is_causal with an explicit causal attn_mask (PyTorch's hint usage) gives the same result.
   Tensor causal = Tensor::zeros({T, T});
@@ -297,7 +297,7 @@ TEST(MultiheadAttention, IsCausalNoLeakFromFuture) {
     for (int64_t j = i + 1; j < T; ++j) causal.at({i, j}) = 1.0f;
   MhaForwardOptions both = o;
   both.attn_mask = causal;
-  EXPECT_TRUE(BitIdentical(mha.forward(x, x, x, both).out, r.out));
+  EXPECT_TRUE(BitIdentical(mha.forward(x, x, x, both).out.value, r.out.value));
 }
 
 TEST(MultiheadAttention, EmptyQueryAndEmptyKeys) {
@@ -305,15 +305,15 @@ TEST(MultiheadAttention, EmptyQueryAndEmptyKeys) {
   MultiheadAttention mha(8, 2, rng);
   randomize_parameters(mha, 49);
   const Tensor k = randn({2, 4, 8}, 50);
-  const MhaOutput none = mha.forward(Tensor::zeros({2, 0, 8}), k, k);
-  EXPECT_EQ(none.out.shape(), Shape({2, 0, 8}));
+  const MhaResult none = mha.forward(Tensor::zeros({2, 0, 8}), k, k);
+  EXPECT_EQ(none.out.value.shape(), Shape({2, 0, 8}));
   EXPECT_EQ(none.weights.shape(), Shape({2, 0, 4}));
   // No keys at all: every row is fully masked, so the output is out_proj.bias and the weights are empty.
   const Tensor empty_k = Tensor::zeros({2, 0, 8});
-  const MhaOutput r = mha.forward(randn({2, 3, 8}, 51), empty_k, empty_k);
+  const MhaResult r = mha.forward(randn({2, 3, 8}, 51), empty_k, empty_k);
   EXPECT_EQ(r.weights.shape(), Shape({2, 3, 0}));
   for (int64_t i = 0; i < 3; ++i)
-    for (int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.out.at({1, i, e}), mha.out_proj.bias.at({e}));
+    for (int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.out.value.at({1, i, e}), mha.out_proj.bias.at({e}));
 }
 
 TEST(MultiheadAttention, IsCausalIsTopLeftWhenTqDiffersFromTk) {
@@ -326,9 +326,9 @@ TEST(MultiheadAttention, IsCausalIsTopLeftWhenTqDiffersFromTk) {
     MhaForwardOptions o;
     o.is_causal = true;
     o.average_attn_weights = false;
-    const MhaOutput r = mha.forward(q, k, k, o);
+    const MhaResult r = mha.forward(q, k, k, o);
     const auto ref = mha_reference(q, k, k, params_of(mha), {}, /*causal=*/true);
-    EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble)) << Tq << "x" << Tk;
+    EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble)) << Tq << "x" << Tk;
     EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble)) << Tq << "x" << Tk;
   }
 }
@@ -346,9 +346,9 @@ TEST(MultiheadAttention, KdimVdimUseSeparateProjections) {
   const Tensor q = randn({2, 4, E}, 33), k = randn({2, 6, kdim}, 34), v = randn({2, 6, vdim}, 35);
   MhaForwardOptions o;
   o.average_attn_weights = false;
-  const MhaOutput r = mha.forward(q, k, v, o);
+  const MhaResult r = mha.forward(q, k, v, o);
   const auto ref = mha_reference(q, k, v, params_of(mha));
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble));
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble));
   // kdim == embed_dim but vdim differs: still separate.
   MultiheadAttention mixed(E, H, rng, 0.0f, true, E, vdim);
@@ -364,9 +364,9 @@ TEST(MultiheadAttention, BiasFalseHasNoBiasesAndMapsZeroToZero) {
   EXPECT_FALSE(mha.in_proj_bias.defined());
   randomize_parameters(mha, 36);
   const Tensor zeros = Tensor::zeros({1, 3, 8});
-  for (float v : mha.forward(zeros, zeros, zeros).out.to_vector()) EXPECT_EQ(v, 0.0f);
+  for (float v : mha.forward(zeros, zeros, zeros).out.value.to_vector()) EXPECT_EQ(v, 0.0f);
   const Tensor x = randn({2, 3, 8}, 37);
-  EXPECT_TRUE(AllClose(mha.forward(x, x, x).out, mha_reference(x, x, x, params_of(mha)).out, kModuleVsDouble));
+  EXPECT_TRUE(AllClose(mha.forward(x, x, x).out.value, mha_reference(x, x, x, params_of(mha)).out, kModuleVsDouble));
 }
 
 TEST(MultiheadAttention, StateDictNamesShapesAreTorchs) {
@@ -405,10 +405,10 @@ TEST(MultiheadAttention, StateDictRoundTripGivesIdenticalOutputs) {
   MultiheadAttention a(12, 3, r1), b(12, 3, r2);
   randomize_parameters(a, 38);
   const Tensor x = randn({2, 4, 12}, 39);
-  EXPECT_FALSE(BitIdentical(a.forward(x, x, x).out, b.forward(x, x, x).out));
+  EXPECT_FALSE(BitIdentical(a.forward(x, x, x).out.value, b.forward(x, x, x).out.value));
   StateDict sd = a.state_dict();
   b.load_state_dict(sd);
-  EXPECT_TRUE(BitIdentical(a.forward(x, x, x).out, b.forward(x, x, x).out));
+  EXPECT_TRUE(BitIdentical(a.forward(x, x, x).out.value, b.forward(x, x, x).out.value));
   // state_dict holds copies: changing it does not touch the module.
   sd["in_proj_weight"].fill(0.0f);
   EXPECT_NE(a.in_proj_weight.at({0, 0}), 0.0f);
@@ -445,18 +445,18 @@ TEST(MultiheadAttention, EvalDeterministicTrainDropoutDiffers) {
   randomize_parameters(mha, 40);
   const Tensor x = randn({2, 6, 12}, 41);
   mha.eval();
-  const Tensor e1 = mha.forward(x, x, x).out, e2 = mha.forward(x, x, x).out;
+  const Tensor e1 = mha.forward(x, x, x).out.value, e2 = mha.forward(x, x, x).out.value;
   EXPECT_TRUE(BitIdentical(e1, e2));
   mha.train();
   MhaForwardOptions o;
   o.average_attn_weights = false;
-  const MhaOutput t1 = mha.forward(x, x, x, o), t2 = mha.forward(x, x, x, o);
-  EXPECT_FALSE(BitIdentical(t1.out, t2.out));
-  EXPECT_FALSE(BitIdentical(t1.out, e1));
+  const MhaResult t1 = mha.forward(x, x, x, o), t2 = mha.forward(x, x, x, o);
+  EXPECT_FALSE(BitIdentical(t1.out.value, t2.out.value));
+  EXPECT_FALSE(BitIdentical(t1.out.value, e1));
   // Returned weights are the dropped ones (as PyTorch): every entry 0 or 2x an undropped weight.
   o.need_weights = true;
   mha.eval();
-  const MhaOutput ev = mha.forward(x, x, x, o);
+  const MhaResult ev = mha.forward(x, x, x, o);
   int zeros = 0;
   const auto tw = t1.weights.to_vector(), ew = ev.weights.to_vector();
   for (size_t i = 0; i < tw.size(); ++i) {
@@ -469,7 +469,7 @@ TEST(MultiheadAttention, EvalDeterministicTrainDropoutDiffers) {
   EXPECT_GT(zeros, static_cast<int>(tw.size()) / 4);
   EXPECT_LT(zeros, static_cast<int>(3 * tw.size()) / 4);
   // Back in eval the result is the deterministic one again.
-  EXPECT_TRUE(BitIdentical(mha.forward(x, x, x).out, e1));
+  EXPECT_TRUE(BitIdentical(mha.forward(x, x, x).out.value, e1));
 }
 
 TEST(MultiheadAttention, UnbatchedEqualsBatchOfOne) {
@@ -481,13 +481,13 @@ TEST(MultiheadAttention, UnbatchedEqualsBatchOfOne) {
   kpm.at({2}) = 1.0f;
   MhaForwardOptions o;
   o.key_padding_mask = kpm;
-  const MhaOutput u = mha.forward(q, k, k, o);
-  ASSERT_EQ(u.out.shape(), Shape({4, 12}));
+  const MhaResult u = mha.forward(q, k, k, o);
+  ASSERT_EQ(u.out.value.shape(), Shape({4, 12}));
   ASSERT_EQ(u.weights.shape(), Shape({4, 5}));
   MhaForwardOptions ob;
   ob.key_padding_mask = kpm.unsqueeze(0);
-  const MhaOutput b = mha.forward(q.unsqueeze(0), k.unsqueeze(0), k.unsqueeze(0), ob);
-  EXPECT_TRUE(BitIdentical(u.out, b.out.squeeze(0)));
+  const MhaResult b = mha.forward(q.unsqueeze(0), k.unsqueeze(0), k.unsqueeze(0), ob);
+  EXPECT_TRUE(BitIdentical(u.out.value, b.out.value.squeeze(0)));
   EXPECT_TRUE(BitIdentical(u.weights, b.weights.squeeze(0)));
 }
 
@@ -554,7 +554,7 @@ TEST(MultiheadAttention, KvCacheChunksEqualCausalSelfAttentionOfTheWholeSequence
   int64_t at = 0;
   for (int64_t n : {3, 1, 2}) {
     const Tensor chunk = x.slice(1, at, at + n).contiguous();
-    out.slice(1, at, at + n).copy_from(mha.forward(chunk, chunk, chunk, o).out);
+    out.slice(1, at, at + n).copy_from(mha.forward(chunk, chunk, chunk, o).out.value);
     at += n;
   }
   EXPECT_TRUE(AllClose(out, ref.out, kModuleVsDouble));
@@ -573,7 +573,7 @@ TEST(MultiheadAttention, FixedKvCacheEqualsCrossAttentionOnTheMemory) {
     const Tensor x = randn({c.B, c.Tq, c.E}, 44), mem = randn({c.B, c.Tk, dim}, 45);
     MhaForwardOptions o;
     o.average_attn_weights = false;
-    const MhaOutput direct = mha.forward(x, mem, mem, o);
+    const MhaResult direct = mha.forward(x, mem, mem, o);
     KvCache cache;
     auto [k, v] = mha.project_kv(mem, mem);
     cache.reset(c.B, c.H, c.E / c.H);
@@ -581,8 +581,8 @@ TEST(MultiheadAttention, FixedKvCacheEqualsCrossAttentionOnTheMemory) {
     MhaForwardOptions f = o;
     f.kv_cache = &cache;
     f.kv_cache_fixed = true;
-    const MhaOutput cached = mha.forward(x, Tensor(), Tensor(), f);
-    EXPECT_TRUE(AllClose(cached.out, direct.out, kFloatReorder)) << "kdim " << kdim;
+    const MhaResult cached = mha.forward(x, Tensor(), Tensor(), f);
+    EXPECT_TRUE(AllClose(cached.out.value, direct.out.value, kFloatReorder)) << "kdim " << kdim;
     EXPECT_TRUE(AllClose(cached.weights, direct.weights, kFloatReorder)) << "kdim " << kdim;
     EXPECT_EQ(cache.length(), c.Tk);  // a fixed cache is never appended to
   }

@@ -72,13 +72,13 @@ TEST_P(MhaOptionsVsOracle, OutAndWeightsMatchTheDoubleLoop) {
     o.key_padding_mask.data()[kB * kT - 1] = 1.0f;
     mask = [](int64_t b, int64_t, int64_t, int64_t j) { return b == 1 && j == kT - 1 ? -INFINITY : 0.0; };
   }
-  const MhaOutput r = mha.forward(x, x, x, o);
+  const MhaResult r = mha.forward(x, x, x, o);
   const auto ref = mha_reference(x, x, x, params_of(mha), mask, false, ex);
-  EXPECT_TRUE(AllClose(r.out, ref.out, kModuleVsDouble)) << p.name;
+  EXPECT_TRUE(AllClose(r.out.value, ref.out, kModuleVsDouble)) << p.name;
   EXPECT_TRUE(AllClose(r.weights, ref.weights, kModuleVsDouble)) << p.name;  // weights are never gated
   // The fused path (no weights asked for) gives the same output.
   o.need_weights = false;
-  EXPECT_TRUE(AllClose(mha.forward(x, x, x, o).out, ref.out, kModuleVsDouble)) << p.name << " (no weights)";
+  EXPECT_TRUE(AllClose(mha.forward(x, x, x, o).out.value, ref.out, kModuleVsDouble)) << p.name << " (no weights)";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -111,12 +111,12 @@ TEST(MhaOptions, KvCacheStepsEqualTheFullCausalForward) {
       o.rel_k = ad::Var(randn({2 * kClip + 1, kD}, 11, 0.5f));
       o.rel_v = ad::Var(randn({2 * kClip + 1, kD}, 12, 0.5f));
     }
-    const Tensor full = mha.forward(x, x, x, o).out;
+    const Tensor full = mha.forward(x, x, x, o).out.value;
     KvCache cache;
     o.kv_cache = &cache;
     for (int64_t t = 0; t < kT; ++t) {
       const Tensor xt = x.slice(1, t, t + 1).contiguous();
-      const Tensor step = mha.forward(xt, xt, xt, o).out;
+      const Tensor step = mha.forward(xt, xt, xt, o).out.value;
       EXPECT_TRUE(AllClose(step, full.slice(1, t, t + 1), kFloatReorder)) << "relative " << relative << " t " << t;
     }
   }
@@ -233,7 +233,7 @@ TEST(TransformerEncoderLayerOptions, NormAndResidualSwitchesComposeTheBlocks) {
       MhaForwardOptions o;
       o.need_weights = false;
       o.rotary = true;
-      const Tensor sa = layer.self_attn.forward(x, x, x, o).out;
+      const Tensor sa = layer.self_attn.forward(x, x, x, o).out.value;
       const Tensor x1 = residual ? add(x, sa) : sa;
       const Tensor f = layer.ff.forward(Context(), ad::Var(x1)).value;
       EXPECT_TRUE(AllClose(layer.forward(x), residual ? add(x1, f) : f, kFloatReorder))

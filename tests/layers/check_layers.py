@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The layer map, enforced: every `#include "qkv/<layer>/..."` in src/, include/, cli/ and python/ must be an edge
-of ALLOWED below (imports point down only). Run by ctest as `layer_map_has_no_upward_include`.
+of ALLOWED below (imports point down only), and no relative `#include "../..."` may reach a private header of
+another layer (src/<layer>/x.h is its own layer's; others include the public qkv/<layer>/ headers). Run by ctest
+as `layer_map_has_no_upward_include`.
 
 Usage: check_layers.py REPO_ROOT     exits 1 and lists each offending file:line and edge."""
 import os
@@ -70,6 +72,13 @@ def main(root):
                     if dep != layer and dep not in ALLOWED[layer]:
                         line = text.count("\n", 0, m.start()) + 1
                         bad.append(f"{rel}:{line}: {layer} -> {dep} is not an allowed edge")
+                for m in RELATIVE.finditer(text):
+                    target = os.path.relpath(os.path.normpath(os.path.join(dirpath, m.group(1))), root)
+                    owner = layer_of(target) if target.startswith("src" + os.sep) else None
+                    if owner is not None and owner != layer:
+                        line = text.count("\n", 0, m.start()) + 1
+                        bad.append(f"{rel}:{line}: {layer} includes {target}, a private header of {owner}; "
+                                   f"include its public qkv/{owner}/ header")
     if seen == 0:
         bad.append("no qkv include found: wrong root?")
     for layer, deps in ALLOWED.items():

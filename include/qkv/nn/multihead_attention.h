@@ -70,14 +70,10 @@ struct MhaForwardOptions {
   bool out_proj_bias = true;
 };
 
-// The forward on a Context: out on the tape when the Context trains; weights are never differentiated.
+// What forward returns: out (on the tape when the Context trains; a constant, read as out.value, in inference) and
+// the weights, which are never differentiated.
 struct MhaResult {
   ad::Var out;     // (B, Tq, E)  [(Tq, E) unbatched]
-  Tensor weights;  // as MhaOutput::weights
-};
-
-struct MhaOutput {
-  Tensor out;      // (B, Tq, E)  [(Tq, E) unbatched]
   Tensor weights;  // (B, Tq, Tk) or (B, H, Tq, Tk); undefined when !need_weights. After dropout, as PyTorch.
 };
 
@@ -97,7 +93,7 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng& rng, float dropout = 0.0f, bool bias = true,
                      int64_t kdim = 0, int64_t vdim = 0);
 
-  // query: (B, Tq, E)  key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  out (B, Tq, E), weights (see MhaOutput).
+  // query: (B, Tq, E)  key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  out (B, Tq, E), weights (see MhaResult).
   // Unbatched (Tq, E), (Tk, kdim), (Tk, vdim) are accepted too, as PyTorch.
   // When query, key and value are the same tensor and the weights are packed, one (3E, E) projection is used.
   // attn_bias: an extra additive bias broadcastable to (B, H, Tq, Tk) that may take a gradient (T5's table
@@ -109,7 +105,7 @@ class MultiheadAttention : public Module {
   // attends to (a fixed memory for kv_cache_fixed).
   std::pair<Tensor, Tensor> project_kv(const Tensor& key, const Tensor& value) const;
   // Inference (or dropout from this module's own Rng in training mode).
-  MhaOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
+  MhaResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
                     const MhaForwardOptions& options = {});
 
   int64_t embed_dim() const { return embed_dim_; }

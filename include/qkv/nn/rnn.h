@@ -34,7 +34,8 @@ struct GruCellResult {
 // gi: (B, 3H) input projection (rows may be strided)  h: (B, H)  w_hh: (3H, H)  b_hh: (3H) or undefined
 GruCellResult gru_cell_step(const Tensor& gi, const Tensor& h, const Tensor& w_hh, const Tensor& b_hh);
 
-// As torch.gru_cell: x: (B, E)  h: (B, H)  w_ih: (3H, E)  w_hh: (3H, H)  b_ih, b_hh: (3H) or undefined
+// As torch.gru_cell, the whole cell from the input x (the _step functions take its projection gi instead):
+// x: (B, E)  h: (B, H)  w_ih: (3H, E)  w_hh: (3H, H)  b_ih, b_hh: (3H) or undefined
 GruCellResult gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
                        const Tensor& b_ih = {}, const Tensor& b_hh = {});
 
@@ -54,7 +55,8 @@ struct LstmCellResult {
 LstmCellResult lstm_cell_step(const Tensor& gi, const Tensor& h, const Tensor& c, const Tensor& w_hh,
                               const Tensor& b_hh);
 
-// As torch.lstm_cell: x: (B, E)  h, c: (B, H)  w_ih: (4H, E)  w_hh: (4H, H)  b_ih, b_hh: (4H) or undefined
+// As torch.lstm_cell, the whole cell from the input x (the _step functions take its projection gi instead):
+// x: (B, E)  h, c: (B, H)  w_ih: (4H, E)  w_hh: (4H, H)  b_ih, b_hh: (4H) or undefined
 LstmCellResult lstm_cell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& w_ih,
                          const Tensor& w_hh, const Tensor& b_ih = {}, const Tensor& b_hh = {});
 
@@ -90,8 +92,8 @@ struct RnnLayerVars {
 
 // The layer loop behind GRU / LSTM forward, for weights given directly (gates 3 = GRU, 4 = LSTM).
 // x: (B, T, E) when batch_first, else (T, B, E)  h0, c0: (L, B, H) or undefined  lengths: as GRU::forward.
-// Per layer: one input-projection GEMM over all steps, then one fused cell (ad::gru_cell / lstm_cell) per step;
-// padded steps keep the state and give output 0.
+// Per layer: one input-projection GEMM over all steps, then one fused cell (ad::gru_cell_step / lstm_cell_step)
+// per step; padded steps keep the state and give output 0.
 RnnVars rnn_layers(int64_t gates, const std::vector<RnnLayerVars>& layers, const ad::Var& x, const ad::Var& h0,
                    const ad::Var& c0, const std::vector<int64_t>& lengths, bool batch_first = true);
 
@@ -196,8 +198,8 @@ namespace qkv::ad {
 // GRU step, torch.nn.GRU's formulas and gate order (r, z, n), as nn::gru_cell_step:
 // gi: (B, 3H) input projection x·W_ihᵀ + b_ih (may be a strided view)  h: (B, H)  w_hh: (3H, H)
 // b_hh: (3H) or undefined  ->  h' (B, H)
-Var gru_cell(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh,
-             const std::vector<uint8_t>& active = {});
+Var gru_cell_step(const Var& gi, const Var& h, const Var& w_hh, const Var& b_hh,
+                  const std::vector<uint8_t>& active = {});
 
 // LSTM step, gates (i, f, g, o), as nn::lstm_cell_step: gi: (B, 4H)  h, c: (B, H)  w_hh: (4H, H)
 // b_hh: (4H) or undefined  ->  (h', c')
@@ -205,7 +207,7 @@ struct LstmVars {
   Var h;
   Var c;
 };
-LstmVars lstm_cell(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
-                   const std::vector<uint8_t>& active = {});
+LstmVars lstm_cell_step(const Var& gi, const Var& h, const Var& c, const Var& w_hh, const Var& b_hh,
+                        const std::vector<uint8_t>& active = {});
 
 }  // namespace qkv::ad

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/core/error.h"
 #include "qkv/core/tensor.h"
 
 namespace qkv::ad {
@@ -208,4 +210,28 @@ class Binder {
   std::vector<Var> vars_;
 };
 
+// For op authors in any layer (ops' differentiable functions, nn's fused RNN cells, train's cross-entropy).
+namespace detail {
+
+// The tape of the first input that needs a gradient; nullptr when none does.
+inline Tape* tape_of(std::initializer_list<const Var*> inputs) {
+  for (const Var* v : inputs)
+    if (v && v->slot >= 0) return v->tape;
+  return nullptr;
+}
+
+// Records `fn` (a callable (Tape&, std::span<const Tensor>)) as the backward of `value` when any input needs
+// a gradient; otherwise returns `value` as a constant without building the closure's std::function.
+template <class F>
+Var record(const Tensor& value, std::initializer_list<const Var*> inputs, F&& fn) {
+  Tape* t = tape_of(inputs);
+  if (!t) return Var(value);
+  return t->record(value, inputs, Tape::Backward(std::forward<F>(fn)));
+}
+
+inline void check_defined(const Var& v, const char* op, const char* name) {
+  QKV_CHECK_ARG(v.defined(), "[", op, "] ", name, " is undefined");
+}
+
+}  // namespace detail
 }  // namespace qkv::ad
