@@ -311,12 +311,13 @@ struct Gate {
   }
 };
 
-TEST(Scheduler, CancelEndsAQueuedAndARunningRequestAndReturnsTheirPages) {
+void cancel_queued_and_running(bool reuse) {
+  SCOPED_TRACE(reuse ? "prefix cache" : "no prefix cache");
   const auto m = small_model();
   SchedulerOptions so;
   so.max_batch = 1;
   so.page_size = 4;
-  so.reuse_prefix = false;
+  so.reuse_prefix = reuse;
   Scheduler s(*m, so);
   RequestOptions o;
   o.max_new_tokens = 80;
@@ -338,10 +339,17 @@ TEST(Scheduler, CancelEndsAQueuedAndARunningRequestAndReturnsTheirPages) {
   EXPECT_LT(ra.generation.tokens.size(), 80u);
   s.cancel(ia);  // finished: ignored
   s.shutdown(true);
-  EXPECT_EQ(s.stats().kv_pages_used, 0);
+  // The prefix cache keeps the whole pages of a's 9 prompt positions and the n - 1 tokens fed back; nothing else.
+  const auto n = static_cast<int64_t>(ra.generation.tokens.size());
+  EXPECT_EQ(s.stats().kv_pages_used, reuse ? (9 + n - 1) / 4 : 0);
   EXPECT_EQ(s.stats().running, 0);
   EXPECT_EQ(a.done_calls, 1);
   EXPECT_EQ(b.done_calls, 1);
+}
+
+TEST(Scheduler, CancelEndsAQueuedAndARunningRequestAndReturnsTheirPages) {
+  cancel_queued_and_running(false);
+  cancel_queued_and_running(true);
 }
 
 TEST(Scheduler, OnTokenReturningFalseCancelsTheRequest) {

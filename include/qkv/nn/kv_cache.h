@@ -44,8 +44,8 @@ class KvCache {
   // max_pages, int32; entries past a row's length are unused).
   bool paged() const { return page_ > 0; }
   int64_t page_size() const { return page_; }
-  const Tensor& key_pages() const { return pool_->k; }
-  const Tensor& value_pages() const { return pool_->v; }
+  const Tensor& key_pages() const { return pool_ ? pool_->k : k_; }  // not paged: the (N, H, capacity, D) storage
+  const Tensor& value_pages() const { return pool_ ? pool_->v : v_; }
   std::span<const int32_t> block_table() const { return table_; }
   int64_t max_pages() const { return max_pages_; }
   // Pool pages held by at least one row or retain, of every cache on this pool (a shared page counts once).
