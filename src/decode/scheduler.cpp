@@ -219,6 +219,10 @@ struct Scheduler::Impl {
       throw;
     }
     rows.push_back(std::move(r));
+    {
+      std::lock_guard<std::mutex> lock(mu);  // submit() counts the places left in the batch
+      stats.running = static_cast<int64_t>(rows.size());
+    }
     if (!deliver(rows.back(), logits.data())) retire({static_cast<int64_t>(rows.size()) - 1});
     return true;
   }
@@ -342,9 +346,11 @@ uint64_t Scheduler::submit(std::vector<int64_t> prompt, const RequestOptions& o,
                 s.total_pages);
   std::lock_guard<std::mutex> lock(s.mu);
   QKV_CHECK_RUNTIME(s.accepting, "[scheduler] submit after shutdown");
-  if (static_cast<int64_t>(s.queue.size()) >= s.options.max_queued)
-    throw QueueFull(::qkv::detail::concat("[scheduler] ", s.queue.size(), " requests are waiting already (max_queued ",
-                                   s.options.max_queued, ")"));
+  // Queued requests for which the batch has a place now are not waiting for one.
+  const int64_t places = std::max<int64_t>(0, s.options.max_batch - s.stats.running);
+  if (static_cast<int64_t>(s.queue.size()) >= s.options.max_queued + places)
+    throw QueueFull(::qkv::detail::concat("[scheduler] ", s.queue.size(), " requests are queued for ", places,
+                                          " places in the batch already (max_queued ", s.options.max_queued, ")"));
   Request r;
   r.id = s.next_id++;
   r.prompt = std::move(prompt);

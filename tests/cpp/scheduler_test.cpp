@@ -398,6 +398,25 @@ TEST(Scheduler, QueueFullPastMaxQueued) {
   EXPECT_EQ(c.wait().generation.tokens.size(), 4u);
 }
 
+TEST(Scheduler, MaxQueuedZeroAcceptsOnlyWhileTheBatchHasAPlace) {
+  const auto m = small_model();
+  SchedulerOptions so;
+  so.max_batch = 2;
+  so.max_queued = 0;
+  Scheduler s(*m, so);
+  RequestOptions o;
+  o.max_new_tokens = 3;
+  Gate gate;
+  Collector a, b;
+  s.submit({1, 2}, o, gate.hold(), a.on_done());
+  gate.entered.get_future().wait();  // a runs: one place left
+  s.submit({3}, o, b.on_token(), b.on_done());
+  EXPECT_THROW(s.submit({4}, o, {}, {}), decode::QueueFull);
+  gate.open.set_value();
+  EXPECT_EQ(a.wait().generation.tokens.size(), 3u);
+  EXPECT_EQ(b.wait().generation.tokens.size(), 3u);
+}
+
 TEST(Scheduler, InvalidArgumentsAreRefusedAtSubmit) {
   const auto m = small_model(32);
   SchedulerOptions so;

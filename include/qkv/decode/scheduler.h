@@ -41,7 +41,8 @@ struct SchedulerOptions {
   int64_t page_size = 16;     // KV positions a page, >= 1
   int64_t kv_tokens = 0;      // positions the KV pool may hold for all sequences together (0: max_batch x context);
                               // the pool's memory grows as it fills, up to this budget
-  int64_t max_queued = 64;    // requests waiting for a place in the batch; submit() refuses more (QueueFull)
+  int64_t max_queued = 64;    // requests waiting for a place in the batch; submit() refuses more (QueueFull);
+                              // 0: none wait (a request is accepted only while the batch has a place for it)
   bool reuse_prefix = true;   // take a prompt's longest cached prefix from finished requests' pages
 };
 
