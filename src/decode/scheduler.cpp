@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <omp.h>
 #include <set>
 #include <thread>
 
@@ -316,11 +317,16 @@ Scheduler::Scheduler(const models::LlamaForCausalLM& model, const SchedulerOptio
   QKV_CHECK_ARG(o.page_size >= 1, "[scheduler] page_size must be >= 1, got ", o.page_size);
   QKV_CHECK_ARG(o.kv_tokens >= 0, "[scheduler] kv_tokens must be >= 0, got ", o.kv_tokens);
   QKV_CHECK_ARG(o.max_queued >= 0, "[scheduler] max_queued must be >= 0, got ", o.max_queued);
+  QKV_CHECK_ARG(o.threads >= 0, "[scheduler] threads must be >= 0, got ", o.threads);
   const int64_t tokens = o.kv_tokens > 0 ? o.kv_tokens : o.max_batch * context;
   const int64_t pages = (tokens + o.page_size - 1) / o.page_size;
   impl_ = std::make_unique<Impl>(model, o, pages);
   impl_->stats.kv_pages_total = pages;
-  impl_->worker = std::thread([this] { impl_->run(); });
+  const int threads = o.threads > 0 ? static_cast<int>(o.threads) : omp_get_max_threads();
+  impl_->worker = std::thread([this, threads] {
+    omp_set_num_threads(threads);  // a thread's own setting: the caller's does not carry over
+    impl_->run();
+  });
 }
 
 Scheduler::~Scheduler() { shutdown(false); }

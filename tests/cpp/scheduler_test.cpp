@@ -234,9 +234,13 @@ TEST(Scheduler, LogprobsEqualAFloat64LogSoftmaxOfAPlainForward) {
       ASSERT_EQ(e.top.size(), i == 0 ? 0u : 5u);
       for (size_t k = 0; k < e.top.size(); ++k) {
         EXPECT_NEAR(e.top[k].second, logp(e.top[k].first), kLogprobTolerance);
-        if (k > 0) EXPECT_GE(e.top[k - 1].second, e.top[k].second);
+        if (k > 0) {
+          EXPECT_GE(e.top[k - 1].second, e.top[k].second);
+        }
       }
-      if (i == 1) EXPECT_EQ(e.top[0].first, e.id);  // greedy: the chosen id is the most likely
+      if (i == 1) {
+        EXPECT_EQ(e.top[0].first, e.id);  // greedy: the chosen id is the most likely
+      }
       seq.push_back(e.id);
     }
   }
@@ -462,6 +466,12 @@ TEST(Scheduler, InvalidArgumentsAreRefusedAtSubmit) {
   b = SchedulerOptions{};
   b.kv_tokens = -1;
   EXPECT_THROW(Scheduler(*m, b), std::invalid_argument);
+  b = SchedulerOptions{};
+  b.max_queued = -1;
+  EXPECT_THROW(Scheduler(*m, b), std::invalid_argument);
+  b = SchedulerOptions{};
+  b.threads = -1;
+  EXPECT_THROW(Scheduler(*m, b), std::invalid_argument);
 }
 
 TEST(Scheduler, SmallKvBudgetMakesRequestsWaitNotFail) {
@@ -544,8 +554,23 @@ TEST(Scheduler, ShutdownFalseCancelsEveryRequest) {
   s.shutdown(true);  // a second shutdown returns at once
 }
 
+// The requests submitted together (max_batch: all of them) -> their results, in order.
+std::vector<RequestResult> serve_all(const models::LlamaForCausalLM& m, const std::vector<std::vector<int64_t>>& prompts,
+                                     const std::vector<RequestOptions>& options, SchedulerOptions so) {
+  so.max_batch = static_cast<int64_t>(prompts.size());
+  Scheduler s(m, so);
+  std::vector<std::unique_ptr<Collector>> got;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    got.push_back(std::make_unique<Collector>());
+    s.submit(prompts[i], options[i], got.back()->on_token(), got.back()->on_done());
+  }
+  std::vector<RequestResult> out;
+  for (auto& c : got) out.push_back(c->wait());
+  return out;
+}
+
 // The real model as stored (Q4_1 products): 8 prompts of different lengths decoded together get the tokens each
-// gets alone.
+// gets alone, on 2 threads and on 1.
 TEST(Scheduler, SmolLM2EightGreedyRequestsTogetherGetTheirAloneTokens) {
   const auto m = models::LlamaForCausalLM::from_gguf(testing::smollm2_gguf(), std::nullopt);
   std::vector<std::vector<int64_t>> prompts;
@@ -557,16 +582,21 @@ TEST(Scheduler, SmolLM2EightGreedyRequestsTogetherGetTheirAloneTokens) {
     o.max_new_tokens = 10 + i;
     options.push_back(o);
   }
-  expect_batched_equals_alone(*m, prompts, options, 16);
-  // Alone on one thread (the scheduler's runs on OMP_NUM_THREADS): the same tokens.
+  std::vector<decode::Generation> want;
+  for (size_t i = 0; i < prompts.size(); ++i) want.push_back(alone(*m, prompts[i], options[i], 16));
   const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  for (size_t i = 0; i < prompts.size(); i += 3) {
-    const decode::Generation one = alone(*m, prompts[i], options[i], 16);
-    omp_set_num_threads(saved);
-    EXPECT_EQ(one.tokens, alone(*m, prompts[i], options[i], 16).tokens) << "request " << i;
-    omp_set_num_threads(1);
+  for (int64_t threads : {2, 1}) {
+    SchedulerOptions so;
+    so.threads = threads;
+    const std::vector<RequestResult> got = serve_all(*m, prompts, options, so);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].generation.tokens, want[i].tokens) << "request " << i << ", " << threads << " threads";
+      EXPECT_EQ(got[i].generation.finish, want[i].finish) << "request " << i;
+    }
   }
+  omp_set_num_threads(1);  // alone on one thread too
+  for (size_t i = 0; i < prompts.size(); i += 3)
+    EXPECT_EQ(alone(*m, prompts[i], options[i], 16).tokens, want[i].tokens) << "alone on 1 thread, request " << i;
   omp_set_num_threads(saved);
 }
 

@@ -44,6 +44,8 @@ struct SchedulerOptions {
   int64_t max_queued = 64;    // requests waiting for a place in the batch; submit() refuses more (QueueFull);
                               // 0: none wait (a request is accepted only while the batch has a place for it)
   bool reuse_prefix = true;   // take a prompt's longest cached prefix from finished requests' pages
+  int64_t threads = 0;        // OpenMP threads of the scheduler's forwards, >= 0 (0: omp_get_max_threads() of the
+                              // thread that makes the scheduler, which a new thread would not inherit)
 };
 
 struct RequestOptions {
@@ -91,7 +93,7 @@ class Scheduler {
   using OnDone = std::function<void(const RequestResult&)>;
 
   // Starts the scheduler's thread. std::invalid_argument "[scheduler] ..." for max_batch < 1, page_size < 1,
-  // kv_tokens < 0 or max_queued < 0.
+  // kv_tokens < 0, max_queued < 0 or threads < 0.
   Scheduler(const models::LlamaForCausalLM& model, const SchedulerOptions& options);
   ~Scheduler();  // shutdown(false)
   Scheduler(const Scheduler&) = delete;
