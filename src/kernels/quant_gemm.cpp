@@ -188,17 +188,22 @@ void quantize_rows(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActiv
   out.s.resize(out.d.size());
   out.sum.resize(out.d.size());
   const int64_t nb = out.blocks;
-#pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < m; ++i) {
+  const auto row = [&](int64_t i) {
     const size_t o = static_cast<size_t>(i * nb);
     int8_t* q = out.q.data() + i * k;
     if (vector) {
       quant_detail::avx512::quantize_blocks(x + i * ldx, nb, q, &out.d[o], &out.s[o], &out.sum[o]);
-      continue;
+      return;
     }
     for (int64_t b = 0; b < nb; ++b)
       quant_detail::quantize_block(x + i * ldx + b * kQK, q + b * kQK, out.d[o + b], out.s[o + b], out.sum[o + b]);
+  };
+  if (m * k < (int64_t{1} << 16)) {  // a decode row: no parallel region at all (even a one-thread one costs)
+    for (int64_t i = 0; i < m; ++i) row(i);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) row(i);
 }
 
 }  // namespace
@@ -323,7 +328,12 @@ void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, c
   const int64_t n = w.rows, done = tiles_end(w, b);
   const int64_t tiles = done / b.tile, items = tiles + (n - done);  // whole tiles, then single columns
   const bool parallel = m * n * w.cols >= (int64_t{1} << 18);  // as the int8 product: below, one thread
-#pragma omp parallel if (parallel && items > 1)
+  if (!parallel || items <= 1) {  // no parallel region at all (even a one-thread one costs)
+    std::vector<uint8_t> scratch;
+    columns(t, b, done, 0, n, scratch);
+    return;
+  }
+#pragma omp parallel
   {
     std::vector<uint8_t> scratch;
 #pragma omp for schedule(static)
@@ -440,6 +450,9 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
   check_mlp(x, m, ldx, gate, up, down, y, ldy);
   if (m == 0) return;
   const Tiles b = active_tiles();
+  // silu_forward's own build, called here without its OpenMP loop (a nested region per call): the rule of its
+  // dispatch (activations.cpp), so h has the bits of silu_forward over all of it.
+  const auto silu = active_isa() >= Isa::kAvx2 ? avx2::silu_forward : portable::silu_forward;
   const int64_t e = gate.cols, f = gate.rows;
   QuantActivations ax, ah;
   quantize_rows(x, m, ldx, e, ax, b.vector_quantizer);
@@ -472,7 +485,7 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
       for (int64_t i = 0; i < m; ++i) {
         float* gi = g.data() + i * f;
         const float* ui = u.data() + i * f;
-        silu_forward(gi + j0, gi + j0, j1 - j0);
+        silu(gi + j0, gi + j0, j1 - j0);
         for (int64_t j = j0; j < j1; ++j) gi[j] = gi[j] * ui[j];
         const size_t o = static_cast<size_t>(i * ah.blocks + c0);
         int8_t* q = ah.q.data() + i * f + j0;
