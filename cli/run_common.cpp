@@ -12,24 +12,9 @@
 
 #include "checkpoint.h"
 #include "qkv/core/error.h"
+#include "qkv/core/io.h"
 
 namespace qkv::cli {
-
-std::string read_file_text(const std::string& path, const char* op) {
-  std::ifstream in(path, std::ios::binary);
-  QKV_CHECK_RUNTIME(in.good(), "[", op, "] cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-RunConfig load_run_config(const std::string& run_dir, const char* op) {
-  const std::string path = (std::filesystem::path(run_dir) / "config.json").string();
-  QKV_CHECK_ARG(std::filesystem::exists(path), "[", op, "] '", run_dir, "' is not a training run (no config.json)");
-  RunConfig c = RunConfig::from_json(read_file_text(path, op), path);
-  c.resolve_and_check();
-  return c;
-}
 
 std::unique_ptr<train::TextModel> load_trained_model(const std::string& run_dir, const RunConfig& c,
                                              const data::Vocabulary& vocab, int64_t& step, const char* op) {

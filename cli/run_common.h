@@ -10,16 +10,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "qkv/core/io.h"
 #include "qkv/data/vocab.h"
 #include "run_config.h"
 #include "run_model.h"
 
 namespace qkv::cli {
-
-std::string read_file_text(const std::string& path, const char* op);
-
-// RUN/config.json; invalid_argument "[op] RUN is not a training run (no config.json)" when absent.
-RunConfig load_run_config(const std::string& run_dir, const char* op);
 
 // A model of the run's kind with the latest checkpoint's weights; step receives the checkpoint's step.
 std::unique_ptr<train::TextModel> load_trained_model(const std::string& run_dir, const RunConfig& c,

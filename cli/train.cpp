@@ -1,12 +1,14 @@
 // `qkv train --model rnn|rnn-attn|transformer|decoder --task NAME|--data FILE.tsv --steps N --out DIR --seed S
-// [--resume DIR]`: trains with a live progress bar (plain log lines when stdout is not a terminal), periodic
-// evaluation (exact match, token accuracy) and atomic checkpoints; --resume continues bit-exactly. SIGINT/SIGTERM
-// finish the current step, write a checkpoint and exit 130/143; a second signal stops at once.
+// [--resume DIR]`: parses the options and runs the library's train::TextRun (periodic evaluation, atomic
+// checkpoints, bit-exact --resume) with a live progress bar (plain log lines when stdout is not a terminal).
+// SIGINT/SIGTERM set the run's stop flag: it finishes the current step, writes a checkpoint and the command exits
+// 130/143; a second signal stops at once.
 #include <omp.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -17,20 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.h"
 #include "commands.h"
 #include "qkv/core/error.h"
-#include "qkv/core/io.h"
 #include "qkv/parallel/comm.h"
-#include "qkv/ops/functional.h"
-#include "qkv/train/data_parallel.h"
-#include "qkv/train/trainer.h"
-#include "qkv/train/loss.h"
-#include "qkv/train/optim.h"
-#include "qkv/train/schedule.h"
+#include "qkv/train/text_run.h"
 #include "run_common.h"
-#include "run_data.h"
-#include "run_model.h"
 
 namespace qkv::cli {
 namespace fs = std::filesystem;
@@ -39,13 +32,19 @@ namespace {
 // SIGINT / SIGTERM: the handler only records the signal; the loop finishes its step, writes a checkpoint and exits
 // with 128 + signal. SA_RESETHAND restores the default action on delivery, so a second signal stops at once.
 volatile std::sig_atomic_t g_stop_signal = 0;
+std::atomic<bool> g_stop_requested{false};  // train::Run's cooperative stop flag (lock-free: safe in a handler)
+static_assert(std::atomic<bool>::is_always_lock_free);
 
-extern "C" void record_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void record_stop_signal(int sig) {
+  g_stop_signal = sig;
+  g_stop_requested.store(true, std::memory_order_relaxed);
+}
 
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
+    g_stop_requested.store(false);
     struct sigaction sa {};
     sa.sa_handler = record_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -94,30 +93,6 @@ std::string fmt_rate(double r) {
   else if (r >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
   else std::snprintf(buf, sizeof buf, "%.0f", r);
   return buf;
-}
-
-std::unique_ptr<train::Optimizer> make_optimizer(const RunConfig& c, ad::ParameterSet& params) {
-  if (c.optimizer == "sgd") {
-    train::SgdOptions o;
-    o.lr = c.lr;
-    o.momentum = c.momentum;
-    o.weight_decay = c.weight_decay;
-    return std::make_unique<train::SGD>(params, o);
-  }
-  train::AdamOptions o;
-  o.lr = c.lr;
-  o.weight_decay = c.weight_decay;
-  return std::make_unique<train::Adam>(params, o, c.optimizer == "adamw");
-}
-
-train::LrSchedule make_schedule(const RunConfig& c) {
-  train::LrSchedule s;
-  s.kind = train::schedule_kind_from_string(c.schedule);
-  s.lr = c.lr;
-  s.warmup = c.warmup;
-  s.d_model = c.d_model;
-  s.total_steps = std::max(c.steps, c.warmup);
-  return s;
 }
 
 // Prints the progress bar (terminal) or plain lines (pipe/file).
@@ -175,43 +150,6 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
-// Every rank must train the same run: refuses, on every rank, a configuration that differs, a layout that the
-// ranks do not match (data parallel: a global batch that does not split evenly; context parallel: other than
-// --context-parallel ranks, or sequences that the padding to 2N chunks takes past the decoder's learned positions;
-// Llama's rotary positions have no table).
-void check_same_run(parallel::Communicator& comm, const RunConfig& c, const RunData& d) {
-  const int64_t n = comm.size();
-  if (c.context_parallel > 1) {
-    QKV_CHECK_ARG(c.context_parallel == n, "[train] --context-parallel ", c.context_parallel, " needs exactly ",
-                  c.context_parallel, " ranks (mpirun -np ", c.context_parallel, "), got ", n,
-                  ": context and data parallelism together are not supported");
-    int64_t longest = 0;
-    for (const data::Example& e : d.train)
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(e.src.size() + e.tgt.size()) + 1);
-    const int64_t padded = (longest + 2 * n - 1) / (2 * n) * (2 * n);
-    QKV_CHECK_ARG(c.model != "decoder" || padded <= c.max_positions, "[train] --context-parallel ", n,
-                  " pads the longest training sequence (", longest, " tokens) to ", padded, " positions (2 x ", n,
-                  " equal chunks), more than --max-positions ", c.max_positions, ": raise --max-positions to at least ",
-                  padded);
-  } else {
-    QKV_CHECK_ARG(c.batch_size % n == 0, "[train] --batch-size ", c.batch_size, " (the global batch) does not ",
-                  "divide by the ", n, " ranks of mpirun");
-  }
-  // Every setting of config.json compared on its own, so that a difference names its flags.
-  std::string differ;
-  for (const auto& [key, value] : parse_flat_json(c.to_json(), "config.json")) {
-    try {
-      comm.check_same(parallel::hash_bytes(value.data(), value.size()), key);
-    } catch (const std::runtime_error&) {
-      std::string flag = key == "data_hash" ? "--data file contents" : "--" + key;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      differ += (differ.empty() ? "" : ", ") + flag;
-    }
-  }
-  QKV_CHECK_ARG(differ.empty(), "[train] the ranks of mpirun were given different ", differ,
-                ": every rank must train the same run (give them the same options)");
-}
-
 void run_train(TrainArgs a, const std::vector<Locked>& locked,
                const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>& data_opts,
                CLI::Option* model_opt, const std::vector<std::pair<CLI::Option*, std::function<void(RunConfig&)>>>&
@@ -225,13 +163,11 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked,
   if (!rank0) QKV_CHECK_RUNTIME(std::freopen("/dev/null", "w", stdout) != nullptr, "[train] rank ", rank,
                                 " cannot silence its standard output");
   const bool resume = !a.resume.empty();
-  std::string dir;
-  RunConfig c;
-  RunData d;
+  std::unique_ptr<train::TextRun> run;
   if (resume) {
     QKV_CHECK_ARG(a.out.empty() || fs::path(a.out).lexically_normal() == fs::path(a.resume).lexically_normal(),
                   "[train] --out '", a.out, "' and --resume '", a.resume, "' name different directories");
-    dir = a.resume;
+    const std::string& dir = a.resume;
     RunConfig saved = load_run_config(dir, "train");
     if (model_opt->count() > 0 && a.c.model != saved.model)
       throw std::invalid_argument("[train] '" + dir + "' holds a '" + saved.model + "' run, not '" + a.c.model +
@@ -240,102 +176,31 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked,
       if (l.opt->count() > 0 && l.value(a.c) != l.value(saved))
         throw std::invalid_argument("[train] " + l.opt->get_name() + " " + l.value(a.c) + " differs from the run's " +
                                     l.value(saved) + " in '" + dir + "/config.json'; a resumed run keeps its settings");
-    // New data options (the vocabulary must stay the same, checked below): each one given replaces its saved
+    // New data options (the vocabulary must stay the same, checked by the run): each one given replaces its saved
     // value; --task or --data replaces the source.
+    std::string given;  // the data options given, named if the vocabulary changes
     for (const auto& [opt, apply] : data_opts)
-      if (opt->count() > 0) apply(saved);
+      if (opt->count() > 0) {
+        apply(saved);
+        given += (given.empty() ? "" : " ") + opt->get_name() + " " + opt->as<std::string>();
+      }
     for (const auto& [opt, apply] : run_overrides)
       if (opt->count() > 0) apply(saved);
-    c = saved;
-    c.resolve_and_check();
-    const data::Vocabulary vocab = data::Vocabulary::load((fs::path(dir) / "vocab.txt").string());
-    const std::string old_hash = c.data_hash;
-    d = load_run_data(c);
-    QKV_CHECK_ARG(c.ranks == nranks, "[train] '", dir, "' was trained on ", c.ranks, " rank", c.ranks == 1 ? "" : "s",
-                  c.context_parallel > 1 ? " (context parallel)" : c.ranks > 1 ? " (data parallel)" : "",
-                  "; resuming it on ", nranks, " is refused (the split of every batch and the order of the gradient "
-                  "sums would change): resume with mpirun -np ", c.ranks);
-    check_same_run(comm, c, d);
-    if (d.vocab != vocab) {
-      std::string given;  // the data options that made the difference
-      for (const auto& [opt, apply] : data_opts)
-        if (opt->count() > 0) given += (given.empty() ? "" : " ") + opt->get_name() + " " + opt->as<std::string>();
-      throw std::invalid_argument("[train] vocabulary mismatch on resume: " +
-                                  (given.empty() ? std::string("the data") : "the data of " + given) +
-                                  " builds another vocabulary than '" + dir + "/vocab.txt' (" +
-                                  vocab_difference(vocab, d.vocab) +
-                                  "); a resumed run keeps its vocabulary, so its data may change only in ways that "
-                                  "keep it");
-    }
-    if (!old_hash.empty() && old_hash != c.data_hash)
+    run = train::TextRun::resume(saved, dir, &comm, given);
+    if (run->data_changed())
       std::fprintf(stderr, "qkv: warning: the data changed since the run started; the resumed run will differ\n");
   } else {
-    QKV_CHECK_ARG(!a.out.empty(), "[train] --out DIR is required (or --resume DIR)");
-    dir = a.out;
-    QKV_CHECK_ARG(!fs::exists(fs::path(dir) / "config.json"), "[train] '", dir,
-                  "' already holds a run; continue it with --resume ", dir, " or choose another --out");
-    c = a.c;
-    c.ranks = nranks;
-    c.resolve_and_check();
-    d = load_run_data(c);
-    check_same_run(comm, c, d);  // also: every rank has looked at `dir` before rank 0 writes to it
+    run = train::TextRun::start(a.c, a.out, &comm);
   }
-  if (!resume && rank0) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    QKV_CHECK_RUNTIME(!ec, "[train] cannot create '", dir, "': ", ec.message());
-    // A vocab.txt that is not this run's own (same bytes, as after a kill before config.json) is someone's file.
-    const std::string vocab_path = (fs::path(dir) / "vocab.txt").string();
-    if (fs::exists(vocab_path, ec) || fs::is_symlink(vocab_path, ec)) {
-      std::string existing;
-      try {
-        existing = read_file_text(vocab_path, "train");
-      } catch (const std::runtime_error&) {
-        existing.clear();
-      }
-      QKV_CHECK_ARG(existing == d.vocab.serialize(), "[train] '", vocab_path,
-                    "' already exists and was not written by this run; remove it or choose another --out");
-    }
-    d.vocab.save(vocab_path);
-  }
-  QKV_CHECK_ARG(!d.train.empty(), "[train] the training split is empty");
-  if (rank0) write_file_atomic((fs::path(dir) / "config.json").string(), c.to_json());
-
-  Rng init(c.seed);
-  std::unique_ptr<train::TextModel> model = make_run_model(c, d.vocab.size(), init);
-  ad::ParameterSet params(model->module());
-  std::unique_ptr<train::Optimizer> opt = make_optimizer(c, params);
-  const train::LrSchedule schedule = make_schedule(c);
-  TrainerState st;
-  const uint64_t dropout_seed = c.seed ^ 0xD80F0D7ULL;
-  Rng dropout_rng(dropout_seed);
-  const std::string ckpt = resume ? latest_checkpoint(dir) : "";
-  if (!ckpt.empty()) {
-    LoadedCheckpoint loaded = load_checkpoint(ckpt, c.model);
-    try {
-      model->module().load_state_dict(loaded.weights, true);
-      opt->load_state_dict(loaded.optimizer);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("[checkpoint] " + ckpt + " does not fit this '" + c.model + "' run: " + e.what());
-    }
-    st = loaded.state;
-    dropout_rng.set_state(st.dropout_rng_state);
-  }
-  train::DataParallel dp(comm, params);
-  dp.set_overlap(!a.no_overlap);
-  if (nranks > 1) dp.broadcast_from_root(*opt);
-  // Context parallel: every rank runs the whole batch on its positions of each sequence (ring attention), and its
-  // loss is its share of the global token mean.
-  const bool context_parallel = c.context_parallel > 1;
-  const train::ContextParallel cp(comm);
-  dp.set_loss_shares(context_parallel);
-  data::Sampler sampler(static_cast<int64_t>(d.train.size()), c.batch_size, c.seed ^ 0x5A3D1E5ULL);
-  sampler.seek(st.epoch, st.position);
-
+  const RunConfig& c = run->config();
+  const train::RunData& d = run->data();
+  const std::string& dir = run->dir();
+  const train::TrainerState& st = run->run().state();
+  const bool resumed = !run->resumed_from().empty();
   std::printf("%s %s: %lld parameters, vocabulary %lld, %zu train / %zu test examples, %s\n",
-              resume && !ckpt.empty() ? "resuming" : "training", c.model.c_str(),
-              static_cast<long long>(params.numel()), static_cast<long long>(d.vocab.size()), d.train.size(),
-              d.test.size(), resume && !ckpt.empty() ? ("from step " + std::to_string(st.step)).c_str() : dir.c_str());
+              resumed ? "resuming" : "training", c.model.c_str(), static_cast<long long>(run->num_parameters()),
+              static_cast<long long>(d.vocab.size()), d.train.size(), d.test.size(),
+              resumed ? ("from step " + std::to_string(st.step)).c_str() : dir.c_str());
   if (st.step >= c.steps) {
     std::printf("already at step %lld of %lld: nothing to do\n", static_cast<long long>(st.step),
                 static_cast<long long>(c.steps));
@@ -343,117 +208,41 @@ void run_train(TrainArgs a, const std::vector<Locked>& locked,
   }
   std::fflush(stdout);
 
-  train::CrossEntropyOptions ce;
-  ce.ignore_index = data::Vocabulary::kPad;
-  ce.label_smoothing = static_cast<float>(c.label_smoothing);
-  const DecodeSettings dec{c.max_decode_len, 1, 0.6, 64};
-  train::Trainer trainer(params, *opt, schedule, dropout_rng, c.clip);
-  if (nranks > 1) trainer.set_data_parallel(&dp);
   Progress progress(c.steps, st.step, nranks > 1);
-  int64_t tokens = 0;
-  const double elapsed_before = st.elapsed_s;
-  model->module().train();
-  // bf16 trains on its live weights; fp32, the new model's default, is left unprepared (packed fp32 copies would
-  // sit unused once the first step switches the model to its live weights).
-  if (const Precision p = parse_precision(c.precision); p != Precision::kFloat32) model->module().set_precision(p);
-  auto stopped = [&](bool saved) {
+  train::TextRunHooks hooks;
+  hooks.on_step = [&](const train::RunStep& s) {
+    progress.step(s.step, static_cast<float>(s.loss), s.lr, s.tokens, s.step % c.log_every == 0 || s.step == c.steps);
+  };
+  hooks.on_eval = [&](int64_t step, const train::EvalResult& r) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "eval step %lld: exact_match %.4f token_accuracy %.4f (%lld examples)",
+                  static_cast<long long>(step), r.exact_match, r.token_accuracy, static_cast<long long>(r.examples));
+    progress.line(buf);
+  };
+  hooks.on_checkpoint = [&](int64_t step, const std::string& path) {
+    progress.line("checkpoint step " + std::to_string(step) + " -> " + path);
+  };
+  run->run().set_overlap(!a.no_overlap);
+  const train::RunResult r = run->train(hooks, &g_stop_requested);
+  if (r.stopped) {
     const int sig = StopSignals::received();
     progress.finish();
     std::fflush(stdout);
     std::fprintf(stderr, "qkv: train stopped by %s at step %lld%s; continue with --resume %s\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(st.step),
-                 saved ? ", checkpoint written" : " (nothing new to save)", dir.c_str());
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(r.step),
+                 r.step > r.first_step ? ", checkpoint written" : " (nothing new to save)", dir.c_str());
     throw ExitStatus{128 + sig};
-  };
-  if (StopSignals::received() != 0) stopped(false);  // before the first step: the run directory is as it was
-  const int64_t first_step = st.step, bytes_before = comm.bytes_sent();
-  for (int64_t step = st.step + 1; step <= c.steps; ++step) {
-    const std::vector<int64_t> idx = sampler.next();
-    // This rank's contiguous share of the global batch. A share left empty (an epoch's short last batch) runs one
-    // example with weight 0, so that every rank takes part in the step and adds nothing.
-    const size_t lo = context_parallel ? 0 : idx.size() * static_cast<size_t>(rank) / static_cast<size_t>(nranks);
-    const size_t hi =
-        context_parallel ? idx.size() : idx.size() * static_cast<size_t>(rank + 1) / static_cast<size_t>(nranks);
-    std::vector<const data::Example*> batch;
-    for (size_t i = lo; i < hi; ++i) batch.push_back(&d.train[static_cast<size_t>(idx[i])]);
-    const bool empty_share = batch.empty();
-    if (empty_share) batch.push_back(&d.train[static_cast<size_t>(idx[0])]);
-    int64_t ntok = 0;
-    const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
-      if (context_parallel) g.set_sequence_shard(&cp);
-      const train::TeacherForced tf = model->teacher_forced(g, batch);
-      ntok = empty_share ? 0 : tf.num_target_tokens;
-      const double terms = empty_share ? 0.0 : static_cast<double>(train::count_targets(tf.targets, ce.ignore_index));
-      dp.set_local_weight(terms);
-      if (!context_parallel) return train::cross_entropy(tf.logits, tf.targets, ce);
-      // This rank's share of the mean over the global batch's loss terms (summed over the ranks' positions).
-      train::CrossEntropyOptions sum = ce;
-      sum.reduction = train::Reduction::kSum;
-      const double total = cp.global_sum(terms);
-      const float inv = total > 0.0 ? static_cast<float>(1.0 / total) : 0.0f;
-      return ad::scale(train::cross_entropy(tf.logits, tf.targets, sum), inv);
-    });
-    const float loss_value = static_cast<float>(r.loss);
-    QKV_CHECK_RUNTIME(r.finite, "[train] the loss became ", loss_value, " at step ", step,
-                      " (try a smaller --lr or --clip)");
-    const double lr = r.lr;
-    if (nranks > 1) {
-      dp.check_replicas(step);  // every rank holds the same bits after every step
-      float n = static_cast<float>(ntok);
-      comm.allreduce_sum(&n, 1);
-      ntok = static_cast<int64_t>(n);
-    }
-    tokens += ntok;
-    st.step = step;
-    st.last_loss = loss_value;
-    progress.step(step, loss_value, lr, tokens, step % c.log_every == 0 || step == c.steps);
-
-    bool stop = false;
-    if (rank0 && (step % c.eval_every == 0 || step == c.steps) && !d.test.empty() && c.eval_size > 0) {
-      const EvalResult r = evaluate(*model, d.test, c.eval_size, dec);
-      stop = c.early_stop > 0.0 && r.exact_match >= c.early_stop;
-      model->module().train();
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "eval step %lld: exact_match %.4f token_accuracy %.4f (%lld examples)",
-                    static_cast<long long>(step), r.exact_match, r.token_accuracy,
-                    static_cast<long long>(r.examples));
-      progress.line(buf);
-    }
-    bool signalled = StopSignals::received() != 0;
-    if (nranks > 1) {  // rank 0's early stop and any rank's signal stop every rank at the same step
-      float flags[2] = {stop ? 1.0f : 0.0f, signalled ? 1.0f : 0.0f};
-      comm.allreduce_max(flags, 2);
-      stop = flags[0] != 0.0f;
-      signalled = flags[1] != 0.0f;
-    }
-    if (step % c.checkpoint_every == 0 || step == c.steps || stop || signalled) {
-      st.epoch = sampler.epoch();
-      st.position = sampler.position();
-      st.dropout_rng_state = dropout_rng.state();
-      st.elapsed_s = elapsed_before + progress.seconds();
-      if (rank0) {
-        const std::string path =
-            save_checkpoint(dir, c.model, model->module().state_dict(), opt->state_dict(), st, c.keep_checkpoints);
-        progress.line("checkpoint step " + std::to_string(step) + " -> " + path);
-      }
-    }
-    if (signalled) {
-      comm.barrier();  // rank 0's checkpoint is on disk before any rank reports it
-      stopped(true);
-    }
-    if (stop) {
-      progress.line("early stop at step " + std::to_string(step) + ": exact match reached --early-stop " +
-                    std::to_string(c.early_stop));
-      break;
-    }
   }
+  if (r.early_stopped)
+    progress.line("early stop at step " + std::to_string(r.step) + ": exact match reached --early-stop " +
+                  std::to_string(c.early_stop));
   progress.finish();
-  if (nranks > 1 && st.step > first_step)
+  if (nranks > 1 && r.step > r.first_step)
     std::printf("%s parallel: %d ranks, global batch %lld; parameters identical on every rank after every step "
                 "(hash checked); %.0f bytes to MPI per step on rank 0 (%lld parameters)\n",
-                context_parallel ? "context" : "data", nranks, static_cast<long long>(c.batch_size),
-                static_cast<double>(comm.bytes_sent() - bytes_before) / static_cast<double>(st.step - first_step),
-                static_cast<long long>(params.numel()));
+                c.context_parallel > 1 ? "context" : "data", nranks, static_cast<long long>(c.batch_size),
+                static_cast<double>(r.bytes_sent) / static_cast<double>(r.step - r.first_step),
+                static_cast<long long>(run->num_parameters()));
 }
 
 }  // namespace

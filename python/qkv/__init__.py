@@ -41,3 +41,4 @@ LSTM = _calls.patch_class(_qkv.LSTM)
 _calls.patch_class(CausalLM, ("from_pretrained", "logits", "generate"))
 _calls.patch_class(SentenceEncoder, ("__init__", "encode", "tokenize", "attentions"))
 from . import viz  # noqa: F401
+from ._train import train  # noqa: F401  (qkv.train(...) and qkv.train.Run)

@@ -93,7 +93,7 @@ void bind_positional(py::module_& m);  // submodule _qkv.positional (python/src/
 void bind_bert(py::module_& m);         // WordPieceTokenizer, SentenceEncoder (python/src/bert.cpp)
 void bind_llama(py::module_& m);        // CausalLM (python/src/llama.cpp)
 void bind_safetensors(py::module_& m);  // load_safetensors / save_safetensors (python/src/safetensors.cpp)
-void bind_train(py::module_& m);  // submodule _qkv.autograd: gradient probes (python/src/train.cpp)
+void bind_train(py::module_& m);       // TrainRun: qkv.train / qkv.train.Run (python/src/train.cpp)
 void bind_metrics(py::module_& m);      // corpus_bleu / corpus_chrf (python/src/metrics.cpp)
 
 }  // namespace qkv::python

@@ -8,10 +8,20 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "qkv/core/error.h"
 
 namespace qkv {
+
+std::string read_file_text(const std::string& path, const char* op) {
+  std::ifstream in(path, std::ios::binary);
+  QKV_CHECK_RUNTIME(in.good(), "[", op, "] cannot open '", path, "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
   QKV_CHECK_ARG(!path.empty(), "[io] empty output path");

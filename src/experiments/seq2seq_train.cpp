@@ -1,5 +1,5 @@
 // The family-independent parts of the encoder-decoder experiments: encoding text pairs, the training loop (one
-// source length per batch, AdamW, warmup + cosine, clipping), batched greedy decoding and sequence scores.
+// source length per batch, AdamW, warmup + cosine, clipping, through train::Run), batched greedy decoding and sequence scores.
 #include "seq2seq_train.h"
 
 #include <algorithm>
@@ -10,8 +10,7 @@
 #include "qkv/core/error.h"
 #include "qkv/data/tokenizer.h"
 #include "qkv/decode/search.h"
-#include "qkv/train/trainer.h"
-#include "qkv/train/loss.h"
+#include "qkv/train/run.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
 
@@ -96,31 +95,37 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
   sched.total_steps = cfg.steps;
   sched.min_lr = cfg.lr * 0.05;
   Rng rng(cfg.seed * 104729 + 5);
-  Rng dropout_rng(cfg.seed + 99);
-  train::Trainer trainer(ps, opt, sched, dropout_rng, cfg.clip);
-  train::CrossEntropyOptions ce;
-  ce.ignore_index = data::Vocabulary::kPad;
+  train::RunOptions ro;
+  ro.steps = cfg.steps;
+  ro.batch_size = cfg.batch;
+  ro.clip = cfg.clip;
+  ro.dropout_seed = cfg.seed + 99;
+  ro.loss.ignore_index = data::Vocabulary::kPad;
+  train::Run run(ps, opt, sched, *model.module, static_cast<int64_t>(train.size()), ro);
   S2SCurve curve;
   double acc = 0.0;
   int64_t acc_n = 0;
   std::vector<double> tail;
-  for (int64_t step = 1; step <= cfg.steps; ++step) {
+  train::RunHooks hooks;
+  // A bucket with probability proportional to its size, then a batch from it (with replacement).
+  hooks.batch = [&](int64_t) {
     size_t pick = rng.below(train.size()), b = 0;
     while (pick >= buckets[b].size()) pick -= buckets[b++].size();
-    std::vector<const data::Example*> rows;
-    for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(&train[buckets[b][rng.below(buckets[b].size())]]);
-    const train::StepResult r = trainer.step(step, [&](nn::Context& g) {
-      const train::TeacherForced tf = model.model->teacher_forced(g, rows);
-      return train::cross_entropy(tf.logits, tf.targets, ce);
-    });
-    const double lv = r.loss;
-    if (!r.finite) {
-      log(o, label + ": non-finite loss at step " + std::to_string(step) + ", stopped");
-      break;
-    }
-    acc += lv;
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < cfg.batch; ++i)
+      rows.push_back(static_cast<int64_t>(buckets[b][rng.below(buckets[b].size())]));
+    return rows;
+  };
+  hooks.forward = [&](const nn::Context& g, const std::vector<int64_t>& rows) {
+    std::vector<const data::Example*> batch;
+    for (const int64_t i : rows) batch.push_back(&train[static_cast<size_t>(i)]);
+    return model.model->teacher_forced(g, batch);
+  };
+  hooks.on_step = [&](const train::RunStep& r) {
+    const int64_t step = r.step;
+    acc += r.loss;
     ++acc_n;
-    if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(lv);
+    if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(r.loss);
     if (step % cfg.curve_every == 0 || step == cfg.steps) {
       curve.step.push_back(static_cast<double>(step));
       curve.loss.push_back(acc / acc_n);
@@ -128,9 +133,11 @@ S2SCurve train_s2s(S2SModel& model, const std::vector<data::Example>& train, con
       acc_n = 0;
     }
     if (cfg.log_every > 0 && step % cfg.log_every == 0)
-      log(o, label + ": step " + std::to_string(step) + " loss " + fmt(curve.loss.empty() ? lv : curve.loss.back(), 4) +
+      log(o, label + ": step " + std::to_string(step) + " loss " + fmt(curve.loss.empty() ? r.loss : curve.loss.back(), 4) +
                  " (" + fmt(seconds_since(start), 1) + " s)");
-  }
+  };
+  const train::RunResult rr = run.run(hooks);
+  if (rr.diverged) log(o, label + ": non-finite loss at step " + std::to_string(rr.step + 1) + ", stopped");
   curve.final_loss = tail.empty() ? (curve.loss.empty() ? NAN : curve.loss.back()) : mean(tail);
   curve.seconds = seconds_since(start);
   model.module->eval();

@@ -1,4 +1,4 @@
-// Tagger training loop (one length per batch, AdamW, warmup + cosine, clipping) and per-length evaluation.
+// Tagger training (one length per batch, AdamW, warmup + cosine, clipping, through train::Run) and per-length evaluation.
 #include "tagger_train.h"
 
 #include <algorithm>
@@ -6,8 +6,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/tasks.h"
-#include "qkv/train/trainer.h"
-#include "qkv/train/loss.h"
+#include "qkv/train/run.h"
 #include "qkv/train/optim.h"
 #include "qkv/train/schedule.h"
 
@@ -80,31 +79,37 @@ TagCurve train_tagger(Tagger& model, const TagData& data, const TagTrainConfig& 
   sched.total_steps = cfg.steps;
   sched.min_lr = cfg.lr * 0.05;
   Rng rng(cfg.seed * 7919 + 17);
-  Rng no_dropout(0);  // the tagger has no dropout
-  train::Trainer trainer(ps, opt, sched, no_dropout, cfg.clip);
+  train::RunOptions ro;
+  ro.steps = cfg.steps;
+  ro.batch_size = cfg.batch;
+  ro.clip = cfg.clip;
+  ro.dropout_seed = 0;  // the tagger has no dropout
+  train::Run run(ps, opt, sched, model, static_cast<int64_t>(data.size()), ro);
   TagCurve curve;
   double acc = 0.0;
   int64_t acc_n = 0;
   std::vector<double> tail;
-  for (int64_t step = 1; step <= cfg.steps; ++step) {
-    // A bucket with probability proportional to its size, then a batch from it (with replacement).
+  train::RunHooks hooks;
+  // A bucket with probability proportional to its size, then a batch from it (with replacement).
+  hooks.batch = [&](int64_t) {
     size_t pick = rng.below(data.size()), b = 0;
     while (pick >= buckets[b].size()) pick -= buckets[b++].size();
-    std::vector<size_t> rows;
-    for (int64_t i = 0; i < cfg.batch; ++i) rows.push_back(buckets[b][rng.below(buckets[b].size())]);
-    const Ids src = batch_ids(data.src, rows);
-    const Ids tgt = batch_ids(data.tgt, rows);
-    const train::StepResult r = trainer.step(
-        step, [&](nn::Context& g) { return train::cross_entropy(model.forward(g, src), tgt.data); });
-    const double lv = r.loss;
-    if (!r.finite) {
-      curve.diverged = true;
-      log(o, label + ": non-finite loss at step " + std::to_string(step) + ", stopped");
-      break;
-    }
-    acc += lv;
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < cfg.batch; ++i)
+      rows.push_back(static_cast<int64_t>(buckets[b][rng.below(buckets[b].size())]));
+    return rows;
+  };
+  hooks.forward = [&](const nn::Context& g, const std::vector<int64_t>& rows) {
+    const std::vector<size_t> r(rows.begin(), rows.end());
+    const Ids tgt = batch_ids(data.tgt, r);
+    return train::TeacherForced{model.forward(g, batch_ids(data.src, r)), tgt.data,
+                                static_cast<int64_t>(tgt.data.size())};
+  };
+  hooks.on_step = [&](const train::RunStep& r) {
+    const int64_t step = r.step;
+    acc += r.loss;
     ++acc_n;
-    if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(lv);
+    if (step > cfg.steps - std::max<int64_t>(1, cfg.steps / 10)) tail.push_back(r.loss);
     if (step % cfg.curve_every == 0 || step == cfg.steps) {
       curve.step.push_back(static_cast<double>(step));
       curve.loss.push_back(acc / acc_n);
@@ -112,7 +117,12 @@ TagCurve train_tagger(Tagger& model, const TagData& data, const TagTrainConfig& 
       acc_n = 0;
     }
     if (cfg.log_every > 0 && step % cfg.log_every == 0)
-      log(o, label + ": step " + std::to_string(step) + " loss " + fmt(curve.loss.empty() ? lv : curve.loss.back(), 4));
+      log(o, label + ": step " + std::to_string(step) + " loss " + fmt(curve.loss.empty() ? r.loss : curve.loss.back(), 4));
+  };
+  const train::RunResult rr = run.run(hooks);
+  if (rr.diverged) {
+    curve.diverged = true;
+    log(o, label + ": non-finite loss at step " + std::to_string(rr.step + 1) + ", stopped");
   }
   curve.final_loss = tail.empty() ? (curve.loss.empty() ? NAN : curve.loss.back()) : mean(tail);
   return curve;

@@ -7,9 +7,7 @@ import pytest
 import torch
 
 import qkv
-from qkv import _qkv
-
-AG = _qkv.autograd
+import qkv_probes as AG  # the gradient probes (tests/python/probes, built beside the package)
 torch.set_num_threads(2)
 
 

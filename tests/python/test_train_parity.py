@@ -1,14 +1,13 @@
 """Training parity with PyTorch 2.13: the same weights, inputs and upstream gradients give the same outputs, parameter
 gradients and input gradients (MHA, encoder/decoder layers, GRU, LSTM, a small nn.Transformer, cross-entropy), and
-SGD / Adam / AdamW take the same steps as torch.optim. The C++ side runs through qkv._qkv.autograd."""
+SGD / Adam / AdamW take the same steps as torch.optim. The C++ side runs through the
+test-only module qkv_probes (tests/python/probes)."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv import _qkv
-
-AG = _qkv.autograd
+import qkv_probes as AG  # the gradient probes (tests/python/probes, built beside the package)
 torch.set_num_threads(2)
 
 # float32 on both sides, different summation orders: scaled by each tensor's largest entry.

@@ -1,9 +1,9 @@
-// The model of a `qkv train` run: the run config's kind and sizes as a train::TextModelConfig.
+// The model of a `qkv train` run: the run config's kind and sizes as a TextModelConfig.
 #include <memory>
 
-#include "run_model.h"
+#include "qkv/train/run_model.h"
 
-namespace qkv::cli {
+namespace qkv::train {
 namespace {
 
 nn::TransformerLayerConfig layer_config(const RunConfig& c, nn::Activation act) {
@@ -19,11 +19,11 @@ nn::TransformerLayerConfig layer_config(const RunConfig& c, nn::Activation act) 
 
 }  // namespace
 
-train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
-  train::TextModelConfig t;
+TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
+  TextModelConfig t;
   if (c.model == "rnn" || c.model == "rnn-attn") {
     // rnn: GRU/LSTM without attention; rnn-attn: Bahdanau or Luong.
-    t.kind = train::TextModelKind::kRnnSeq2Seq;
+    t.kind = TextModelKind::kRnnSeq2Seq;
     models::Seq2SeqConfig& m = t.rnn;
     m.src_vocab = vocab;
     m.tgt_vocab = vocab;
@@ -40,7 +40,7 @@ train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
     t.reverse_source = c.reverse_source;
   } else if (c.model == "decoder") {
     // GPT-style LM over source + BOS + target.
-    t.kind = train::TextModelKind::kDecoderOnly;
+    t.kind = TextModelKind::kDecoderOnly;
     models::DecoderOnlyConfig& m = t.decoder_only;
     m.vocab = vocab;
     m.max_len = c.max_positions;
@@ -48,7 +48,7 @@ train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
     m.layer = layer_config(c, nn::Activation::kGelu);
   } else if (c.model == "llama") {
     // The Llama decoder (RMSNorm, RoPE, SwiGLU, no dropout) over the same sequences.
-    t.kind = train::TextModelKind::kLlama;
+    t.kind = TextModelKind::kLlama;
     models::LlamaConfig& m = t.llama;
     m.vocab_size = vocab;
     m.hidden_size = c.d_model;
@@ -59,7 +59,7 @@ train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
     m.head_dim = c.d_model / c.heads;
     m.layer_sliding.assign(static_cast<size_t>(c.layers), false);
   } else {
-    t.kind = train::TextModelKind::kTransformerSeq2Seq;
+    t.kind = TextModelKind::kTransformerSeq2Seq;
     models::TransformerSeq2SeqConfig& m = t.transformer;
     m.src_vocab = vocab;
     m.tgt_vocab = vocab;
@@ -71,8 +71,8 @@ train::TextModelConfig text_model_config(const RunConfig& c, int64_t vocab) {
   return t;
 }
 
-std::unique_ptr<train::TextModel> make_run_model(const RunConfig& c, int64_t vocab, Rng& rng) {
-  return train::make_text_model(text_model_config(c, vocab), rng);
+std::unique_ptr<TextModel> make_run_model(const RunConfig& c, int64_t vocab, Rng& rng) {
+  return make_text_model(text_model_config(c, vocab), rng);
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::train

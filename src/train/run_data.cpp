@@ -1,5 +1,5 @@
 // Loading a run's data: built-in task or TSV (with a seeded held-out split), vocabulary, ids, length limits.
-#include "run_data.h"
+#include "qkv/train/run_data.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include "qkv/data/tasks.h"
 #include "qkv/data/tokenizer.h"
 
-namespace qkv::cli {
+namespace qkv::train {
 
 std::string file_hash(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -133,4 +133,4 @@ RunData load_run_data(RunConfig& c, const data::Vocabulary* given) {
   return d;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::train

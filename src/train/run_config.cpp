@@ -1,18 +1,22 @@
 // RunConfig: per-kind defaults, validation, and the flat JSON text of config.json (write and strict read).
-#include "run_config.h"
+#include "qkv/train/run_config.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/io.h"
 #include "qkv/core/json.h"
 
-namespace qkv::cli {
+namespace qkv::train {
 namespace {
 
 bool one_of(const std::string& v, std::initializer_list<const char*> choices) {
@@ -189,7 +193,54 @@ std::map<std::string, std::string> parse_flat_json(const std::string& text, cons
 }
 
 RunConfig RunConfig::from_json(const std::string& text, const std::string& name) {
-  std::map<std::string, std::string> kv = parse_flat_json(text, name);
+  return from_settings(parse_flat_json(text, name), name);
+}
+
+RunConfig RunConfig::with(const std::map<std::string, std::string>& settings, const std::string& name) const {
+  std::map<std::string, std::string> kv = parse_flat_json(to_json(), name);
+  for (const auto& [key, value] : settings) {
+    const auto it = kv.find(key);
+    QKV_CHECK_ARG(it != kv.end() && key != "format" && key != "data_hash" && key != "ranks", "[config] ", name,
+                  ": unknown setting '", key, "'");
+    it->second = value;
+  }
+  return from_settings(std::move(kv), name);
+}
+
+RunConfig RunConfig::resumed_with(const std::map<std::string, std::string>& settings,
+                                  const std::string& run_dir) const {
+  // What a resumed run may change: how long and how often (run lengths, evaluation, checkpoints), and its data
+  // (when the vocabulary stays the same, which the run checks); --task or --data replaces the source.
+  static const char* const kChangeable[] = {
+      "steps", "eval_every", "eval_size", "checkpoint_every", "log_every", "early_stop", "keep_checkpoints",
+      "task", "data", "test_data", "test_fraction", "tokenizer", "max_tokens", "train_size", "test_size",
+      "min_len", "max_len", "alphabet"};
+  const RunConfig given = with(settings, run_dir + "/config.json");
+  const std::map<std::string, std::string> mine = parse_flat_json(to_json(), "config.json");
+  const std::map<std::string, std::string> theirs = parse_flat_json(given.to_json(), "config.json");
+  std::map<std::string, std::string> keep;
+  for (const auto& [key, value] : settings) {
+    const bool changeable = std::find_if(std::begin(kChangeable), std::end(kChangeable), [&](const char* k) {
+                              return key == k;
+                            }) != std::end(kChangeable);
+    const std::string& now = theirs.at(key);
+    if (changeable) {
+      keep[key] = now;
+      continue;
+    }
+    QKV_CHECK_ARG(now == mine.at(key), "[train] ", key, " ", now, " differs from the run's ", mine.at(key), " in '",
+                  run_dir, "/config.json'; a resumed run keeps its settings");
+  }
+  if (keep.count("task") != 0) {
+    keep["data"] = "";
+    keep["test_data"] = "";
+  } else if (keep.count("data") != 0) {
+    keep["task"] = "";
+  }
+  return with(keep, run_dir + "/config.json");
+}
+
+RunConfig RunConfig::from_settings(std::map<std::string, std::string> kv, const std::string& name) {
   auto fmt = kv.find("format");
   QKV_CHECK_ARG(fmt != kv.end() && fmt->second == "qkv-train-config 1", "[config] ", name,
                 ": not a qkv train config (format 'qkv-train-config 1' expected)");
@@ -251,4 +302,12 @@ RunConfig RunConfig::from_json(const std::string& text, const std::string& name)
   return c;
 }
 
-}  // namespace qkv::cli
+RunConfig load_run_config(const std::string& run_dir, const char* op) {
+  const std::string path = (std::filesystem::path(run_dir) / "config.json").string();
+  QKV_CHECK_ARG(std::filesystem::exists(path), "[", op, "] '", run_dir, "' is not a training run (no config.json)");
+  RunConfig c = RunConfig::from_json(read_file_text(path, op), path);
+  c.resolve_and_check();
+  return c;
+}
+
+}  // namespace qkv::train

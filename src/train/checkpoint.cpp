@@ -1,6 +1,6 @@
 // Checkpoint directories: temporary directory + fsync + rename for atomicity, pruning of old ones after the new
 // one is durable, and strict loading (model kind recorded in the weights' metadata).
-#include "checkpoint.h"
+#include "qkv/train/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,17 +11,15 @@
 #include <map>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
 #include "qkv/core/safetensors.h"
 #include "qkv/nn/serialize.h"
-#include "run_config.h"
+#include "qkv/train/run_config.h"
 
-namespace qkv::cli {
+namespace qkv::train {
 namespace fs = std::filesystem;
 namespace {
 
@@ -42,14 +40,6 @@ int64_t parse_step(const std::string& name) {
     v = v * 10 + (name[i] - '0');
   }
   return v;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  QKV_CHECK_RUNTIME(in.good(), "[checkpoint] cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string state_json(const TrainerState& s) {
@@ -203,7 +193,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const std::string& mod
   nn::check_finite(c.weights, "[checkpoint] " + path + "/model.safetensors: ");
   nn::check_finite(c.optimizer, "[checkpoint] " + path + "/optimizer.safetensors: ");
   const std::string sp = (fs::path(path) / "trainer.json").string();
-  c.state = parse_trainer_state(read_text(sp), sp);
+  c.state = parse_trainer_state(read_file_text(sp, "checkpoint"), sp);
   return c;
 }
 
@@ -223,4 +213,4 @@ LoadedCheckpoint load_latest_checkpoint(const std::string& run_dir, const std::s
   }
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::train

@@ -3,11 +3,11 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/vocab.h"
-#include "run_model.h"
+#include "qkv/train/run_model.h"
 
-namespace qkv::cli {
+namespace qkv::train {
 
-std::vector<std::vector<int64_t>> decode_all(train::TextModel& model, const std::vector<std::vector<int64_t>>& sources,
+std::vector<std::vector<int64_t>> decode_all(TextModel& model, const std::vector<std::vector<int64_t>>& sources,
                                              const DecodeSettings& s) {
   QKV_CHECK_ARG(s.max_len >= 1 && s.beam >= 1 && s.batch >= 1, "[decode] max_len, beam and batch must be >= 1");
   std::vector<std::vector<int64_t>> out;
@@ -33,7 +33,7 @@ std::vector<std::vector<int64_t>> decode_all(train::TextModel& model, const std:
   return out;
 }
 
-EvalResult evaluate(train::TextModel& model, const std::vector<data::Example>& examples, int64_t limit,
+EvalResult evaluate(TextModel& model, const std::vector<data::Example>& examples, int64_t limit,
                     const DecodeSettings& settings) {
   const size_t n = limit <= 0 ? examples.size() : std::min(examples.size(), static_cast<size_t>(limit));
   EvalResult r;
@@ -57,4 +57,4 @@ EvalResult evaluate(train::TextModel& model, const std::vector<data::Example>& e
   return r;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv::train
