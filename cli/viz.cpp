@@ -1,5 +1,6 @@
 // `qkv viz`: writes one self-contained HTML page (the viewer of web/viewer.html, no network) with the attention
-// maps of every layer and head: of a BERT model folder on a sentence or a pair (--model), or of the article's §5
+// maps of every layer and head: of a BERT model folder on a sentence or a pair (--model), of a language model on a
+// text and its greedy reply with a logit lens (--model FILE.gguf or a Llama-family folder), or of the article's §5
 // example (`qkv viz demo`), or of a `qkv train` run on one input (--run, at its latest checkpoint or at every kept
 // checkpoint with a slider).
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/io.h"
 #include "run_common.h"
+#include "viz_llm.h"
 #include "viz_page.h"
 #include "viz_run.h"
 
@@ -21,10 +23,7 @@ namespace {
 
 // Writes the page to `out` ("-": stdout). An existing file is replaced only when the viewer wrote it, so a mistyped
 // --out cannot destroy a run's config.json or a checkpoint.
-void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshots, const std::string& title,
-                const std::string& note = "") {
-  json::Value data = viz_data(snapshots, title);
-  if (!note.empty()) data.set("note", note);
+void write_data(const std::string& out, const json::Value& data) {
   const std::string page = viz_page(data);
   if (out == "-") {
     std::fwrite(page.data(), 1, page.size(), stdout);
@@ -39,7 +38,29 @@ void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshot
   std::printf("wrote %s (%.1f kB)\n", out.c_str(), static_cast<double>(page.size()) / 1000.0);
 }
 
-void run_model(const std::string& model, const std::vector<std::string>& texts, const std::string& out) {
+void write_page(const std::string& out, const std::vector<VizSnapshot>& snapshots, const std::string& title,
+                const std::string& note = "") {
+  json::Value data = viz_data(snapshots, title);
+  if (!note.empty()) data.set("note", note);
+  write_data(out, data);
+}
+
+// Options of a language model's page.
+struct LlmOptions {
+  int64_t generate = 0;
+  int64_t lens_positions = 32;
+  int64_t lens_top = 5;
+};
+
+void run_model(const std::string& model, const std::vector<std::string>& texts, const std::string& out,
+               const LlmOptions& llm) {
+  if (is_language_model(model)) {
+    QKV_CHECK_ARG(texts.size() == 1, "[viz] --model with a language model takes one text, got ", texts.size());
+    write_data(out, llm_viz_data(model, texts[0], llm.generate, llm.lens_positions, llm.lens_top));
+    return;
+  }
+  QKV_CHECK_ARG(llm.generate == 0, "[viz] --generate goes with a language model (a GGUF file or a Llama-family "
+                "folder), not a BERT encoder");
   QKV_CHECK_ARG(!texts.empty() && texts.size() <= 2, "[viz] --model takes one sentence or two (a pair), got ",
                 texts.size());
   const std::unique_ptr<models::SentenceEncoder> enc = load_viewer_encoder(model, "viz");
@@ -93,7 +114,15 @@ void add_viz(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--strict", *strict, "With --run: refuse an input with characters outside the run's vocabulary "
                                      "(without it they become <unk>, named on stderr)");
-  cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2)");
+  cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2), or a language "
+                                     "model: a GGUF file or a Llama / Mistral / Qwen 2 / Gemma 2 folder");
+  auto llm = std::make_shared<LlmOptions>();
+  cmd->add_option("--generate", llm->generate, "With a language model: also draw a greedy reply of up to N tokens")
+      ->capture_default_str();
+  cmd->add_option("--lens-positions", llm->lens_positions,
+                  "With a language model: the logit lens at the last N positions")->capture_default_str();
+  cmd->add_option("--lens-top", llm->lens_top, "With a language model: the logit lens's top tokens per layer")
+      ->capture_default_str();
   cmd->add_option("--out", *out, "The HTML page to write (-: stdout)")->capture_default_str();
   cmd->add_option("texts", *texts, "With --model: a sentence, or two for a sentence pair");
   auto* demo = cmd->add_subcommand("demo", "The article's §5 example: 2 samples x 4 heads over 10 tokens");
@@ -113,7 +142,7 @@ void add_viz(CLI::App& app) {
     }
     if (model->empty())
       throw CLI::ValidationError("viz", "give --model DIR \"sentence\", --run DIR --input TEXT, or `demo`");
-    run_model(*model, *texts, *out);
+    run_model(*model, *texts, *out, *llm);
   });
 }
 

@@ -1,12 +1,11 @@
 """qkv.viz: attention weights -> one self-contained HTML page (qkv's viewer; no network, works from file://).
 
 Shapes follow bertviz: ``attentions`` is one array per layer, each (1, H, T, T) (or (H, T, T)); rows are queries,
-columns keys. The page carries the weights as base64 float16 (or uint8 for large inputs) and draws them on canvas.
+columns keys. The page data is written by the library, as `qkv viz` writes it: the weights as base64 float16 (uint8,
+or sparse uint8 maps with thumbnails for large inputs) and per-head statistics; the page draws them on canvas.
 """
 from __future__ import annotations
 
-import base64
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -55,32 +54,15 @@ def _layers(name: str, attentions, tq: int, tk: int) -> np.ndarray:
     return np.clip(w, 0.0, 1.0)
 
 
-def _group(name: str, kind: str, q_tokens, k_tokens, w: np.ndarray, causal: bool, dtype: str) -> dict:
-    if dtype == "f16":
-        payload = w.astype("<f2").tobytes()
-    elif dtype == "u8":
-        payload = np.rint(w * 255.0).astype(np.uint8).tobytes()
-    else:
-        raise ValueError(f"[viz] dtype must be 'auto', 'f16' or 'u8', got {dtype!r}")
-    L, H, tq, tk = w.shape
-    return {"name": name, "kind": kind, "layers": int(L), "heads": int(H), "tq": int(tq), "tk": int(tk),
-            "q_tokens": [str(t) for t in q_tokens], "k_tokens": [str(t) for t in k_tokens], "causal": bool(causal),
-            "dtype": dtype, "data": base64.b64encode(payload).decode("ascii")}
+def _page_data(snapshots, title: str, dtype: str, lang: str) -> str:
+    """The page data, written by the library as `qkv viz` writes it (qkv::plot::viz_data), as the <script> text."""
+    if dtype not in ("auto", "f16", "u8", "sparse"):
+        raise ValueError(f"[viz] dtype must be 'auto', 'f16', 'u8' or 'sparse', got {dtype!r}")
+    from . import _qkv
 
-
-# '<', '>', '&', U+2028 and U+2029 occur only inside JSON strings, where \\uXXXX is the same character: escaped, no
-# text in the data can end the <script type="application/json"> element or open an HTML comment in it (as `qkv viz`).
-_SCRIPT_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
-
-
-def _script_json(data) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
-
-
-def _pick_dtype(dtype: str, counts: int) -> str:
-    if dtype != "auto":
-        return dtype
-    return "f16" if counts * 2 * 4 // 3 <= MAX_F16_BYTES else "u8"
+    specs = [(str(lab), [(n, k, [str(t) for t in q], [str(t) for t in kk], np.ascontiguousarray(w, dtype=np.float32),
+                          bool(c)) for (n, k, q, kk, w, c) in groups]) for lab, groups in snapshots]
+    return _qkv._viz_page_data(specs, str(title), dtype, lang)
 
 
 def page_html(tokens=None, attentions=None, *, encoder_attention=None, decoder_attention=None,
@@ -126,11 +108,7 @@ def page_html(tokens=None, attentions=None, *, encoder_attention=None, decoder_a
     for s, groups in enumerate(arrays):
         if [g[4].shape for g in groups] != shapes0:
             raise ValueError(f"[viz] checkpoint {s} has attention shapes {[g[4].shape for g in groups]}, checkpoint 0 {shapes0}")
-    chosen = _pick_dtype(dtype, sum(g[4].size for groups in arrays for g in groups))
-    data = {"format": "qkv-attention-1", "title": str(title), "lang": lang,
-            "snapshots": [{"label": lab, "groups": [_group(n, k, q, kk, w, c, chosen) for (n, k, q, kk, w, c) in groups]}
-                          for (lab, _), groups in zip(snapshots, arrays)]}
-    text = _script_json(data)
+    text = _page_data([(lab, groups) for (lab, _), groups in zip(snapshots, arrays)], title, dtype, lang)
     template = viewer_template()
     if template.count(_PLACEHOLDER) != 1:
         raise RuntimeError("[viz] viewer.html must hold the data placeholder exactly once")
@@ -144,8 +122,8 @@ def write_html(path, tokens=None, attentions=None, **kwargs) -> str:
     Encoder-decoder models: encoder_attention, decoder_attention, cross_attention (each one array per layer, the
     cross maps (1, H, T_dec, T_enc)) with encoder_tokens and decoder_tokens; the cross view is the source x target
     alignment. checkpoints: a list of `attentions` (same tokens), with checkpoint_labels, drawn with a slider.
-    causal marks the masked upper triangle; dtype 'auto' (float16 unless the page would get large, then uint8),
-    'f16' or 'u8'; lang 'en' or 'zh' for the labels. Raises ValueError on inconsistent shapes or non-finite weights.
+    causal marks the masked upper triangle; dtype 'auto' (float16 unless the page would get large, then uint8, then
+    sparse uint8 maps), 'f16', 'u8' or 'sparse'; lang 'en' or 'zh' for the labels. Raises ValueError on inconsistent shapes or non-finite weights.
     """
     html = page_html(tokens, attentions, **kwargs)
     path = os.fspath(path)

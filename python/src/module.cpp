@@ -15,6 +15,7 @@ void bind_varlen(py::module_& m);  // flash_attn_varlen_func[_backward], flash_a
 void bind_gguf(py::module_& m);  // gguf_read, gguf_dequantize (python/src/gguf.cpp)
 void bind_chat_template(py::module_& m);  // ChatTemplate, find_chat_template (python/src/chat_template.cpp)
 void bind_tokenizer(py::module_& m);  // Tokenizer.from_pretrained, DecodeStream (python/src/tokenizer.cpp)
+void bind_viz(py::module_& m);  // _viz_page_data: the viewer's page data, for qkv.viz (python/src/viz.cpp)
 }  // namespace qkv::python
 
 PYBIND11_MODULE(_qkv, m) {
@@ -68,4 +69,5 @@ PYBIND11_MODULE(_qkv, m) {
   qkv::python::bind_metrics(m);
   qkv::python::bind_chat_template(m);
   qkv::python::bind_tokenizer(m);
+  qkv::python::bind_viz(m);
 }
