@@ -7,24 +7,17 @@
 #include <vector>
 
 #include "commands.h"
+#include "serve_openai.h"
 
 #ifdef QKV_HAVE_HTTPLIB
 #include <httplib.h>
-#include <pthread.h>
-#include <signal.h>
-#include <sys/socket.h>
 
-#include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
 
-#include <filesystem>
-
+#include "http_server.h"
 #include "qkv/core/error.h"
 #include "qkv/core/json.h"
 #include "viz_page.h"
@@ -42,53 +35,6 @@ struct ServeLimits {
   int64_t max_tokens = 128;     // T, [CLS] and [SEP] included
   bool strict = false;          // --run: text outside the run's vocabulary is refused (else a note names it)
 };
-
-// Connections: enough workers that idle or half-open connections leave room for real requests, and short socket
-// timeouts so that each such connection holds its worker for seconds, not the library's 5 s + 10 s per request.
-constexpr size_t kWorkers = 32;
-constexpr time_t kReadTimeoutSec = 3;       // each read of a request line, header or body chunk
-constexpr time_t kKeepAliveTimeoutSec = 2;  // an idle connection waiting for its next request
-constexpr size_t kKeepAliveMaxCount = 100;  // requests over one connection
-
-// Whether `host` (a Host header: name[:port], IPv6 in brackets) names this machine's loopback.
-bool is_loopback_host(const std::string& host) {
-  std::string name = host;
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  std::string port;
-  if (!name.empty() && name[0] == '[') {
-    const size_t end = name.find(']');
-    if (end == std::string::npos) return false;
-    port = name.substr(end + 1);
-    name = name.substr(0, end + 1);
-  } else if (const size_t colon = name.find(':'); colon != std::string::npos) {
-    port = name.substr(colon);
-    name = name.substr(0, colon);
-  }
-  if (!port.empty() && (port[0] != ':' || port.size() > 6 ||
-                        port.find_first_not_of("0123456789", 1) != std::string::npos))
-    return false;
-  return name == "localhost" || name == "127.0.0.1" || name == "[::1]";
-}
-
-// "" when the request may be answered, else why it is refused (403): a Host other than loopback (DNS rebinding),
-// or a POST whose Origin is not this page's own (a page on another site making the server compute).
-std::string foreign_request(const httplib::Request& req) {
-  const std::string host = req.get_header_value("Host");
-  if (req.has_header("Host") && !is_loopback_host(host))
-    return "[serve] refused: Host '" + host + "' is not a loopback name (localhost, 127.0.0.1, [::1])";
-  if (req.method != "GET" && req.method != "HEAD" && req.has_header("Origin")) {
-    std::string origin = req.get_header_value("Origin"), own = "http://" + host;
-    auto lower = [](std::string& x) {
-      std::transform(x.begin(), x.end(), x.begin(), [](unsigned char c) { return std::tolower(c); });
-    };
-    lower(origin);
-    lower(own);
-    if (!req.has_header("Host") || origin != own)
-      return "[serve] refused: a " + req.method + " from origin '" + req.get_header_value("Origin") +
-             "', not from this page (" + own + ")";
-  }
-  return "";
-}
 
 // A client mistake: answered with `status` and {"error": message}.
 struct RequestError : std::runtime_error {
@@ -197,13 +143,8 @@ void parse_request(const std::string& body, std::string& text, std::string& seco
 int run_serve(const std::string& model_dir, const std::string& run_dir, int port, const std::string& text,
               const ServeLimits& limits) {
   QKV_CHECK_ARG(port >= 0 && port <= 65535, "[serve] --port must be in [0, 65535], got ", port);
-  // SIGINT / SIGTERM stop the server cleanly: blocked first (every thread started later, OpenMP's and the
-  // server's, inherits the mask), then awaited by one thread that calls stop().
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT / SIGTERM stop the server cleanly (blocked before any other thread starts, which inherits the mask).
+  StopSignals signals;
   Backend backend;
   std::mutex model_mutex;
   std::string index;  // the first page, set before the server answers
@@ -211,45 +152,9 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
   httplib::Server svr;
   const std::string too_large = "[serve] the request is too large: more than " + std::to_string(limits.max_body) +
                                 " bytes (" + std::to_string(limits.max_body / 1024) + " kB)";
-  svr.new_task_queue = [] { return new httplib::ThreadPool(kWorkers); };
-  svr.set_payload_max_length(limits.max_body);
-  svr.set_read_timeout(kReadTimeoutSec, 0);
-  svr.set_write_timeout(10, 0);
-  svr.set_keep_alive_timeout(kKeepAliveTimeoutSec);
-  svr.set_keep_alive_max_count(kKeepAliveMaxCount);
-  // Never SO_REUSEPORT (the library's default): a second server on a port in use must fail, not share it.
-  svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // restarts at once after a stop (TIME_WAIT)
-  });
-  // Before any body is read: foreign requests, and a Content-Length over the limit (answered at once; the library
-  // would first read and drop that many bytes). Either answer tells the client to close the connection.
-  auto declared_too_large = [&](const httplib::Request& req) {
-    if (!req.has_header("Content-Length")) return false;
-    const std::string n = req.get_header_value("Content-Length");
-    return n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos ||
-           std::stoull(n) > limits.max_body;
-  };
-  // 0, or the status of the error answered in `res`.
-  auto refuse = [&](const httplib::Request& req, httplib::Response& res) {
-    std::string refused = foreign_request(req);
-    int status = 403;
-    if (refused.empty() && declared_too_large(req)) {
-      refused = too_large;
-      status = 413;
-    }
-    if (refused.empty()) return 0;
-    answer_error(res, status, refused);
-    res.set_header("Connection", "close");
-    return status;
-  };
-  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    return refuse(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
-  });
-  svr.set_expect_100_continue_handler([&](const httplib::Request& req, httplib::Response& res) {
-    const int status = refuse(req, res);
-    return status ? status : 100;
-  });
+  HttpOptions http;
+  http.max_body = limits.max_body;
+  configure_server(svr, http, answer_error);
   svr.Get("/", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(index, "text/html; charset=utf-8");
   });
@@ -261,20 +166,12 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
       if (req.is_multipart_form_data())
         throw RequestError(415, "[serve] send the request as JSON (Content-Type: application/json), not a form");
       std::string body;
-      bool over = false;
-      const bool read = content([&](const char* data, size_t n) {
-        if (body.size() + n > limits.max_body) {
-          over = true;
-          return false;
-        }
-        body.append(data, n);
-        return true;
-      });
-      if (over) {
+      const BodyRead read = read_body(content, limits.max_body, body);
+      if (read == BodyRead::kTooLarge) {
         res.set_header("Connection", "close");
         throw RequestError(413, too_large);
       }
-      if (!read) throw RequestError(400, "[serve] the request body could not be read");
+      if (read != BodyRead::kOk) throw RequestError(400, "[serve] the request body could not be read");
       std::string t, second;
       bool has_second = false;
       std::vector<int64_t> mask;
@@ -309,16 +206,7 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
     answer_error(res, 500, m);
   });
 
-  errno = 0;
-  const int bound = port == 0 ? svr.bind_to_any_port("127.0.0.1") : (svr.bind_to_port("127.0.0.1", port) ? port : -1);
-  if (bound < 0) {
-    const int err = errno;
-    if (err == EADDRINUSE)
-      throw std::runtime_error("[serve] 127.0.0.1:" + std::to_string(port) +
-                               " is already in use (another server listens there); stop it or choose another --port");
-    throw std::runtime_error("[serve] cannot listen on 127.0.0.1:" + std::to_string(port) +
-                             (err ? std::string(": ") + std::strerror(err) : std::string()));
-  }
+  const int bound = bind_server(svr, "127.0.0.1", port);
   // The port is taken before the model loads, so that a port in use fails at once.
   if (!run_dir.empty()) {
     backend.run = std::make_unique<RunViewer>(run_dir, "serve");
@@ -330,19 +218,12 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
   // The first page carries the answer for the default text, so it draws at once.
   index = viz_page(page_data(backend, model_mutex, limits, text, nullptr, {}));
 
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    svr.stop();
-  });
+  signals.start([&] { svr.stop(); });
   std::printf("serving %s on http://127.0.0.1:%d/ (Ctrl-C stops)\n", (run_dir.empty() ? model_dir : run_dir).c_str(),
               bound);
   std::fflush(stdout);
   const bool ok = svr.listen_after_bind();
-  if (waiter.joinable()) {
-    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes sigwait when listen ended on its own
-    waiter.join();
-  }
+  signals.join();
   return ok ? 0 : 1;
 }
 
@@ -350,27 +231,68 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
 #endif
 
 void add_serve(CLI::App& app) {
-  auto* cmd = app.add_subcommand("serve", "Serve the viewer on 127.0.0.1 and re-run the model on each sentence");
+  auto* cmd = app.add_subcommand("serve", "Serve a language model's OpenAI API (a .gguf file or a model folder), or "
+                                           "the viewer on 127.0.0.1 re-running a BERT model or a run on each sentence");
   auto model = std::make_shared<std::string>();
   auto run = std::make_shared<std::string>();
-  auto port = std::make_shared<int>(8765);
+  auto port = std::make_shared<int>(-1);
   auto text = std::make_shared<std::string>("The cat sat on the mat because it was tired.");
   auto max_tokens = std::make_shared<int64_t>(128);
-  auto* model_opt = cmd->add_option("--model", *model, "sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2)");
+  auto* model_opt = cmd->add_option("--model", *model,
+                                    "A language model (a .gguf file or a transformers folder): the OpenAI API "
+                                    "(docs/SERVE.md); a sentence-transformers BERT folder (e.g. all-MiniLM-L6-v2): "
+                                    "the viewer");
   auto* run_opt = cmd->add_option("--run", *run, "A `qkv train --out` directory (rnn-attn, transformer, decoder)");
   model_opt->excludes(run_opt);
   run_opt->excludes(model_opt);
-  cmd->add_option("--port", *port, "Port on 127.0.0.1 (0: any free port)")->capture_default_str();
+  cmd->add_option("--port", *port, "Port (0: any free port; default 8080 for a language model, 8765 for the viewer)")
+      ->check(CLI::Range(0, 65535));
+  auto lm = std::make_shared<OpenAIServeArgs>();
+  auto* host_opt = cmd->add_option("--host", lm->host,
+                                   "Language model: the address to listen on (a non-loopback address answers other "
+                                   "machines: give --api-key)")
+                       ->capture_default_str();
+  auto* ctx_opt = cmd->add_option("--ctx", lm->ctx,
+                                  "Language model: context of each request in tokens (0: the model's, at most 4096)")
+                      ->capture_default_str()
+                      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  auto* parallel_opt = cmd->add_option("--parallel", lm->parallel, "Language model: requests decoded at once")
+                           ->capture_default_str()
+                           ->check(CLI::Range(int64_t{1}, int64_t{256}));
+  auto* key_opt = cmd->add_option("--api-key", lm->api_key,
+                                  "Language model: require 'Authorization: Bearer KEY' (all routes but /health and "
+                                  "/v1/models)");
+  // Hidden: a testing knob (requests waiting beyond it get 503).
+  auto* queued_opt = cmd->add_option("--max-queued", lm->max_queued, "Requests waiting for a place (more get 503)")
+                         ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+                         ->group("");
   auto* text_opt = cmd->add_option("--text", *text, "The sentence of the first page (required with --run)")
                        ->capture_default_str();
   auto strict = std::make_shared<bool>(false);
-  cmd->add_flag("--strict", *strict, "With --run: refuse text with characters outside the run's vocabulary "
-                                     "(without it they become <unk>, and the page says so)");
-  cmd->add_option("--max-tokens", *max_tokens, "Longest input accepted, in tokens")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{2}, int64_t{512}));
+  auto* strict_opt = cmd->add_flag("--strict", *strict,
+                                   "With --run: refuse text with characters outside the run's vocabulary (without "
+                                   "it they become <unk>, and the page says so)");
+  auto* max_tokens_opt = cmd->add_option("--max-tokens", *max_tokens, "Viewer: longest input accepted, in tokens")
+                             ->capture_default_str()
+                             ->check(CLI::Range(int64_t{2}, int64_t{512}));
   cmd->callback([=]() {
-    if (model->empty() && run->empty()) throw CLI::ValidationError("serve", "give --model DIR or --run DIR");
+    if (model->empty() && run->empty()) throw CLI::ValidationError("serve", "give --model PATH or --run DIR");
+    if (run->empty() && is_language_model_path(*model)) {
+      for (const CLI::Option* o : {text_opt, max_tokens_opt, strict_opt})
+        if (o->count() > 0)
+          throw CLI::ValidationError("serve", o->get_name() + " is the viewer's; a language model serves the "
+                                              "OpenAI API (docs/SERVE.md)");
+      lm->model = *model;
+      lm->port = *port >= 0 ? *port : 8080;
+      const int rc = run_serve_openai(*lm);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+      return;
+    }
+    for (const CLI::Option* o : {host_opt, ctx_opt, parallel_opt, key_opt, queued_opt})
+      if (o->count() > 0)
+        throw CLI::ValidationError("serve", o->get_name() + " is for a language model (a .gguf file or a "
+                                            "transformers folder); the viewer listens on 127.0.0.1");
+    if (*port < 0) *port = 8765;
     if (!run->empty() && text_opt->count() == 0)
       throw CLI::ValidationError("serve", "--run needs --text, an input in the run's vocabulary");
 #ifdef QKV_HAVE_HTTPLIB

@@ -18,6 +18,7 @@ ALLOWED = {
     "text": {"core"},
     "models": {"core", "kernels", "ops", "nn", "text"},
     "decode": {"core", "kernels", "ops", "nn", "models", "text"},
+    "serve": {"core", "kernels", "ops", "nn", "models", "decode", "text"},
     "data": {"core"},
     "parallel": {"core", "kernels", "ops"},
     "train": {"core", "kernels", "ops", "nn", "models", "decode", "data", "parallel", "text"},
@@ -27,14 +28,15 @@ ALLOWED = {
     "experiments": {"core", "kernels", "ops", "nn", "models", "decode", "data", "parallel", "train", "plot", "corpus",
                     "eval", "text"},
     "cli": {"core", "kernels", "ops", "nn", "models", "decode", "data", "parallel", "train", "plot", "corpus", "eval",
-            "experiments", "text"},
+            "experiments", "text", "serve"},
     "python": {"core", "kernels", "ops", "nn", "models", "decode", "data", "parallel", "train", "plot", "corpus", "eval",
-               "experiments", "text"},
+               "experiments", "text", "serve"},
 }
 # The layers of the second library, qkv_extras (CMakeLists.txt: QKV_EXTRAS_LAYERS); every other folder of src/ is
 # libqkv, the attention library, and none of those may include an extras layer.
 EXTRAS = {"plot", "corpus", "eval", "experiments"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"qkv/([A-Za-z_]+)/', re.M)
+RELATIVE = re.compile(r'^\s*#\s*include\s+"(\.\./[^"]+)"', re.M)
 
 
 def layer_of(path):
