@@ -78,16 +78,16 @@ TEST(PrecisionFronts, MultiheadAttentionSetPrecisionIsRecursive) {
   Rng rng(3);
   nn::MultiheadAttention mha(16, 4, rng);
   const Tensor x = testing::randn({2, 5, 16}, 4);
-  const Tensor ref = mha.forward(x, x, x).out;
+  const Tensor ref = mha.forward(x, x, x).out.value;
   mha.set_precision(Precision::kBFloat16);
   EXPECT_EQ(mha.out_proj.precision(), Precision::kBFloat16);
-  const Tensor y = mha.forward(x, x, x).out;
+  const Tensor y = mha.forward(x, x, x).out.value;
   EXPECT_FALSE(testing::AllClose(y, ref, testing::kExact));
   EXPECT_TRUE(testing::AllClose(y, ref, {2e-2, 2e-2}));
   mha.set_precision(Precision::kInt8);
-  EXPECT_TRUE(testing::AllClose(mha.forward(x, x, x).out, ref, {5e-2, 5e-2}));
+  EXPECT_TRUE(testing::AllClose(mha.forward(x, x, x).out.value, ref, {5e-2, 5e-2}));
   mha.set_precision(Precision::kFloat32);
-  EXPECT_TRUE(testing::AllClose(mha.forward(x, x, x).out, ref, testing::kExact));
+  EXPECT_TRUE(testing::AllClose(mha.forward(x, x, x).out.value, ref, testing::kExact));
 }
 
 // bf16 attention against the float64 oracle of the float32 inputs: within 2x the error of that oracle run on the

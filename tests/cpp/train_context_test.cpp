@@ -62,20 +62,20 @@ TEST(TrainingContext, MultiheadAttentionMatchesModuleForEveryProjectionLayout) {
   ParameterSet pp(packed), ps(separate);
   Tape tape;
   Context g(tape, pp), gs(tape, ps);
-  EXPECT_TRUE(AllClose(packed.forward(g, x, x, x, o).out.value, packed.forward(x, x, x, o).out, kSameOps));
+  EXPECT_TRUE(AllClose(packed.forward(g, x, x, x, o).out.value, packed.forward(x, x, x, o).out.value, kSameOps));
   nn::MhaForwardOptions cross;
   cross.need_weights = false;
   cross.key_padding_mask = block_mask_row(2, 5, 2);
   EXPECT_TRUE(AllClose(packed.forward(g, x, mem, mem, cross).out.value,
-                       packed.forward(x, mem, mem, cross).out, kSameOps));
+                       packed.forward(x, mem, mem, cross).out.value, kSameOps));
   EXPECT_TRUE(AllClose(packed.forward(g, x, mem, randn({2, 5, 8}, 8), cross).out.value,
-                       packed.forward(x, mem, randn({2, 5, 8}, 8), cross).out, kSameOps));
+                       packed.forward(x, mem, randn({2, 5, 8}, 8), cross).out.value, kSameOps));
   EXPECT_TRUE(AllClose(separate.forward(gs, x, k6, v5, cross).out.value,
-                       separate.forward(x, k6, v5, cross).out, kSameOps));
+                       separate.forward(x, k6, v5, cross).out.value, kSameOps));
   const Tensor u = randn({4, 8}, 9);  // unbatched
   nn::MhaForwardOptions plain;
   plain.need_weights = false;
-  EXPECT_TRUE(AllClose(packed.forward(g, u, u, u, plain).out.value, packed.forward(u, u, u, plain).out,
+  EXPECT_TRUE(AllClose(packed.forward(g, u, u, u, plain).out.value, packed.forward(u, u, u, plain).out.value,
                        kSameOps));
 }
 
@@ -122,7 +122,7 @@ TEST(TrainingContext, MultiheadAttentionTrainsAT5BiasTable) {
     return std::make_pair(out.value, static_cast<double>(l.value.item()));
   };
   ps.zero_grad();
-  EXPECT_TRUE(AllClose(loss(true).first, m.forward(x, x, x, with_bias).out, kSameOps));
+  EXPECT_TRUE(AllClose(loss(true).first, m.forward(x, x, x, with_bias).out.value, kSameOps));
   const ad::Parameter& table = *ps.find("relative_attention_bias.weight");
   ASSERT_TRUE(table.has_grad);
   const Tensor grad = table.grad.clone();
