@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "qkv/core/error.h"
-#include "qkv/ops/dropout.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/functional.h"
 #include "qkv/ops/matmul.h"
@@ -323,11 +322,14 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   MhaResult result;
   Tensor weights;  // (B, H, Tq, Tk) when asked for
   ad::Var attn;
-  if (B * Tq == 0 || Tk == 0) {
-    // Nothing to attend to: every row is fully masked, so the output is 0 (and so are the weights).
-    attn = ad::Var(Tensor::zeros({B, H, Tq, D}));
-    if (o.need_weights) weights = Tensor::zeros({B, H, Tq, Tk});
-  } else if (o.rel_k.defined()) {
+  ao.allow_empty = true;  // no query or no key: the op's zeros, as PyTorch
+  if (drop) {
+    QKV_CHECK_ARG(c.dropout_rng() != nullptr, "[MultiheadAttention] dropout ", dropout_,
+                  " in training mode needs a dropout Rng in the Context");
+    ao.dropout_p = dropout_;
+    ao.dropout_rng = c.dropout_rng();
+  }
+  if (o.rel_k.defined() && B * Tq * Tk > 0) {
     // Shaw relative attention, composed on the tape; with a cache the new queries sit at Tk - Tq + i.
     const int64_t offset = cache ? Tk - Tq : 0;
     attn = ad::relative_attention(qh, kh, vh, o.rel_k, o.rel_v, clip, ao, offset);
@@ -338,34 +340,21 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                     .weights;
     }
   } else if (!on_tape && (o.need_weights || drop)) {
-    // Weights asked for, or dropped (dropout acts on the weights, as PyTorch): the composed path materialises
-    // them, and the returned weights are the dropped ones.
+    // Weights asked for, or dropped (the op drops the weights, as PyTorch, and returns the dropped ones).
     ao = with_additive_bias(ao, attn_bias.value);
     ao.return_weights = true;
     AttentionResult r = attention(qh.value, kh.value, vh.value, ao);
     weights = r.weights;
-    if (drop) {
-      QKV_CHECK_ARG(c.dropout_rng() != nullptr, "[MultiheadAttention] dropout ", dropout_,
-                    " in training mode needs a dropout Rng in the Context");
-      weights = qkv::dropout(weights, dropout_, true, *c.dropout_rng()).y;
-      attn = ad::Var(matmul(weights, vh.value));
-    } else {
-      attn = ad::Var(r.out);
-    }
+    attn = ad::Var(r.out);
   } else {
     // The fused kernel: one node on a tape (composed there only for weight dropout or a trained bias).
     ad::AttentionExtras ex;
     ex.bias = attn_bias;
-    if (drop) {
-      QKV_CHECK_ARG(c.dropout_rng() != nullptr, "[MultiheadAttention] dropout ", dropout_,
-                    " in training mode needs a dropout Rng in the Context");
-      ex.dropout = dropout_;
-      ex.dropout_rng = c.dropout_rng();
-    }
     attn = shard != nullptr ? shard->attention(qh, kh, vh, ao) : ad::attention(qh, kh, vh, ao, ex);
     if (o.need_weights) {  // on a tape: the (pre-dropout) weights, as a constant
       AttentionOptions wo = with_additive_bias(ao, attn_bias.value);
       wo.return_weights = true;
+      wo.dropout_p = 0.0f;
       weights = attention(qh.value, kh.value, vh.value, wo).weights;
     }
   }

@@ -1,5 +1,6 @@
-// attention(): validation shared by every attention path, the effective scale, and the one dispatch point.
-// The math lives in kernels/attention_reference.cpp (and, for the fused path, kernels/attention_flash.cpp).
+// attention(): validation shared by every attention path (run once per call), the effective scale, and the one
+// dispatch point: empty inputs, dropout, the fused kernel or the reference. The math lives in
+// kernels/attention_reference.cpp and kernels/attention_flash.cpp; the plain float64 one in attention_plain.cpp.
 #include "qkv/ops/attention.h"
 
 #include <limits>
@@ -7,10 +8,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention_internal.h"
 #include "qkv/core/error.h"
+#include "qkv/core/rng.h"
+#include "qkv/kernels/attention_flash.h"
+#include "qkv/kernels/attention_reference.h"
+#include "qkv/ops/dropout.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/lowp.h"
-#include "qkv/kernels/attention_reference.h"
+#include "qkv/ops/matmul.h"
 
 namespace qkv {
 namespace {
@@ -52,8 +58,8 @@ Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const A
                 " must have the same last dimension (Dk)");
   QKV_CHECK_ARG(k.size(-2) == v.size(-2), "[", op, "] k ", str(k.shape()), " and v ", str(v.shape()),
                 " must have the same sequence length (Tk, dim -2)");
-  QKV_CHECK_ARG(q.size(-2) > 0 && k.size(-2) > 0 && q.size(-1) > 0 && v.size(-1) > 0, "[", op, "] q ",
-                str(q.shape()), ", k ", str(k.shape()), " and v ", str(v.shape()),
+  QKV_CHECK_ARG(options.allow_empty || (q.size(-2) > 0 && k.size(-2) > 0 && q.size(-1) > 0 && v.size(-1) > 0),
+                "[", op, "] q ", str(q.shape()), ", k ", str(k.shape()), " and v ", str(v.shape()),
                 ": Tq, Tk, Dk and Dv must be nonzero");
   Shape qk, batch;
   if (options.enable_gqa) {
@@ -98,6 +104,10 @@ Shape attention_check(const Tensor& q, const Tensor& k, const Tensor& v, const A
   }
   QKV_CHECK_ARG(!options.scale || std::isfinite(*options.scale), "[", op, "] scale ",
                 options.scale.value_or(0.0f), " must be finite (q ", str(q.shape()), ")");
+  QKV_CHECK_ARG(options.dropout_p >= 0.0f && options.dropout_p < 1.0f, "[", op, "] dropout_p must be in [0, 1), got ",
+                options.dropout_p);
+  QKV_CHECK_ARG(options.dropout_p == 0.0f || options.dropout_rng != nullptr, "[", op, "] dropout_p ",
+                options.dropout_p, " needs a dropout_rng");
   return batch;
 }
 
@@ -134,18 +144,131 @@ float attention_scale(const AttentionOptions& options, int64_t dk) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
 }
 
+namespace {
+
+bool is_empty(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.numel() == 0 || k.numel() == 0 || v.numel() == 0;
+}
+
+// PyTorch's rule for empty sequences (options.allow_empty): zeros of the result's shapes; lse -inf (no key).
+AttentionResult empty_result(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                             const Shape& batch) {
+  Shape out = batch, weights = batch, lse = batch;
+  out.insert(out.end(), {q.size(-2), v.size(-1)});
+  weights.insert(weights.end(), {q.size(-2), k.size(-2)});
+  lse.push_back(q.size(-2));
+  AttentionResult r;
+  r.out = Tensor::zeros(out);
+  if (o.return_weights) r.weights = Tensor::zeros(weights);
+  if (o.return_lse) r.lse = Tensor::full(lse, -std::numeric_limits<float>::infinity());
+  return r;
+}
+
+// The composed path: the weights (bf16: of the rounded q, k and v), then out = weights · v.
+AttentionResult reference_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                  const Shape& batch) {
+  const float scale = attention_scale(o, q.size(-1));
+  if (o.precision == Precision::kBFloat16)
+    return kernels::attention_reference_forward(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(o),
+                                                batch, scale);
+  return kernels::attention_reference_forward(q, k, v, o, batch, scale);
+}
+
+// Dropout on the weights: the reference's weights, dropped with the caller's Rng, times v (bf16: the rounded v).
+// With GQA the weights' query heads are grouped over their kv head: (..., Hkv, G, Tq, Tk) · (..., Hkv, 1, Tk, Dv).
+AttentionResult reference_dropped(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                  const Shape& batch) {
+  AttentionOptions w = o;
+  w.return_weights = true;
+  AttentionResult r = reference_checked(q, k, v, w, batch);
+  r.weights = dropout(r.weights, o.dropout_p, true, *o.dropout_rng).y;
+  const Tensor vr = o.precision == Precision::kBFloat16 ? round_to_bf16(v) : v;
+  const int64_t group = kernels::gqa_group(o, k, batch);
+  if (group == 1) {
+    r.out = matmul(r.weights, vr);
+  } else {
+    Shape grouped(r.weights.shape().begin(), r.weights.shape().end() - 3);
+    grouped.insert(grouped.end(), {r.weights.size(-3) / group, group, q.size(-2), k.size(-2)});
+    const Tensor out = matmul(r.weights.view(grouped), vr.unsqueeze(-3));
+    Shape merged = batch;
+    merged.insert(merged.end(), {q.size(-2), v.size(-1)});
+    r.out = out.reshape(merged);
+  }
+  if (!o.return_weights) r.weights = Tensor();
+  return r;
+}
+
+AttentionResult fused_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                              const Shape& batch) {
+  // bf16: the inputs rounded once here; the kernel keeps the precision, and where the CPU has AVX512-BF16 it runs
+  // both products on vdpbf16ps with P rounded to bf16 (softmax, LSE and sums in float32), else float32 products.
+  const bool bf16 = o.precision == Precision::kBFloat16;
+  AttentionResult r = kernels::attention_flash_forward(bf16 ? round_to_bf16(q) : q, bf16 ? round_to_bf16(k) : k,
+                                                       bf16 ? round_to_bf16(v) : v, o, batch,
+                                                       attention_scale(o, q.size(-1)));
+  if (!o.return_lse) r.lse = Tensor();
+  return r;
+}
+
+AttentionGrads zero_grads(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return {Tensor::zeros(q.shape()), Tensor::zeros(k.shape()), Tensor::zeros(v.shape())};
+}
+
+}  // namespace
+
+namespace detail {
+
+AttentionResult attention_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                  const Shape& batch) {
+  if (is_empty(q, k, v)) return empty_result(q, k, v, o, batch);
+  if (o.dropout_p > 0.0f) return reference_dropped(q, k, v, o, batch);
+  if (!o.return_weights) return fused_checked(q, k, v, o, batch);  // bf16 included
+  return reference_checked(q, k, v, o, batch);
+}
+
+AttentionGrads attention_backward_checked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                          const Tensor& lse, const Tensor& d_out, const AttentionOptions& o,
+                                          const Shape& batch) {
+  if (is_empty(q, k, v)) return zero_grads(q, k, v);
+  const float scale = attention_scale(o, q.size(-1));
+  // bf16: q, k, v and d_out rounded as the forward rounded q, k and v; the kernel rounds P and dS.
+  const bool bf16 = o.precision == Precision::kBFloat16;
+  const Tensor qr = bf16 ? round_to_bf16(q) : q, kr = bf16 ? round_to_bf16(k) : k, vr = bf16 ? round_to_bf16(v) : v;
+  const Tensor gr = bf16 ? round_to_bf16(d_out) : d_out;
+  if (out.defined() && lse.defined())
+    return kernels::attention_flash_backward(qr, kr, vr, out, lse, gr, o, batch, scale);
+  const AttentionResult f = kernels::attention_flash_forward(qr, kr, vr, o, batch, scale);
+  return kernels::attention_flash_backward(qr, kr, vr, f.out, f.lse, gr, o, batch, scale);
+}
+
+}  // namespace detail
+
+// The single entry: checks once, then decides (empty, dropout, fused or reference).
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
-  // The single dispatch point: the fused kernel takes over here when !options.return_weights.
-  if (!options.return_weights) return attention_fused(q, k, v, options);  // bf16 included
-  return attention_reference(q, k, v, options);
+  return detail::attention_checked(q, k, v, options, attention_check(q, k, v, options, "attention"));
 }
 
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
   const Shape batch = attention_check(q, k, v, options, "attention");
-  if (options.precision == Precision::kBFloat16)
-    return attention_reference(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v), at_fp32(options));
-  return kernels::attention_reference_forward(q, k, v, options, batch, attention_scale(options, q.size(-1)));
+  if (is_empty(q, k, v)) return empty_result(q, k, v, options, batch);
+  if (options.dropout_p > 0.0f) return reference_dropped(q, k, v, options, batch);
+  return reference_checked(q, k, v, options, batch);
+}
+
+AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  const Shape batch = attention_check(q, k, v, options, "attention");
+  QKV_CHECK_ARG(!options.return_weights && options.dropout_p == 0.0f, "[attention] the fused path never forms the "
+                "weights (return_weights, dropout_p); q ", str(q.shape()), " k ", str(k.shape()),
+                ": call attention() or attention_reference()");
+  if (is_empty(q, k, v)) return empty_result(q, k, v, options, batch);
+  return fused_checked(q, k, v, options, batch);
+}
+
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& d_out, const AttentionOptions& options) {
+  const Shape batch = attention_backward_check(q, k, v, out, lse, d_out, options, "attention_backward");
+  return detail::attention_backward_checked(q, k, v, out, lse, d_out, options, batch);
 }
 
 Shape attention_backward_check(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -170,6 +293,7 @@ AttentionGrads attention_backward_reference(const Tensor& q, const Tensor& k, co
                                             const Tensor& lse, const Tensor& d_out,
                                             const AttentionOptions& options) {
   const Shape batch = attention_backward_check(q, k, v, out, lse, d_out, options, "attention_backward");
+  if (is_empty(q, k, v)) return zero_grads(q, k, v);
   return kernels::attention_reference_backward(q, k, v, out, lse, d_out, options, batch,
                                                attention_scale(options, q.size(-1)));
 }

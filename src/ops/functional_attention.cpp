@@ -1,5 +1,5 @@
-// Differentiable attention (one fused node, or composed on the tape when the weights need dropout or a bias needs
-// a gradient), Shaw relative attention, and the positional encodings with parameters or a backward (RoPE, T5).
+// Differentiable attention (one node over the op, or composed on the tape when the weights need dropout or a bias
+// needs a gradient), Shaw relative attention, and the positional encodings with parameters or a backward (RoPE, T5).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "attention_internal.h"
 #include "functional_internal.h"
 #include "qkv/kernels/grad.h"
 #include "qkv/core/error.h"
@@ -129,10 +130,7 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
   detail::check_defined(q, "attention", "q");
   detail::check_defined(k, "attention", "k");
   detail::check_defined(v, "attention", "v");
-  QKV_CHECK_ARG(extras.dropout >= 0.0f && extras.dropout < 1.0f, "[attention] dropout must be in [0, 1), got ",
-                extras.dropout);
-  QKV_CHECK_ARG(extras.dropout == 0.0f || extras.dropout_rng, "[attention] dropout ", extras.dropout,
-                " needs a dropout_rng");
+  // The one check of this attention: the node's forward and backward below run unchecked.
   const Shape batch = attention_check(q.value, k.value, v.value, options, "attention");
   const int64_t tq = q.size(-2), tk = k.size(-2);
   if (extras.bias.defined()) {
@@ -144,16 +142,20 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
                   "[attention] bias ", str(extras.bias.shape()), " must broadcast to (batch..., Tq, Tk) = ",
                   str(full));
   }
-  const bool composed = extras.dropout > 0.0f || extras.bias.requires_grad();
+  // Empty sequences take the op's rule (zeros, zero gradients) whatever the dropout or bias.
+  const bool empty = q.value.numel() == 0 || k.value.numel() == 0 || v.value.numel() == 0;
+  const bool composed = !empty && (options.dropout_p > 0.0f || extras.bias.requires_grad());
   if (!composed) {
     AttentionOptions o = options;
     o.return_weights = false;
+    o.dropout_p = 0.0f;
     o.return_lse = detail::tape_of({&q, &k, &v}) != nullptr;  // the backward needs it; inference does not
     o = with_additive_bias(o, extras.bias.value);  // a constant bias joins the mask
-    AttentionResult r = qkv::attention(q.value, k.value, v.value, o);
+    AttentionResult r = qkv::detail::attention_checked(q.value, k.value, v.value, o, batch);
     o.return_lse = false;
-    return record(r.out, {&q, &k, &v}, [q, k, v, o, out = r.out, lse = r.lse](Tape& t, Douts d) {
-      AttentionGrads g = attention_backward(q.value, k.value, v.value, out, lse, d[0], o);
+    return record(r.out, {&q, &k, &v}, [q, k, v, o, batch, out = r.out, lse = r.lse](Tape& t, Douts d) {
+      AttentionGrads g =
+          qkv::detail::attention_backward_checked(q.value, k.value, v.value, out, lse, d[0], o, batch);
       t.accumulate_owned(q, g.dq);
       t.accumulate_owned(k, g.dk);
       t.accumulate_owned(v, g.dv);
@@ -184,7 +186,7 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
   const Tensor m = additive_mask(options, tq, tk);
   if (m.defined()) s = add(s, Var(m));
   Var w = softmax(s, -1);
-  if (extras.dropout > 0.0f) w = dropout(w, extras.dropout, true, *extras.dropout_rng);
+  if (options.dropout_p > 0.0f) w = dropout(w, options.dropout_p, true, *options.dropout_rng);
   return matmul(at_precision(w), vv);
 }
 

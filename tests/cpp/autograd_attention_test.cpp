@@ -179,10 +179,10 @@ TEST(GradAttention, WeightDropoutMatchesManualComposition) {
     Rng rng(5);
     Var out;
     if (path == 0) {
-      ad::AttentionExtras ex;
-      ex.dropout = 0.3f;
-      ex.dropout_rng = &rng;
-      out = ad::attention(qv, kv, vv, {}, ex);
+      AttentionOptions o;
+      o.dropout_p = 0.3f;
+      o.dropout_rng = &rng;
+      out = ad::attention(qv, kv, vv, o);
     } else {
       const Var s = ad::scale(ad::matmul(qv, ad::transpose(kv, -1, -2)), 0.5f);
       out = ad::matmul(ad::dropout(ad::softmax(s), 0.3f, true, rng), vv);

@@ -548,10 +548,10 @@ TEST(GradErrors, OpsNameThemselves) {
   EXPECT_TRUE(ThrowsArg([&] { ad::concat({}, 0); }, "[concat]"));
   EXPECT_TRUE(ThrowsArg([&] { ad::stack({a, Var(randn({3, 2}, 1))}, 0); }, "[stack]"));
   const Var q = randn({2, 3, 4}, 142);
+  AttentionOptions dropped;
+  dropped.dropout_p = 0.5f;  // without a dropout_rng
+  EXPECT_TRUE(ThrowsArg([&] { ad::attention(q, q, q, dropped); }, "[attention]"));
   ad::AttentionExtras ex;
-  ex.dropout = 0.5f;
-  EXPECT_TRUE(ThrowsArg([&] { ad::attention(q, q, q, {}, ex); }, "[attention]"));
-  ex.dropout = 0.0f;
   ex.bias = randn({5, 3, 3}, 1);
   EXPECT_TRUE(ThrowsArg([&] { ad::attention(q, q, q, {}, ex); }, "[attention]"));
   EXPECT_TRUE(ThrowsArg([&] { ad::relative_attention(q, q, q, Var(randn({4, 4}, 1)), Var(), 2); },

@@ -10,6 +10,8 @@
 
 namespace qkv {
 
+class Rng;
+
 // How `AttentionOptions::mask` is read. Never a bool with two meanings.
 enum class MaskKind {
   kNone,      // no mask tensor
@@ -46,6 +48,16 @@ struct AttentionOptions {
   // nearest even) and keeps scores, softmax, LSE and accumulation in float32; kFloat32 is the float32 path bit for
   // bit. kInt8 is refused (int8 is for linear layers only). The backward always runs in float32.
   Precision precision = Precision::kFloat32;
+  // Dropout on the weights (PyTorch's dropout_p, in [0, 1)): each weight is zeroed with probability p and the others
+  // scaled by 1 / (1 - p), drawn from *dropout_rng (required when p > 0); out = the dropped weights · v, and the
+  // weights returned are the dropped ones (lse is not). Runs the reference path (ad::attention composes it on a
+  // tape); the fused kernel never drops.
+  float dropout_p = 0.0f;
+  Rng* dropout_rng = nullptr;
+  // Empty sequences (Tq, Tk, Dk or Dv of 0, or an empty batch): refused unless allow_empty. With it, the other
+  // shape rules still hold and the result is PyTorch's: out (batch..., Tq, Dv) is zeros (empty when Tq, Dv or the
+  // batch is 0; zeros when Tk is 0, no key to attend to), weights 0, lse -inf; the backward gives zero gradients.
+  bool allow_empty = false;
 };
 
 struct AttentionResult {

@@ -13,8 +13,10 @@ namespace qkv {
 // Leading dims of q, k, v broadcast together into `batch`; the mask broadcasts to (batch..., Tq, Tk) (it does not
 // widen the batch). Inputs may be strided views.
 // A fully masked row gives out 0, weights 0, lse -inf: never NaN.
-AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                          const AttentionOptions& options = {});
+// The one entry that decides what attention means: it checks its arguments once (attention_check), then takes
+// the empty-sequence rule (options.allow_empty), the reference with dropped weights (options.dropout_p), the
+// reference when weights are asked for, else the fused kernel.
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 // The plain composed path (scores -> mask -> softmax -> weights·v), always materialising the weights.
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -39,6 +41,8 @@ AttentionResult attention_fused(const Tensor& q, const Tensor& k, const Tensor& 
 // forms (Tq, Tk). Inputs and outputs as for attention_backward_reference; out and lse are the forward's
 // (attention(..., return_lse)); when either is undefined the fused forward recomputes both.
 // Deterministic: the same bits on every run with the same thread count (no atomics).
+// Empty sequences (options.allow_empty) give zero gradients. Dropout is not differentiated here (ad::attention
+// composes it on a tape).
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse, const Tensor& d_out, const AttentionOptions& options = {});
 

@@ -84,13 +84,13 @@ Var dropout(const Var& x, float p, bool training, Rng& rng);
 struct AttentionExtras {
   Var bias;                   // additive score bias broadcastable to (batch..., Tq, Tk), added after the scaling
                               // (T5 relative bias); receives a gradient when it is not a constant
-  float dropout = 0.0f;       // dropout on the attention weights (as nn.MultiheadAttention), in [0, 1)
-  Rng* dropout_rng = nullptr; // required when dropout > 0
 };
 // q: (..., Tq, Dk)  k: (..., Tk, Dk)  v: (..., Tk, Dv)  ->  (batch..., Tq, Dv), as qkv::attention.
 // Without dropout and without a differentiable bias it is one node over the fused kernel: the forward keeps
 // the log-sum-exp and the backward is qkv::attention_backward (O(T) memory, never forms Tq x Tk).
-// Otherwise it is composed on the tape: scores = q·kᵀ·scale (+ bias) (+ mask) -> softmax -> dropout -> ·v.
+// Otherwise (options.dropout_p > 0, or a bias that takes a gradient) it is composed on the tape:
+// scores = q·kᵀ·scale (+ bias) (+ mask) -> softmax -> dropout (options.dropout_rng) -> ·v. The arguments are
+// checked once (attention_check); the backward runs unchecked. Empty sequences follow options.allow_empty.
 // A fully masked row gives 0 and zero gradient. options.return_weights / return_lse are ignored.
 Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options = {},
               const AttentionExtras& extras = {});
