@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "serve_openai.h"
+#include "viz_llm.h"
 
 #ifdef QKV_HAVE_HTTPLIB
 #include <httplib.h>
@@ -277,7 +278,7 @@ void add_serve(CLI::App& app) {
                              ->check(CLI::Range(int64_t{2}, int64_t{512}));
   cmd->callback([=]() {
     if (model->empty() && run->empty()) throw CLI::ValidationError("serve", "give --model PATH or --run DIR");
-    if (run->empty() && is_language_model_path(*model)) {
+    if (run->empty() && is_language_model(*model)) {
       for (const CLI::Option* o : {text_opt, max_tokens_opt, strict_opt})
         if (o->count() > 0)
           throw CLI::ValidationError("serve", o->get_name() + " is the viewer's; a language model serves the "

@@ -5,10 +5,7 @@
 #include "serve_openai.h"
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
-
-#include "qkv/core/json.h"
+#include <stdexcept>
 
 #ifdef QKV_HAVE_HTTPLIB
 #include <httplib.h>
@@ -35,28 +32,6 @@
 #endif
 
 namespace qkv::cli {
-
-bool is_language_model_path(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  std::error_code ec;
-  if (fs::is_regular_file(p, ec)) return p.extension() == ".gguf";
-  std::ifstream in(p / "config.json", std::ios::binary);
-  if (!in) return false;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json::Value config;
-  try {
-    config = json::Value::parse(text, "config.json");
-  } catch (const std::invalid_argument&) {
-    return false;  // the viewer's loader names the damage
-  }
-  if (!config.is_object()) return false;
-  if (const json::Value* a = config.find("architectures"); a && a->is_array())
-    for (const json::Value& name : a->items())
-      if (name.is_string() && name.as_string().find("CausalLM") != std::string::npos) return true;
-  const json::Value* t = config.find("model_type");
-  return t && t->is_string() && t->as_string() != "bert" && !t->as_string().empty();
-}
 
 #ifdef QKV_HAVE_HTTPLIB
 namespace {

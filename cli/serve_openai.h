@@ -19,10 +19,6 @@ struct OpenAIServeArgs {
 };
 constexpr int64_t kDefaultCtx = 4096;
 
-// Whether `path` holds a language model (a .gguf file, or a folder whose config.json names a model other than
-// BERT), so that `qkv serve --model` serves the OpenAI API rather than the viewer.
-bool is_language_model_path(const std::string& path);
-
 // Listens, loads the model (GET /health answers 503 meanwhile), serves until SIGINT / SIGTERM, then cancels the
 // requests still running and returns 0.
 int run_serve_openai(const OpenAIServeArgs& args);
