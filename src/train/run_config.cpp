@@ -219,7 +219,8 @@ RunConfig RunConfig::resumed_with(const std::map<std::string, std::string>& sett
   const std::map<std::string, std::string> mine = parse_flat_json(to_json(), "config.json");
   const std::map<std::string, std::string> theirs = parse_flat_json(given.to_json(), "config.json");
   std::map<std::string, std::string> keep;
-  for (const auto& [key, value] : settings) {
+  for (const auto& setting : settings) {
+    const std::string& key = setting.first;  // a plain reference: clang-14 cannot capture a structured binding
     const bool changeable = std::find_if(std::begin(kChangeable), std::end(kChangeable), [&](const char* k) {
                               return key == k;
                             }) != std::end(kChangeable);
