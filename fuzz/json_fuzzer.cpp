@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "checkpoint.h"
+#include "qkv/train/checkpoint.h"
 #include "fuzz_check.h"
-#include "run_config.h"
+#include "qkv/train/run_config.h"
 
 namespace {
 
@@ -22,19 +22,19 @@ bool named_error(const char* what) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    (void)qkv::cli::parse_flat_json(text, "fuzz.json");
+    (void)qkv::train::parse_flat_json(text, "fuzz.json");
   } catch (const std::invalid_argument& e) {
     FUZZ_CHECK(named_error(e.what()));
   }
   try {
-    (void)qkv::cli::parse_trainer_state(text, "fuzz.json");
+    (void)qkv::train::parse_trainer_state(text, "fuzz.json");
   } catch (const std::invalid_argument& e) {
     FUZZ_CHECK(named_error(e.what()));
   }
   try {
-    qkv::cli::RunConfig c = qkv::cli::RunConfig::from_json(text, "fuzz.json");
+    qkv::train::RunConfig c = qkv::train::RunConfig::from_json(text, "fuzz.json");
     const std::string once = c.to_json();
-    FUZZ_CHECK(qkv::cli::RunConfig::from_json(once, "again.json").to_json() == once);
+    FUZZ_CHECK(qkv::train::RunConfig::from_json(once, "again.json").to_json() == once);
     c.resolve_and_check();
   } catch (const std::invalid_argument& e) {
     FUZZ_CHECK(named_error(e.what()));
