@@ -103,6 +103,17 @@ void configure_server(httplib::Server& svr, const HttpOptions& options, ErrorWri
     const int status = refuse(req, res);
     return status ? status : 100;
   });
+  // A handler's unexpected exception: 500 with its message, never a dropped connection.
+  svr.set_exception_handler([answer](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string m = "[serve] internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      m += std::string(": ") + e.what();
+    } catch (...) {
+    }
+    answer(res, 500, m);
+  });
 }
 
 int bind_server(httplib::Server& svr, const std::string& host, int port) {

@@ -196,16 +196,6 @@ int run_serve(const std::string& model_dir, const std::string& run_dir, int port
       res.set_content(json::Value::object().set("error", m).dump(0), "application/json");
     }
   });
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string m = "[serve] internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      m += std::string(": ") + e.what();
-    } catch (...) {
-    }
-    answer_error(res, 500, m);
-  });
 
   const int bound = bind_server(svr, "127.0.0.1", port);
   // The port is taken before the model loads, so that a port in use fails at once.

@@ -516,16 +516,6 @@ int run_serve_openai(const OpenAIServeArgs& a) {
                                               : "bad request";
     answer_error(res, res.status, m);
   });
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string m = "[serve] internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      m += std::string(": ") + e.what();
-    } catch (...) {
-    }
-    answer_error(res, 500, m);
-  });
 
   const int bound = bind_server(svr, a.host, a.port);
   const std::string url = "http://" + (a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host) + ":" +
