@@ -13,6 +13,7 @@
 #include "qkv/models/llama.h"
 #include "qkv/nn/kv_cache.h"
 #include "qkv/train/loss.h"
+#include "tiny_llama.h"
 
 namespace qkv::decode {
 using nn::KvCache;
@@ -22,29 +23,6 @@ using qkv::testing::AllClose;
 using qkv::testing::ThrowsArg;
 using qkv::testing::Tol;
 
-// A tiny Gemma 2-like config: GQA 4/2, window 3 on layer 0, both soft-caps, (1 + w) norms, sandwich norms.
-models::LlamaConfig tiny_llama(bool gemma) {
-  models::LlamaConfig c;
-  c.model_type = gemma ? "gemma2" : "llama";
-  c.vocab_size = 23;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 6;
-  c.layer_sliding = {gemma, false};
-  if (gemma) {
-    c.sliding_window = 3;
-    c.attn_logit_softcapping = 1.5f;
-    c.final_logit_softcapping = 3.0f;
-    c.attention_scale = 0.3f;
-    c.norm_unit_offset = c.scale_embeddings = c.sandwich_norms = true;
-    c.hidden_act = models::GatedActivation::kGeluTanh;
-    c.tie_word_embeddings = true;
-  }
-  return c;
-}
 
 // Contiguous caches (page 0) and paged ones (pages of 1 and 3 positions, read in place by attention_with_kvcache),
 // two rows: the prompt at once, then one token a step, equal the full forward.
@@ -52,7 +30,7 @@ TEST(LlamaDecoding, CachedStepsEqualTheFullForward) {
   for (bool gemma : {false, true})
     for (int64_t page : {0, 1, 3}) {
       Rng rng(5);
-      const models::LlamaConfig c = tiny_llama(gemma);
+      const models::LlamaConfig c = qkv::testing::tiny_gqa_llama(gemma);
       const models::LlamaForCausalLM model(c, rng);
       const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9, 5, 2, 8, 0, 13, 6, 1, 22, 3}, {2, 9}};
       const Tensor full = model.logits(ids);  // (2, 9, V)
@@ -75,7 +53,7 @@ TEST(LlamaDecoding, CachedStepsEqualTheFullForward) {
 TEST(LlamaDecoding, PagedCacheFollowsTheBf16Precision) {
   for (bool gemma : {false, true}) {
     Rng rng(6);
-    models::LlamaForCausalLM model(tiny_llama(gemma), rng);
+    models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
     const Ids prompt{{3, 7, 1, 19, 5, 2, 8, 0}, {2, 4}};
     const std::vector<std::vector<int64_t>> steps{{4, 6}, {11, 1}, {2, 22}, {9, 3}, {5, 5}};
     auto run = [&](Precision p, int64_t page) {
@@ -113,7 +91,7 @@ TEST(LlamaDecoding, LogitsToKeepAreTheLastRowsOfTheFullLogits) {
     return out;
   };
   for (int kind : {0, 1, 2}) {  // llama; gemma 2 (layer 0 windowed, soft-caps); gemma 2 with both layers windowed
-    models::LlamaConfig config = tiny_llama(kind > 0);
+    models::LlamaConfig config = qkv::testing::tiny_gqa_llama(kind > 0);
     if (kind == 2) config.layer_sliding = {true, true};
     Rng rng(8);
     const models::LlamaForCausalLM model(config, rng);
@@ -149,7 +127,7 @@ TEST(LlamaDecoding, LogitsToKeepAreTheLastRowsOfTheFullLogits) {
 TEST(LlamaDecoding, TapeGradientMatchesADirectionalDifference) {
   // The same forward on a tape: d(loss)/d(weights) along a random direction against a central difference.
   Rng rng(6);
-  models::LlamaForCausalLM model(tiny_llama(true), rng);
+  models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(true), rng);
   const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2}, {2, 4}};
   const std::vector<int64_t> targets{7, 1, 19, 4, 11, 2, 9, 0};
   ad::ParameterSet params(model);
@@ -208,7 +186,7 @@ TEST(Sampling, FiltersAndFrequencies) {
 
 TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
   Rng rng(9);
-  const models::LlamaForCausalLM model(tiny_llama(true), rng);
+  const models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(true), rng);
   SamplingOptions o;
   o.temperature = 1.0f;
   o.seed = 4;

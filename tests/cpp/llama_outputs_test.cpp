@@ -8,6 +8,7 @@
 #include "ops_testing.h"
 #include "qkv/models/llama.h"
 #include "qkv/nn/kv_cache.h"
+#include "tiny_llama.h"
 
 namespace qkv::models {
 namespace {
@@ -15,29 +16,6 @@ namespace {
 using qkv::testing::AllClose;
 using qkv::testing::Tol;
 
-// GQA 4/2, a window of 3 on layer 0, both soft-caps and a custom scale when gemma; plain Llama otherwise.
-LlamaConfig tiny(bool gemma) {
-  LlamaConfig c;
-  c.model_type = gemma ? "gemma2" : "llama";
-  c.vocab_size = 23;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 6;
-  c.layer_sliding = {gemma, false};
-  if (gemma) {
-    c.sliding_window = 3;
-    c.attn_logit_softcapping = 1.5f;
-    c.final_logit_softcapping = 3.0f;
-    c.attention_scale = 0.3f;
-    c.norm_unit_offset = c.scale_embeddings = c.sandwich_norms = true;
-    c.hidden_act = GatedActivation::kGeluTanh;
-    c.tie_word_embeddings = true;
-  }
-  return c;
-}
 
 ForwardOptions everything() {
   ForwardOptions o;
@@ -48,7 +26,7 @@ ForwardOptions everything() {
 TEST(LlamaOutputs, RecordingLeavesTheLogitsAndTheFinalHiddenStateUnchanged) {
   for (bool gemma : {false, true}) {
     Rng rng(3);
-    const LlamaForCausalLM model(tiny(gemma), rng);
+    const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
     const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9, 5, 2, 8, 0, 13, 6, 1, 22, 3}, {2, 9}};
     const CausalLMOutput out = model.forward(ids, everything());
     const Tensor logits = model.logits(ids);
@@ -74,7 +52,7 @@ TEST(LlamaOutputs, DecodeStepProbabilitiesAreTheLastRowOfTheFullForward) {
   for (bool gemma : {false, true})
     for (int64_t page : {0, 3}) {
       Rng rng(5);
-      const LlamaForCausalLM model(tiny(gemma), rng);
+      const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
       const Ids ids{{3, 7, 1, 19, 4, 4, 11, 2, 9, 5, 2, 8, 0, 13}, {2, 7}};
       const CausalLMOutput full = model.forward(ids, everything());
       std::vector<nn::KvCache> caches = model.new_caches(2, 2, page);
@@ -93,7 +71,7 @@ TEST(LlamaOutputs, DecodeStepProbabilitiesAreTheLastRowOfTheFullForward) {
 
 TEST(LlamaOutputs, OnlyTheAskedLayersAreComputed) {
   Rng rng(1);
-  const LlamaForCausalLM model(tiny(true), rng);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(true), rng);
   ForwardOptions o;
   o.output_attentions = true;
   o.attention_layers = {1};
@@ -106,7 +84,7 @@ TEST(LlamaOutputs, OnlyTheAskedLayersAreComputed) {
 
 TEST(LlamaOutputs, AttentionLayerOutsideTheModelThrows) {
   Rng rng(1);
-  const LlamaForCausalLM model(tiny(false), rng);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
   for (int64_t bad : {-1, 2}) {
     ForwardOptions o;
     o.output_attentions = true;
