@@ -23,8 +23,6 @@ namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 16;  // elements per OpenMP region for the element-wise passes
 constexpr int64_t kBlockM = 64, kBlockN = 64;       // c blocks of the int8 product (one OpenMP work item each)
 
-bool use_avx2() { return active_isa() >= Isa::kAvx2; }
-
 template <class F>
 void chunked(int64_t n, F f) {
   const int64_t chunks = n >= kParallelMin ? std::max<int64_t>(1, n / (kParallelMin / 4)) : 1;
@@ -36,6 +34,54 @@ void chunked(int64_t n, F f) {
   }
 }
 
+
+// The low-precision kernels of one ISA build; null where that build has none (bf16_packed: the bf16 product rounds
+// its operands, then runs float32; int8_packed: int8 weights stay unpacked; pack_bf16: packed one word at a time;
+// amx_*: the vector builds at every row count). One row per Isa, picked once by the probe (active_isa()).
+struct Kernels {
+  decltype(&portable::bf16_round_range) bf16_round = avx2::bf16_round_range;
+  decltype(&portable::float_to_bf16_range) to_bf16 = avx2::float_to_bf16_range;
+  decltype(&portable::bf16_to_float_range) from_bf16 = avx2::bf16_to_float_range;
+  decltype(&portable::quantize_row_int8) quantize_row = avx2::quantize_row_int8;
+  decltype(&portable::gemm_int8_block) int8_rows = avx2::gemm_int8_block;
+  decltype(&avx512vnni::gemm_int8_packed_block) int8_packed = nullptr;
+  decltype(&avx512bf16::gemm_bf16_packed_block) bf16_packed = nullptr;
+  decltype(&avx512bf16::pack_bf16_panels) pack_bf16 = nullptr;
+  decltype(&amx::gemm_bf16_packed_block) amx_bf16 = nullptr;
+  decltype(&amx::gemm_int8_packed_block) amx_int8 = nullptr;
+};
+constexpr Kernels kPortable{.bf16_round = portable::bf16_round_range,
+                            .to_bf16 = portable::float_to_bf16_range,
+                            .from_bf16 = portable::bf16_to_float_range,
+                            .quantize_row = portable::quantize_row_int8,
+                            .int8_rows = portable::gemm_int8_block};
+constexpr Kernels kAvx2{};  // and kAvx512: no AVX-512 build of its own
+constexpr Kernels kAvx2Vnni{.int8_packed = avxvnni::gemm_int8_packed_block};
+constexpr Kernels kAvx512Vnni{.int8_packed = avx512vnni::gemm_int8_packed_block};
+constexpr Kernels kAvx512Bf16{.int8_packed = avx512vnni::gemm_int8_packed_block,
+                              .bf16_packed = avx512bf16::gemm_bf16_packed_block,
+                              .pack_bf16 = avx512bf16::pack_bf16_panels};
+constexpr Kernels kAmx{.int8_packed = avx512vnni::gemm_int8_packed_block,
+                       .bf16_packed = avx512bf16::gemm_bf16_packed_block,
+                       .pack_bf16 = avx512bf16::pack_bf16_panels,
+                       .amx_bf16 = amx::gemm_bf16_packed_block,
+                       .amx_int8 = amx::gemm_int8_packed_block};
+
+const Kernels& kernels() {
+  static const Kernels* const k = [] {
+    switch (active_isa()) {
+      case Isa::kPortable: return &kPortable;
+      case Isa::kAvx2: return &kAvx2;
+      case Isa::kAvx2Vnni: return &kAvx2Vnni;
+      case Isa::kAvx512: return &kAvx2;
+      case Isa::kAvx512Vnni: return &kAvx512Vnni;
+      case Isa::kAvx512Bf16: return &kAvx512Bf16;
+      case Isa::kAmx: return &kAmx;
+    }
+    return &kPortable;
+  }();
+  return *k;
+}
 }  // namespace
 
 namespace portable {
@@ -132,17 +178,17 @@ void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t bloc
 float bf16_round(float x) { return detail::bf16_round_one(x); }
 
 void bf16_round(const float* x, float* y, int64_t n) {
-  const auto k = use_avx2() ? avx2::bf16_round_range : portable::bf16_round_range;
+  const auto k = kernels().bf16_round;
   chunked(n, [&](int64_t b, int64_t e) { k(x + b, y + b, e - b); });
 }
 
 void float_to_bf16(const float* x, uint16_t* y, int64_t n) {
-  const auto k = use_avx2() ? avx2::float_to_bf16_range : portable::float_to_bf16_range;
+  const auto k = kernels().to_bf16;
   chunked(n, [&](int64_t b, int64_t e) { k(x + b, y + b, e - b); });
 }
 
 void bf16_to_float(const uint16_t* x, float* y, int64_t n) {
-  const auto k = use_avx2() ? avx2::bf16_to_float_range : portable::bf16_to_float_range;
+  const auto k = kernels().from_bf16;
   chunked(n, [&](int64_t b, int64_t e) { k(x + b, y + b, e - b); });
 }
 
@@ -166,7 +212,7 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx,
   const int64_t blocks = out.ld / out.group, group = out.group;
   out.q.assign(static_cast<size_t>(rows * out.ld), 0);
   out.scale.assign(static_cast<size_t>(rows * blocks), 0.0f);
-  const auto k = use_avx2() ? avx2::quantize_row_int8 : portable::quantize_row_int8;
+  const auto k = kernels().quantize_row;
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r)
     k(x + r * ldx, cols, group, blocks, &out.q[r * out.ld], &out.scale[r * blocks]);
@@ -180,7 +226,7 @@ void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float
                 a.group, ", ld ", a.ld, ")");
   QKV_CHECK_ARG(ldc >= b.rows && (a.rows == 0 || b.rows == 0 || c != nullptr), "[gemm_int8] ldc ", ldc,
                 " must be >= n = ", b.rows, " and c non-null");
-  const auto k = use_avx2() ? avx2::gemm_int8_block : portable::gemm_int8_block;
+  const auto k = kernels().int8_rows;
   const int64_t bm = (a.rows + kBlockM - 1) / kBlockM, bn = (b.rows + kBlockN - 1) / kBlockN;
 #pragma omp parallel for schedule(dynamic) if (bm * bn > 1 && a.rows * b.rows * a.ld >= (int64_t{1} << 18))
   for (int64_t t = 0; t < bm * bn; ++t) {
@@ -215,9 +261,9 @@ void pack_bf16(const float* w, int64_t n, int64_t k, int64_t stride_n, int64_t s
   out.data.assign(static_cast<size_t>(panels * out.groups * kPanel), 0u);
   out.colsum.clear();
   out.scale.clear();
-  if (active_isa() >= Isa::kAvx512Bf16) {  // the vector packing: the same words, panels in parallel
+  if (const auto pack = kernels().pack_bf16) {  // the vector packing: the same words, panels in parallel
 #pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
-    for (int64_t p = 0; p < panels; ++p) avx512bf16::pack_bf16_panels(w, n, k, stride_n, stride_k, p, p + 1, out.data.data());
+    for (int64_t p = 0; p < panels; ++p) pack(w, n, k, stride_n, stride_k, p, p + 1, out.data.data());
     return;
   }
 #pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
@@ -338,18 +384,19 @@ void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView&
                     ldc >= w.n && (m == 0 || w.n == 0 || (x && c)),
                 "[gemm_bf16] m ", m, ", ldx ", ldx, ", k stride ", xks, " (rows ldx >= k = ", w.k,
                 " apart, or k stride >= m when ldx is 1), ldc ", ldc, " (>= n = ", w.n, ")");
-  QKV_CHECK_RUNTIME(active_isa() >= Isa::kAvx512Bf16, "[gemm_bf16] the packed bf16 product needs AVX512-BF16 (",
+  const Kernels& ks = kernels();
+  QKV_CHECK_RUNTIME(ks.bf16_packed != nullptr, "[gemm_bf16] the packed bf16 product needs AVX512-BF16 (",
                     isa_name(active_isa()), " is active)");
   // AMX from a few rows on (activations in rows): one pass computes 32; fewer rows, and decoding's one, stay on
   // vdpbf16ps, which reads the weight once for them at the same cost.
-  if (active_isa() >= Isa::kAmx && xks == 1 && m >= kAmxMinRows) {
+  if (ks.amx_bf16 && xks == 1 && m >= kAmxMinRows) {
     run_amx(m, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      amx::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1);
+      ks.amx_bf16(x, ldx, w, bias, c, ldc, i0, i1, j0, j1);
     });
     return;
   }
   run_packed(m, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    avx512bf16::gemm_bf16_packed_block(x, ldx, w, bias, c, ldc, i0, i1, j0, j1, xks);
+    ks.bf16_packed(x, ldx, w, bias, c, ldc, i0, i1, j0, j1, xks);
   });
 }
 
@@ -359,26 +406,23 @@ void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias
                 ") must have the same k; ldc ", ldc);
   QKV_CHECK_ARG(a.group == kInt8Group, "[gemm_int8] the packed product takes activations in blocks of ", kInt8Group,
                 " (group ", a.group, ")");
-  const Isa isa = active_isa();
-  QKV_CHECK_RUNTIME(isa >= Isa::kAvx512Vnni || isa == Isa::kAvx2Vnni,
-                    "[gemm_int8] the packed int8 product needs AVX512-VNNI or AVX-VNNI (", isa_name(isa),
-                    " is active)");
-  if (isa >= Isa::kAmx && a.rows >= kAmxMinRows) {  // the same bits as the VNNI builds (exact int32 sums)
+  const Kernels& ks = kernels();
+  QKV_CHECK_RUNTIME(ks.int8_packed != nullptr, "[gemm_int8] the packed int8 product needs AVX512-VNNI or AVX-VNNI (",
+                    isa_name(active_isa()), " is active)");
+  if (ks.amx_int8 && a.rows >= kAmxMinRows) {  // the same bits as the VNNI builds (exact int32 sums)
     run_amx(a.rows, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      amx::gemm_int8_packed_block(a, w, bias, c, ldc, i0, i1, j0, j1);
+      ks.amx_int8(a, w, bias, c, ldc, i0, i1, j0, j1);
     });
     return;
   }
-  const auto block = isa >= Isa::kAvx512Vnni ? avx512vnni::gemm_int8_packed_block : avxvnni::gemm_int8_packed_block;
   run_packed(a.rows, w.k, w, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    block(a, w, bias, c, ldc, i0, i1, j0, j1);
+    ks.int8_packed(a, w, bias, c, ldc, i0, i1, j0, j1);
   });
 }
 
-bool gemm_int8_packed_runs() {
-  const Isa isa = active_isa();
-  return isa >= Isa::kAvx512Vnni || isa == Isa::kAvx2Vnni;
-}
+bool gemm_int8_packed_runs() { return kernels().int8_packed != nullptr; }
+
+bool gemm_bf16_packed_runs() { return kernels().bf16_packed != nullptr; }
 
 LowpPaths lowp_paths() {
   // Where the CPU reports AMX but the OS or the kernel refused it, the probe's reason replaces "no AMX".

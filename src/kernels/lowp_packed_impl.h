@@ -18,15 +18,6 @@ constexpr int64_t kPackedRows = 14;
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max64(int64_t a, int64_t b) { return a < b ? b : a; }
 
-// The epilogue data of an int8 tile of one panel.
-struct Int8Out {
-  const float* bias;       // at the panel's lane 0, or null
-  const int32_t* colsum;   // the panel's [block][32] column sums
-  const float* scale;      // the panel's 32 column scales
-  const float* row_scale;  // the tile's first activation row's block scales; row r's at + r * blocks
-  int64_t blocks;
-};
-
 // A per-thread scratch buffer for the packed activation rows, grown with malloc, freed when its thread ends (a
 // thread of the caller's, not only OpenMP's, may run the products).
 struct Scratch {

@@ -1,20 +1,17 @@
 // AVX-512 building blocks of qkv's sgemm: panel packing for both layouts of A and B (16x16 register transposes
-// for the strided ones) and the 14x32 register-blocked FMA microkernel with masked edges. Driver: sgemm.cpp.
+// for the strided ones), the GEMV, and the 14x32 tiles of micro.h's microkernel (fp32 FMA on 16 lanes, masked
+// edges). Driver: sgemm.cpp.
 #include <immintrin.h>
 
 #include <algorithm>
 
+#include "micro.h"
 #include "sgemm_kernels.h"
-
-// GCC 12 flags the _mm512_undefined_ps() inside its own shuffle intrinsics (a known false positive).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace qkv::kernels::avx512 {
 namespace {
 
-inline __mmask16 lanes(int64_t count) {
-  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
-}
+inline __mmask16 lanes(int64_t count) { return detail::Lanes512::tail(count); }
 
 // In place: r[i] lane j  ->  r[j] lane i.
 inline void transpose16(__m512 r[16]) {
@@ -49,65 +46,7 @@ inline void load_transposed(const float* src, int64_t ld, int64_t rows, int64_t 
   transpose16(out);
 }
 
-// acc (R rows x 32) over one packed A panel and one packed B panel, then C = alpha*acc (+ beta*C).
-template <int R>
-void micro(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc, float alpha,
-           float beta, __mmask16 m0, __mmask16 m1) {
-  __m512 acc0[R], acc1[R];
-#pragma GCC unroll 14
-  for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm512_setzero_ps();
-    acc1[r] = _mm512_setzero_ps();
-  }
-  auto steps = [&](int64_t count) {
-#pragma GCC unroll 2
-    for (int64_t p = 0; p < count; ++p) {
-      const __m512 b0 = _mm512_load_ps(b);
-      const __m512 b1 = _mm512_load_ps(b + 16);
-#pragma GCC unroll 14
-      for (int r = 0; r < R; ++r) {
-        const __m512 av = _mm512_set1_ps(a[r]);
-        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-      }
-      a += kMR;
-      b += kNR;
-    }
-  };
-  // Fetch the C tile shortly before the last k steps: early enough to hide the miss, late enough that the A and
-  // B streams have not pushed it out of L1 again.
-  const int64_t tail = std::min<int64_t>(kc, 32);
-  steps(kc - tail);
-#pragma GCC unroll 14
-  for (int r = 0; r < R; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 31), _MM_HINT_T0);
-  }
-  steps(tail);
-  const __m512 va = _mm512_set1_ps(alpha);
-  if (beta == 0.0f) {
-#pragma GCC unroll 14
-    for (int r = 0; r < R; ++r) {
-      _mm512_mask_storeu_ps(c + r * ldc, m0, _mm512_mul_ps(acc0[r], va));
-      _mm512_mask_storeu_ps(c + r * ldc + 16, m1, _mm512_mul_ps(acc1[r], va));
-    }
-  } else {
-    const __m512 vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 14
-    for (int r = 0; r < R; ++r) {
-      const __m512 c0 = _mm512_maskz_loadu_ps(m0, c + r * ldc);
-      const __m512 c1 = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
-      _mm512_mask_storeu_ps(c + r * ldc, m0, _mm512_fmadd_ps(c0, vb, _mm512_mul_ps(acc0[r], va)));
-      _mm512_mask_storeu_ps(c + r * ldc + 16, m1, _mm512_fmadd_ps(c1, vb, _mm512_mul_ps(acc1[r], va)));
-    }
-  }
-}
-
-using MicroFn = void (*)(int64_t, const float*, const float*, float*, int64_t, float, float, __mmask16, __mmask16);
-constexpr MicroFn kMicro[kMR + 1] = {nullptr,   micro<1>,  micro<2>,  micro<3>,  micro<4>,
-                                     micro<5>,  micro<6>,  micro<7>,  micro<8>,  micro<9>,
-                                     micro<10>, micro<11>, micro<12>, micro<13>, micro<14>};
-static_assert(kMR == 14 && kNR == 32, "the microkernel table and masks assume a 14x32 tile");
+static_assert(kMR == 14 && kNR == kPanel, "sgemm's tiles are 14 rows by one 32-column panel");
 
 }  // namespace
 
@@ -159,15 +98,12 @@ void pack_b(bool trans, const float* b, int64_t ldb, int64_t kc, int64_t nc, flo
 
 void macro_kernel(int64_t mc, int64_t nc, int64_t kc, float alpha, const float* pa, const float* pb, float beta,
                   float* c, int64_t ldc) {
-  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
-    const int64_t w = std::min(kNR, nc - j0);
-    const __mmask16 m0 = lanes(w), m1 = lanes(w - 16);
-    const float* b = pb + j0 * kc;
-    for (int64_t i0 = 0; i0 < mc; i0 += kMR) {
-      const int64_t rows = std::min(kMR, mc - i0);
-      kMicro[rows](kc, pa + i0 * kc, b, c + i0 * ldc + j0, ldc, alpha, beta, m0, m1);
-    }
-  }
+  const detail::ScaleOut<detail::Lanes512> out{alpha, beta};
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR)
+    for (int64_t i0 = 0; i0 < mc; i0 += kMR)
+      detail::micro_tile<detail::Lanes512, kMR, 2, detail::FmaF32, detail::ScaleOut>(
+          std::min(kMR, mc - i0), kc, pa + i0 * kc, kMR, pb + j0 * kc, c + i0 * ldc + j0, ldc, out,
+          std::min(kNR, nc - j0));
 }
 
 namespace {

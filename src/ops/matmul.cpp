@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "qkv/core/error.h"
-#include "qkv/kernels/cpu.h"
 #include "qkv/kernels/lowp.h"
 #include "qkv/kernels/sgemm.h"
 #include "qkv/ops/lowp.h"
@@ -99,8 +98,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision) {
                 b.defined() ? str(b.shape()) : std::string("(undefined)"), ")");
   QKV_CHECK_ARG(a.defined() && b.defined(), "[matmul] undefined operand");
   // bf16 without AVX512-BF16: the operands rounded, then the float32 product.
-  const bool packed_bf16 =
-      precision == Precision::kBFloat16 && kernels::active_isa() >= kernels::Isa::kAvx512Bf16;
+  const bool packed_bf16 = precision == Precision::kBFloat16 && kernels::gemm_bf16_packed_runs();
   if (precision == Precision::kBFloat16 && !packed_bf16) return matmul(round_to_bf16(a), round_to_bf16(b));
   QKV_CHECK_ARG(a.dim() >= 2 && b.dim() >= 2, "[matmul] operands must have rank >= 2, got a ",
                 str(a.shape()), " and b ", str(b.shape()));

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "qkv/core/error.h"
-#include "qkv/kernels/cpu.h"
 #include "qkv/ops/matmul.h"
 #include "matmul_internal.h"
 
@@ -34,7 +33,7 @@ LinearWeight::LinearWeight(const Tensor& weight, Precision precision) : precisio
       }
       break;
     case Precision::kBFloat16:
-      if (kernels::active_isa() >= kernels::Isa::kAvx512Bf16) {
+      if (kernels::gemm_bf16_packed_runs()) {
         const Tensor c = weight.contiguous();
         auto p = std::make_shared<kernels::PackedB>();
         kernels::pack_bf16(c.data(), end_, in_, in_, 1, *p);

@@ -127,9 +127,11 @@ void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView&
 // The int8 product of gemm_int8_nt over a packed weight: the avx512vnni build when active_isa() >= kAvx512Vnni,
 // the avxvnni one when active_isa() == kAvx2Vnni; throws std::runtime_error on any other path
 // (gemm_int8_packed_runs() says whether it runs: where it does, int8 linear weights are packed). The same bits as
-// gemm_int8_nt on the unpacked rows.
+// gemm_int8_nt on the unpacked rows. gemm_bf16_packed_runs() likewise says whether gemm_bf16_packed runs (where it
+// does not, a bf16 product rounds its operands and runs the float32 kernels): the callers ask these, never the ISA.
 void gemm_int8_packed(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc);
 bool gemm_int8_packed_runs();
+bool gemm_bf16_packed_runs();
 
 // One tile of the packed products by name, for tests: rows [m0, m1) of c over the view's columns [n0, n1)
 // (the portable builds are the plain references; avx512bf16:: needs Isa::kAvx512Bf16, avx512vnni:: kAvx512Vnni,
