@@ -16,6 +16,7 @@
 #include "run_common.h"
 #include "qkv/core/error.h"
 #include "qkv/core/json.h"
+#include "qkv/decode/generate.h"
 #include "qkv/decode/sampling.h"
 #include "qkv/decode/search.h"
 #include "qkv/models/language_model.h"

@@ -8,8 +8,8 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/vocab.h"
+#include "qkv/decode/generate.h"
 #include "qkv/decode/rnn_step.h"
-#include "qkv/decode/sampling.h"
 #include "qkv/decode/transformer_step.h"
 
 namespace qkv::train {

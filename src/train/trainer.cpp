@@ -1,4 +1,4 @@
-// train::Trainer: one optimisation step and the loop around it with hooks.
+// train::Trainer: one optimisation step.
 #include "qkv/train/trainer.h"
 
 #include <cmath>
@@ -43,18 +43,6 @@ StepResult Trainer::step(int64_t step, const LossFn& loss_fn) {
   r.lr = schedule_->at(step);
   optimizer_->set_lr(r.lr);
   optimizer_->step();
-  return r;
-}
-
-StepResult Trainer::run(int64_t first, int64_t last, const Hooks& hooks) {
-  QKV_CHECK_ARG(static_cast<bool>(hooks.batch), "[Trainer] run needs hooks.batch");
-  StepResult r;
-  for (int64_t s = first; s <= last; ++s) {
-    r = step(s, hooks.batch(s));
-    if (!r.finite) break;
-    if (hooks.on_step) hooks.on_step(r);
-    if (hooks.after_step && hooks.after_step(r)) break;
-  }
   return r;
 }
 

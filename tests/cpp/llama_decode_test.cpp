@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops_testing.h"
+#include "qkv/decode/generate.h"
 #include "qkv/decode/sampling.h"
 #include "qkv/decode/search.h"
 #include "qkv/models/llama.h"

@@ -92,10 +92,15 @@ TEST_F(RunDir, StopAndResumeEndsBitIdenticalToOneRun) {
   std::atomic<bool> stop{false};
   LinearRun first(options(dir_ + "/b", 9));
   RunHooks h = first.hooks();
-  h.on_step = [&](const RunStep& s) { stop = s.step == 5; };  // stops after step 5's checkpoint
+  std::vector<int64_t> seen;
+  h.on_step = [&](const RunStep& s) {
+    seen.push_back(s.step);
+    stop = s.step == 5;  // stops after step 5's checkpoint
+  };
   const RunResult r1 = first.run->run(h, &stop);
   EXPECT_TRUE(r1.stopped);
   EXPECT_EQ(r1.step, 5);
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2, 3, 4, 5}));  // on_step after every step, in order
   EXPECT_EQ(r1.checkpoint, latest_checkpoint(dir_ + "/b"));
 
   LinearRun second(options(dir_ + "/b", 9));

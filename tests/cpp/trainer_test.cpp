@@ -1,12 +1,13 @@
 // train::Trainer: one step equals the hand-written zero_grad / forward / backward / clip / lr / step sequence bit for
-// bit; a non-finite loss makes no update; run() stops when after_step asks and calls the hooks in order.
+// bit; a non-finite loss makes no update; a missing or non-scalar loss is refused. The loop around the steps
+// (hooks, stopping) is train::Run's: tests/cpp/train_run_test.cpp.
 #include "qkv/train/trainer.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-#include <vector>
+#include <string>
 
 #include "nn_testing.h"
 #include "qkv/nn/linear.h"
@@ -71,7 +72,7 @@ TEST(Trainer, NonFiniteLossMakesNoUpdate) {
   EXPECT_TRUE(BitIdentical(m.weight, before));
 }
 
-TEST(Trainer, RunCallsTheHooksInOrderAndStopsWhenAsked) {
+TEST(Trainer, StepRefusesAMissingOrNonScalarLoss) {
   Rng rng(4);
   nn::Linear m(4, 2, true, rng);
   ad::ParameterSet ps(m);
@@ -79,16 +80,17 @@ TEST(Trainer, RunCallsTheHooksInOrderAndStopsWhenAsked) {
   LrSchedule sched;
   Rng drop(1);
   Trainer trainer(ps, opt, sched, drop);
+  const Tensor before = m.weight.clone();
   const Tensor x = randn({2, 4}, 6);
-  std::vector<int64_t> seen;
-  Trainer::Hooks hooks;
-  hooks.batch = [&](int64_t) { return Trainer::LossFn([&](nn::Context& g) { return loss_of(m, g, x); }); };
-  hooks.on_step = [&](const StepResult& r) { seen.push_back(r.step); };
-  hooks.after_step = [&](const StepResult& r) { return r.step == 4; };
-  const StepResult last = trainer.run(3, 10, hooks);
-  EXPECT_EQ(last.step, 4);
-  EXPECT_EQ(seen, (std::vector<int64_t>{3, 4}));
-  EXPECT_THROW(trainer.run(1, 2, Trainer::Hooks{}), std::invalid_argument);
+  EXPECT_THROW(trainer.step(1, Trainer::LossFn{}), std::invalid_argument);
+  try {
+    trainer.step(2, [&](nn::Context& g) { return m.forward(g, x); });  // (2, 2): not a scalar
+    ADD_FAILURE() << "a (2, 2) loss was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[Trainer] the loss of step 2 must be a scalar"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(BitIdentical(m.weight, before));
 }
 
 }  // namespace

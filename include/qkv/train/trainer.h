@@ -1,6 +1,7 @@
-// train::Trainer: the one training loop of the library. `qkv train`, the experiments and the benchmarks all run
-// their steps through it: zero_grad -> forward and loss on a training Context -> backward -> clip -> learning rate
-// from the schedule -> optimizer step. Hooks do the logging, evaluation and checkpoints.
+// train::Trainer: the one training step of the library. train::Run (train/run.h: `qkv train`, the experiments,
+// Python) and the training benchmark run their steps through it: zero_grad -> forward and loss on a training
+// Context -> backward -> clip -> learning rate from the schedule -> optimizer step. The loop around the steps
+// (batches, evaluation, checkpoints, stopping) is train::Run's.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,6 @@ class Trainer {
   // The forward and loss of one batch, on the training Context the trainer passes (a tape over `params`, dropout
   // from the trainer's Rng): returns a scalar loss Var.
   using LossFn = std::function<ad::Var(nn::Context& c)>;
-  struct Hooks {
-    std::function<LossFn(int64_t step)> batch;                 // required: the loss of step `step`'s batch
-    std::function<void(const StepResult& r)> on_step;          // after every update (logging, curves)
-    std::function<bool(const StepResult& r)> after_step;       // after on_step: evaluation, checkpoints; true stops
-  };
 
   // params, optimizer, schedule and dropout_rng must outlive the trainer. clip <= 0: no gradient clipping.
   Trainer(ad::ParameterSet& params, Optimizer& optimizer, const LrSchedule& schedule, Rng& dropout_rng,
@@ -39,9 +35,6 @@ class Trainer {
 
   // One step numbered `step` (the schedule's step, from 1).
   StepResult step(int64_t step, const LossFn& loss);
-  // Steps first .. last (inclusive); stops after a step whose after_step returns true, or at a non-finite loss
-  // (no update). Returns the last step's result (step 0 when first > last).
-  StepResult run(int64_t first, int64_t last, const Hooks& hooks);
 
   ad::Tape& tape() { return tape_; }
   // Data parallelism (nullptr: off): the step's loss becomes the global batch's and the gradients are all-reduced
