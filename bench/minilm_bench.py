@@ -233,7 +233,7 @@ def main():
         "tokens_min": min(lengths), "tokens_max": max(lengths), "tokens_total": sum(lengths),
         "sides": results,
     }
-    if "torch" in results:  # the earlier keys, kept for the records in docs/PERFORMANCE.md
+    if "torch" in results:  # the earlier keys, kept for the records in docs/performance-log.md
         summary["max_abs_diff"] = results["torch"]["max_abs_diff_to_qkv_fp32"]
         summary["speedup"] = results["qkv"]["sentences_per_s"] / results["torch"]["sentences_per_s"]
     print(f"all-MiniLM-L6-v2, {N_SENTENCES} sentences ({min(lengths)}-{max(lengths)} tokens, {sum(lengths)} in all), "
