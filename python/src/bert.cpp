@@ -1,4 +1,5 @@
-// Bindings of the BERT models: qkv.WordPieceTokenizer(vocab_path) and qkv.SentenceEncoder(model_dir).
+// Bindings of the BERT models: qkv.WordPieceTokenizer(vocab_path) and qkv.SentenceEncoder(model_dir) (encode, the
+// viewer's attentions, and the BERT forward with output_attentions / output_hidden_states as transformers' BertModel).
 // Thin: argument conversion only; the work happens in qkv::models with the GIL released.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -20,6 +21,37 @@ py::array_t<int64_t> to_numpy_ids(const Ids& ids) {
   py::array_t<int64_t> out(shape);
   std::copy(ids.data.begin(), ids.data.end(), out.mutable_data());
   return out;
+}
+
+// encoder(ids, attention_mask=None, token_type_ids=None, output_attentions=..., output_hidden_states=...): the
+// BERT model's forward (models::BertModel::forward) as transformers' BertModel returns it.
+py::object bert_outputs(const models::SentenceEncoder& e, const py::object& ids_obj, const py::object& mask_obj,
+                        const py::object& types_obj, bool output_attentions, bool output_hidden_states,
+                        const py::object& attention_layers) {
+  const char* fn = "SentenceEncoder.forward";
+  bool one_d = false;
+  const Ids ids = to_ids(ids_obj, fn, one_d);
+  auto same_shape = [&](const py::object& obj, const char* arg) {
+    if (obj.is_none()) return Ids();
+    bool arg_1d = false;
+    Ids r = to_ids(obj, fn, arg_1d, arg);
+    if (arg_1d != one_d || r.shape != ids.shape)
+      throw py::value_error(std::string("[") + fn + "] " + arg + " must have the shape of ids");
+    return r;
+  };
+  const Ids mask = same_shape(mask_obj, "attention_mask");
+  const Ids types = same_shape(types_obj, "token_type_ids");
+  const models::ForwardOptions o = forward_options(fn, output_attentions, output_hidden_states, attention_layers);
+  models::BaseModelOutput out;
+  {
+    py::gil_scoped_release nogil;
+    out = e.model().forward(ids, mask, o, types);
+  }
+  py::dict d;
+  d["last_hidden_state"] = output_array(out.last_hidden_state, one_d);
+  d["attentions"] = output_tuple(out.attentions, output_attentions, one_d);
+  d["hidden_states"] = output_tuple(out.hidden_states, output_hidden_states, one_d);
+  return namespace_of(d);
 }
 
 }  // namespace
@@ -103,6 +135,35 @@ void bind_bert(py::module_& m) {
           "text [, second]: str -> (tokens, attentions): the T word pieces ([CLS] text [SEP] [second [SEP]]) and "
           "one float32 (1, H, T, T) array per layer, as transformers' output_attentions (bertviz's input). "
           "mask: token positions replaced by [MASK] first.")
+      .def(
+          "forward",
+          [](const SentenceEncoder& e, const py::object& ids, const py::object& attention_mask,
+             const py::object& token_type_ids, bool output_attentions, bool output_hidden_states,
+             const py::object& attention_layers) {
+            return bert_outputs(e, ids, attention_mask, token_type_ids, output_attentions, output_hidden_states,
+                                attention_layers);
+          },
+          py::arg("ids"), py::arg("attention_mask") = py::none(), py::arg("token_type_ids") = py::none(),
+          py::arg("output_attentions") = false, py::arg("output_hidden_states") = false, py::kw_only(),
+          py::arg("attention_layers") = py::none(),
+          "The BERT model under the pooling: transformers' BertModel(input_ids, attention_mask, token_type_ids, "
+          "output_attentions=..., output_hidden_states=...). ids: int (T) or (B, T) (tokenize() gives them); "
+          "attention_mask: 1 = token, 0 = padding (None: all tokens); token_type_ids: None for all 0 -> an object "
+          "with .last_hidden_state (B, T, E); .attentions: one (B, H, T, T) array of probabilities per layer (0 at "
+          "padded keys; None for a layer outside attention_layers when given), else None; .hidden_states: L + 1 "
+          "arrays (B, T, E), the embeddings then each layer's output, else None. The batch axis is dropped for 1-D "
+          "ids. No pooler output (the folder's pooler weights are not loaded).")
+      .def(
+          "__call__",
+          [](const SentenceEncoder& e, const py::object& ids, const py::object& attention_mask,
+             const py::object& token_type_ids, bool output_attentions, bool output_hidden_states,
+             const py::object& attention_layers) {
+            return bert_outputs(e, ids, attention_mask, token_type_ids, output_attentions, output_hidden_states,
+                                attention_layers);
+          },
+          py::arg("ids"), py::arg("attention_mask") = py::none(), py::arg("token_type_ids") = py::none(),
+          py::arg("output_attentions") = false, py::arg("output_hidden_states") = false, py::kw_only(),
+          py::arg("attention_layers") = py::none(), "The same as forward.")
       .def_property_readonly("max_seq_length", &SentenceEncoder::max_seq_length)
       .def_property_readonly("embedding_dim", &SentenceEncoder::embedding_dim)
       .def_property_readonly("normalizes", &SentenceEncoder::normalizes)

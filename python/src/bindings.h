@@ -10,10 +10,13 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "qkv/core/ids.h"
 #include "qkv/core/json.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/models/outputs.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/attention.h"
 
@@ -61,6 +64,21 @@ MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind
 nn::StateDict to_state_dict(const py::handle& obj, const char* fn);
 // The module's parameters as {name: float32 ndarray} in registration order (PyTorch's state_dict order).
 py::dict state_dict_to_python(nn::Module& module);
+
+// The model calls' shared conventions (python/src/model_outputs.cpp).
+// ids: a 1-D (T) or 2-D (B, T) array of integers -> Ids (B, T), and whether it was 1-D; `arg` names it in errors.
+// Unsigned ids past int64 are refused by their value (never wrapped to a negative id).
+Ids to_ids(const py::handle& obj, const char* fn, bool& one_d, const char* arg = "ids");
+// A types.SimpleNamespace of d's items (a model call's outputs, attributes under HF's names).
+py::object namespace_of(const py::dict& d);
+// output_attentions / output_hidden_states / attention_layers (None, or a list of ints that needs
+// output_attentions=True, else ValueError) as models::ForwardOptions.
+models::ForwardOptions forward_options(const char* fn, bool output_attentions, bool output_hidden_states,
+                                       const py::object& attention_layers);
+// One output as a float32 array (None when undefined), its batch axis dropped for 1-D ids; per-layer outputs as a
+// tuple of those, or None when not asked for.
+py::object output_array(const Tensor& t, bool one_d);
+py::object output_tuple(const std::vector<Tensor>& v, bool asked, bool one_d);
 
 // Seed of a new module's Rng: `seed` when it is an int, else the next draw of the process-wide generator
 // (reseeded by qkv.manual_seed), so two modules built in a row get different weights, as in PyTorch.

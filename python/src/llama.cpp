@@ -91,8 +91,6 @@ py::array_t<int64_t> to_numpy_ids(const std::vector<int64_t>& ids) {
   return r;
 }
 
-py::object namespace_of(const py::dict& d) { return py::module_::import("types").attr("SimpleNamespace")(**d); }
-
 py::object config_of(const LlamaForCausalLM& m) {
   const models::LlamaConfig& c = m.config();
   auto id = [](int64_t x) -> py::object { return x < 0 ? py::none() : py::cast(x); };
@@ -115,32 +113,6 @@ py::object config_of(const LlamaForCausalLM& m) {
   return namespace_of(d);
 }
 
-// ids: a 1-D (T) or 2-D (B, T) array of integers -> Ids (B, T), and whether it was 1-D. Unsigned ids past int64
-// are refused by their value (never wrapped to a negative id).
-Ids to_ids(const py::handle& obj, const char* fn, bool& one_d) {
-  const py::array a = to_array(obj, fn, "ids");
-  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
-    throw py::type_error(std::string(fn) + ": ids must hold integers, got dtype " +
-                         std::string(py::str(a.dtype())));
-  if (a.ndim() != 1 && a.ndim() != 2)
-    throw py::value_error(std::string("[") + fn + "] ids must be (T) or (B, T), got " + std::to_string(a.ndim()) +
-                          " dimensions");
-  if (a.dtype().kind() == 'u') {
-    const py::array_t<uint64_t, py::array::c_style | py::array::forcecast> u(a);
-    for (py::ssize_t i = 0; i < u.size(); ++i)
-      if (u.data()[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        throw py::value_error(std::string("[") + fn + "] id " + std::to_string(u.data()[i]) + " at " +
-                              std::to_string(i) + " is outside [0, vocab_size): past int64 even");
-  }
-  const py::array_t<int64_t, py::array::c_style | py::array::forcecast> c(a);
-  one_d = a.ndim() == 1;
-  Ids ids;
-  ids.shape = one_d ? Shape{1, static_cast<int64_t>(c.shape(0))}
-                    : Shape{static_cast<int64_t>(c.shape(0)), static_cast<int64_t>(c.shape(1))};
-  ids.data.assign(c.data(), c.data() + c.size());
-  return ids;
-}
-
 // model(ids, output_attentions=..., output_hidden_states=...): a types.SimpleNamespace with logits, attentions and
 // hidden_states (tuples of float32 arrays, or None when not asked), batch axis dropped for 1-D ids.
 py::object forward_outputs(const CausalLM& m, const py::object& ids_obj, bool output_attentions,
@@ -148,33 +120,16 @@ py::object forward_outputs(const CausalLM& m, const py::object& ids_obj, bool ou
   const char* fn = "CausalLM.forward";
   bool one_d = false;
   const Ids ids = to_ids(ids_obj, fn, one_d);
-  models::ForwardOptions o;
-  o.output_attentions = output_attentions;
-  o.output_hidden_states = output_hidden_states;
-  if (!attention_layers.is_none()) {
-    if (!output_attentions)
-      throw py::value_error(std::string("[") + fn + "] attention_layers goes with output_attentions=True");
-    o.attention_layers = py::cast<std::vector<int64_t>>(attention_layers);
-  }
+  const models::ForwardOptions o = forward_options(fn, output_attentions, output_hidden_states, attention_layers);
   models::CausalLMOutput out;
   {
     py::gil_scoped_release nogil;
     out = m.model->forward(ids, o);
   }
-  auto arr = [&](const Tensor& t) -> py::object {
-    if (!t.defined()) return py::none();
-    return to_numpy(one_d ? t.select(0, 0) : t);
-  };
-  auto tuple_of = [&](const std::vector<Tensor>& v, bool asked) -> py::object {
-    if (!asked) return py::none();
-    py::tuple r(v.size());
-    for (size_t i = 0; i < v.size(); ++i) r[i] = arr(v[i]);
-    return r;
-  };
   py::dict d;
-  d["logits"] = arr(out.logits);
-  d["attentions"] = tuple_of(out.attentions, output_attentions);
-  d["hidden_states"] = tuple_of(out.hidden_states, output_hidden_states);
+  d["logits"] = output_array(out.logits, one_d);
+  d["attentions"] = output_tuple(out.attentions, output_attentions, one_d);
+  d["hidden_states"] = output_tuple(out.hidden_states, output_hidden_states, one_d);
   return namespace_of(d);
 }
 

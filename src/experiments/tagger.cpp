@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "qkv/core/error.h"
 #include "qkv/nn/positional.h"
@@ -123,7 +124,11 @@ Var Tagger::forward_embedded(const nn::Context& g, const Var& x, const TaggerRun
   if (c.pos == PosKind::kAlibi) m.attn_bias = alibi_bias(H, T, T, AlibiMode::kSymmetric);
   if (c.pos == PosKind::kT5) m.trained_bias = ad::t5_bias(g.param(t5_table_), T, T, true, c.t5_max_distance);
   if (!run.head_mask.empty()) m.head_mask = Tensor::from_vector({c.layers, H}, run.head_mask);
-  return ad::linear(encoder_.forward(g, x, m, run.attention), g.param(w_out_), g.param(b_out_));
+  nn::StackRecord record;  // every layer's weights when run.attention asks for them
+  if (run.attention) record.attention_layers.assign(static_cast<size_t>(c.layers), true);
+  const Var y = encoder_.forward(g, x, m, run.attention ? &record : nullptr);
+  if (run.attention) *run.attention = std::move(record.attentions);
+  return ad::linear(y, g.param(w_out_), g.param(b_out_));
 }
 
 Tensor tagger_logits(const Tagger& m, const Ids& ids, const TaggerRun& run) {

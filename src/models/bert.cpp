@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <string>
 
 #include "qkv/core/error.h"
@@ -197,38 +196,48 @@ Tensor BertModel::forward_packed(const std::vector<int64_t>& ids, const std::vec
   return encoder.forward(x, masks);
 }
 
-Tensor BertModel::forward(const Ids& ids, const Ids& attention_mask) {
+Tensor BertModel::forward(const Ids& ids, const Ids& attention_mask) const {
   QKV_CHECK_ARG(ids.shape.size() == 2 && attention_mask.shape == ids.shape, "[bert] ids ", str(ids.shape),
                 " and attention_mask ", str(attention_mask.shape), " must both be (B, T)");
-  const int64_t b = ids.shape[0], t = ids.shape[1];
-  QKV_CHECK_ARG(t <= config_.max_position_embeddings, "[bert] sequence length ", t,
-                " exceeds max_position_embeddings = ", config_.max_position_embeddings);
-  std::vector<int64_t> positions(static_cast<size_t>(b * t));
-  Tensor padding = Tensor::zeros({b, t});  // kBlock: nonzero = padding key
-  for (int64_t i = 0; i < b * t; ++i) {
-    positions[i] = i % t;
-    padding.data()[i] = attention_mask.data[i] ? 0.0f : 1.0f;
-  }
-  const Tensor x = embeddings.forward(ids.data, positions).view({b, t, config_.hidden_size});
-  nn::AttentionMasks masks;
-  masks.key_padding_mask = padding;
-  masks.key_padding_mask_kind = MaskKind::kBlock;
-  return encoder.forward(x, masks);
+  return forward(ids, attention_mask, ForwardOptions()).last_hidden_state;
 }
 
-BertModel::Attentions BertModel::forward_with_attentions(const std::vector<int64_t>& ids,
-                                                        const std::vector<int64_t>& token_types) {
-  const auto t = static_cast<int64_t>(ids.size());
+BaseModelOutput BertModel::forward(const Ids& ids, const Ids& attention_mask, const ForwardOptions& options,
+                                   const Ids& token_type_ids) const {
+  QKV_CHECK_ARG(ids.shape.size() == 2 && static_cast<int64_t>(ids.data.size()) == shape_numel(ids.shape),
+                "[bert] ids ", str(ids.shape), " must be (B, T) holding B·T values, got ", ids.data.size());
+  QKV_CHECK_ARG((attention_mask.shape.empty() && attention_mask.data.empty()) || (attention_mask.shape == ids.shape &&
+                                                 attention_mask.data.size() == ids.data.size()),
+                "[bert] attention_mask ", str(attention_mask.shape), " must be empty or have the shape of ids ",
+                str(ids.shape));
+  QKV_CHECK_ARG((token_type_ids.shape.empty() && token_type_ids.data.empty()) || (token_type_ids.shape == ids.shape &&
+                                                 token_type_ids.data.size() == ids.data.size()),
+                "[bert] token_type_ids ", str(token_type_ids.shape), " must be empty or have the shape of ids ",
+                str(ids.shape));
+  const int64_t b = ids.shape[0], t = ids.shape[1];
   QKV_CHECK_ARG(t >= 1 && t <= config_.max_position_embeddings, "[bert] sequence length ", t,
                 " must be in [1, max_position_embeddings = ", config_.max_position_embeddings, "]");
-  std::vector<int64_t> positions(ids.size());
-  std::iota(positions.begin(), positions.end(), int64_t{0});
-  const Tensor x = embeddings.forward(ids, positions, token_types).view({1, t, config_.hidden_size});
-  Attentions r;
-  std::vector<Tensor> per_layer;
-  r.hidden = encoder.forward(x, {}, &per_layer).select(0, 0);
-  for (const Tensor& w : per_layer) r.weights.push_back(w.select(0, 0).contiguous());  // (1, H, T, T) -> (H, T, T)
-  return r;
+  std::vector<int64_t> positions(static_cast<size_t>(b * t));
+  for (int64_t i = 0; i < b * t; ++i) positions[static_cast<size_t>(i)] = i % t;
+  nn::AttentionMasks masks;
+  // kBlock: nonzero = padding key; none at all when every position is a token
+  const auto& m = attention_mask.data;
+  if (std::any_of(m.begin(), m.end(), [](int64_t k) { return k == 0; })) {
+    Tensor padding = Tensor::zeros({b, t});
+    for (int64_t i = 0; i < b * t; ++i) padding.data()[i] = m[static_cast<size_t>(i)] ? 0.0f : 1.0f;
+    masks.key_padding_mask = padding;
+    masks.key_padding_mask_kind = MaskKind::kBlock;
+  }
+  const Tensor x = embeddings.forward(ids.data, positions, token_type_ids.data).view({b, t, config_.hidden_size});
+  nn::StackRecord record;
+  record.attention_layers = attention_layers_asked(options, encoder.num_layers(), "bert");
+  if (!options.output_attentions) record.attention_layers.clear();
+  record.output_hidden_states = options.output_hidden_states;
+  BaseModelOutput out;
+  out.last_hidden_state = encoder.forward(nn::Context(), x, masks, &record).value;
+  if (options.output_attentions) out.attentions = std::move(record.attentions);
+  if (options.output_hidden_states) out.hidden_states = std::move(record.hidden_states);
+  return out;
 }
 
 // --- pooling -----------------------------------------------------------------------------------------------------

@@ -77,13 +77,8 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   QKV_CHECK_ARG(!(attentions || hidden) || (last == 0 && c.sequence_shard() == nullptr), "[llama] ids ",
                 str(ids.shape), ": attentions and hidden states are recorded for every row (last 0) and not under a "
                 "sequence shard");
-  std::vector<bool> asked(layers.size(), attentions && options->attention_layers.empty());
-  if (attentions)
-    for (int64_t l : options->attention_layers) {
-      QKV_CHECK_ARG(l >= 0 && l < static_cast<int64_t>(layers.size()), "[llama] attention layer ", l,
-                    " is outside [0, ", layers.size(), ")");
-      asked[static_cast<size_t>(l)] = true;
-    }
+  const std::vector<bool> asked = attention_layers_asked(attentions ? *options : ForwardOptions(),
+                                                         static_cast<int64_t>(layers.size()), "llama");
   if (attentions) record->attentions.assign(layers.size(), Tensor());
   if (hidden) record->hidden_states.assign(1, x.value);
   for (size_t i = 0; i < layers.size(); ++i) {

@@ -230,7 +230,12 @@ SentenceEncoder::TokenAttentions SentenceEncoder::attentions(const std::string& 
     }
   }
   for (int64_t id : ids) r.tokens.push_back(tokenizer_->id_to_token(id));
-  r.weights = model_->forward_with_attentions(ids, types).weights;
+  const auto t = static_cast<int64_t>(ids.size());
+  ForwardOptions o;
+  o.output_attentions = true;
+  const Ids type_ids = types.empty() ? Ids() : Ids{types, {1, t}};
+  for (const Tensor& w : model_->forward(Ids{ids, {1, t}}, Ids(), o, type_ids).attentions)
+    r.weights.push_back(w.select(0, 0).contiguous());  // (1, H, T, T) -> (H, T, T)
   return r;
 }
 

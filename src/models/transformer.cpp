@@ -2,6 +2,7 @@
 // models::DecoderOnlyTransformer (GPT-style causal LM). Forward only; the layers do the attention.
 #include "qkv/models/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -71,15 +72,44 @@ ad::Var Seq2SeqTransformer::embed(const nn::Context& c, const nn::Embedding& tab
   return pos_dropout.forward(c, ad::add_sinusoidal(x));
 }
 
-ad::Var Seq2SeqTransformer::encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks) const {
-  return transformer.encoder.forward(c, embed(c, src_tok_emb, src, "src"), src_masks);
+ad::Var Seq2SeqTransformer::encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks,
+                                   nn::StackRecord* record) const {
+  return transformer.encoder.forward(c, embed(c, src_tok_emb, src, "src"), src_masks, record);
 }
 
 ad::Var Seq2SeqTransformer::decode(const nn::Context& c, const Ids& tgt, const ad::Var& memory,
-                                   const nn::AttentionMasks& tgt_masks, const nn::AttentionMasks& memory_masks) const {
+                                   const nn::AttentionMasks& tgt_masks, const nn::AttentionMasks& memory_masks,
+                                   nn::StackRecord* record) const {
   const ad::Var y =
-      transformer.decoder.forward(c, embed(c, tgt_tok_emb, tgt, "tgt"), memory, tgt_masks, memory_masks);
+      transformer.decoder.forward(c, embed(c, tgt_tok_emb, tgt, "tgt"), memory, tgt_masks, memory_masks, record);
   return generator.forward(c, y);
+}
+
+Seq2SeqLMOutput Seq2SeqTransformer::forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks,
+                                            const ForwardOptions& options) const {
+  check_ids(src, "Seq2SeqTransformer", "src");
+  check_ids(tgt, "Seq2SeqTransformer", "tgt");
+  QKV_CHECK_ARG(src.shape[0] == tgt.shape[0], "[Seq2SeqTransformer] src ids ", str(src.shape), " and tgt ids ",
+                str(tgt.shape), " must have the same batch size");
+  const int64_t le = transformer.encoder.num_layers(), ld = transformer.decoder.num_layers();
+  const std::vector<bool> asked = attention_layers_asked(options, std::max(le, ld), "Seq2SeqTransformer");
+  nn::StackRecord enc, dec;
+  if (options.output_attentions) {
+    enc.attention_layers.assign(asked.begin(), asked.begin() + le);
+    dec.attention_layers.assign(asked.begin(), asked.begin() + ld);
+  }
+  enc.output_hidden_states = dec.output_hidden_states = options.output_hidden_states;
+  const nn::Context c;
+  Seq2SeqLMOutput out;
+  const ad::Var memory = encode(c, src, masks.src, &enc);
+  out.logits = decode(c, tgt, memory, masks.tgt, masks.memory, &dec).value;
+  out.encoder_last_hidden_state = memory.value;
+  out.encoder_attentions = std::move(enc.attentions);
+  out.decoder_attentions = std::move(dec.attentions);
+  out.cross_attentions = std::move(dec.cross_attentions);
+  out.encoder_hidden_states = std::move(enc.hidden_states);
+  out.decoder_hidden_states = std::move(dec.hidden_states);
+  return out;
 }
 
 ad::Var Seq2SeqTransformer::forward(const nn::Context& c, const Ids& src, const Ids& tgt,
@@ -113,6 +143,19 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const DecoderOnlyConfig& c, Rng& 
 
 ad::Var DecoderOnlyTransformer::forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
                                        const std::vector<int64_t>* positions) const {
+  return run(c, ids, key_padding_mask, positions, nullptr, nullptr);
+}
+
+CausalLMOutput DecoderOnlyTransformer::forward(const Ids& ids, const ForwardOptions& options,
+                                               const Tensor& key_padding_mask) const {
+  CausalLMOutput out;
+  out.logits = run(nn::Context(), ids, key_padding_mask, nullptr, &options, &out).value;
+  return out;
+}
+
+ad::Var DecoderOnlyTransformer::run(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
+                                    const std::vector<int64_t>* positions, const ForwardOptions* options,
+                                    CausalLMOutput* record) const {
   check_ids(ids, "DecoderOnlyTransformer", "input");
   const int64_t B = ids.shape[0], T = ids.shape[1];
   ad::Var x;
@@ -138,8 +181,21 @@ ad::Var DecoderOnlyTransformer::forward(const nn::Context& c, const Ids& ids, co
                   str(key_padding_mask.shape()), " must be (B, T) = ", str(Shape{B, T}));
     masks.key_padding_mask = key_padding_mask;
   }
-  for (const auto& layer : layers) x = layer->forward(c, x, masks);
-  return lm_head.forward(c, norm.forward(c, x));
+  const bool hidden = record && options->output_hidden_states;
+  std::vector<bool> asked(layers.size(), false);
+  if (record) asked = attention_layers_asked(*options, static_cast<int64_t>(layers.size()), "DecoderOnlyTransformer");
+  if (record && options->output_attentions) record->attentions.assign(layers.size(), Tensor());
+  if (hidden) record->hidden_states.assign(1, x.value);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    x = layers[i]->forward(c, x, masks, nullptr, asked[i] ? &record->attentions[i] : nullptr);
+    if (hidden && i + 1 < layers.size()) record->hidden_states.push_back(x.value);
+  }
+  x = norm.forward(c, x);
+  if (hidden) {  // the last layer's output after the final norm, as HF (no layers: the normalised embeddings)
+    if (layers.empty()) record->hidden_states.clear();
+    record->hidden_states.push_back(x.value);
+  }
+  return lm_head.forward(c, x);
 }
 
 }  // namespace qkv::models

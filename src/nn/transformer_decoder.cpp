@@ -96,12 +96,21 @@ TransformerDecoder::TransformerDecoder(const TransformerLayerConfig& c, int64_t 
 }
 
 ad::Var TransformerDecoder::forward(const Context& c, const ad::Var& tgt, const ad::Var& memory,
-                                    const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks) const {
+                                    const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks,
+                                    StackRecord* record) const {
   detail::check_sequence(tgt.value, d_model_, "TransformerDecoder", "tgt");
   detail::check_sequence(memory.value, d_model_, "TransformerDecoder", "memory");
   ad::Var x = tgt;
-  for (const auto& layer : layers) x = layer->forward(c, x, memory, tgt_masks, memory_masks);
-  if (norm) x = norm->forward(c, x);
+  detail::Recorder rec(record, layers.size(), "TransformerDecoder", true);
+  rec.hidden(x);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    x = layers[i]->forward(c, x, memory, tgt_masks, memory_masks, nullptr, rec.attention(i), rec.cross_attention(i));
+    rec.hidden(x);
+  }
+  if (norm) {
+    x = norm->forward(c, x);
+    rec.replace_last_hidden(x);
+  }
   return x;
 }
 

@@ -105,7 +105,7 @@ TransformerEncoder::TransformerEncoder(const TransformerLayerConfig& c, int64_t 
 }
 
 ad::Var TransformerEncoder::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
-                                    std::vector<Tensor>* weights) const {
+                                    StackRecord* record) const {
   detail::check_sequence(src.value, d_model_, "TransformerEncoder", "src", !masks.cu_seqlens.empty());
   ad::Var x = src;
   const Tensor& hm = masks.head_mask;
@@ -113,12 +113,17 @@ ad::Var TransformerEncoder::forward(const Context& c, const ad::Var& src, const 
   QKV_CHECK_ARG(!per_layer || hm.size(0) == num_layers(), "[TransformerEncoder] head_mask ", str(hm.shape()),
                 " must be (num_heads) or (num_layers = ", num_layers(), ", num_heads)");
   AttentionMasks layer_masks = masks;
-  if (weights) weights->assign(layers.size(), Tensor());
+  detail::Recorder rec(record, layers.size(), "TransformerEncoder");
+  rec.hidden(x);
   for (size_t i = 0; i < layers.size(); ++i) {
     if (per_layer) layer_masks.head_mask = hm.select(0, static_cast<int64_t>(i));
-    x = layers[i]->forward(c, x, layer_masks, nullptr, weights ? &(*weights)[i] : nullptr);
+    x = layers[i]->forward(c, x, layer_masks, nullptr, rec.attention(i));
+    rec.hidden(x);
   }
-  if (norm) x = norm->forward(c, x);
+  if (norm) {
+    x = norm->forward(c, x);
+    rec.replace_last_hidden(x);
+  }
   return x;
 }
 

@@ -50,6 +50,21 @@ const std::vector<std::string>& tiny_vocab() {
   return v;
 }
 
+// One sequence through BertModel::forward with output_attentions: hidden (T, E) and one (H, T, T) per layer.
+struct OneSequence {
+  Tensor hidden;
+  std::vector<Tensor> weights;
+};
+OneSequence with_attentions(const BertModel& m, const std::vector<int64_t>& ids) {
+  qkv::models::ForwardOptions o;
+  o.output_attentions = true;
+  const auto t = static_cast<int64_t>(ids.size());
+  const qkv::models::BaseModelOutput out = m.forward(qkv::Ids{ids, {1, t}}, qkv::Ids(), o);
+  OneSequence r{out.last_hidden_state.select(0, 0), {}};
+  for (const Tensor& w : out.attentions) r.weights.push_back(w.select(0, 0));
+  return r;
+}
+
 template <typename F>
 void expect_throw_with(F&& f, const std::string& needle) {
   try {
@@ -95,7 +110,7 @@ TEST(Bert, AttentionsComeWithTheSameHiddenStatesAsThePackedPath) {
   BertModel m(tiny_config(), rng);
   const std::vector<int64_t> ids = {2, 8, 9, 11, 21, 3};
   const Tensor fast = m.forward_packed(ids, {6});
-  const BertModel::Attentions a = m.forward_with_attentions(ids);
+  const OneSequence a = with_attentions(m, ids);
   ASSERT_EQ(a.hidden.shape(), (qkv::Shape{6, 16}));
   for (int64_t j = 0; j < 6; ++j)
     for (int64_t k = 0; k < 16; ++k) ASSERT_TRUE(close(a.hidden.at({j, k}), fast.at({j, k}))) << j << " " << k;
@@ -119,7 +134,7 @@ TEST(Bert, AttentionsOfLayerZeroAreTheSoftmaxOfItsScores) {
   Rng rng(4);
   BertModel m(tiny_config(), rng);
   const std::vector<int64_t> ids = {2, 14, 15, 3};
-  const BertModel::Attentions a = m.forward_with_attentions(ids);
+  const OneSequence a = with_attentions(m, ids);
   const Tensor x = m.embeddings.forward(ids, {0, 1, 2, 3});  // (4, 16)
   const auto& sa = m.encoder.layers[0]->self_attn;
   const int64_t e = 16, h = 4, d = 4;
@@ -160,7 +175,7 @@ TEST(Bert, TokenTypesChangeTheEmbeddingsAndAreChecked) {
   EXPECT_TRUE(differs);
   expect_throw_with([&] { m.embeddings.forward({2, 8, 3}, {0, 1, 2}, {0, 2, 0}); }, "token type 2 at 1");
   expect_throw_with([&] { m.embeddings.forward({2, 8, 3}, {0, 1, 2}, {0, 0}); }, "3 ids but 2 token types");
-  expect_throw_with([&] { m.forward_with_attentions({}); }, "sequence length 0");
+  expect_throw_with([&] { with_attentions(m, {}); }, "sequence length 0");
 }
 
 TEST(Bert, SequenceResultDoesNotDependOnItsBatchMates) {

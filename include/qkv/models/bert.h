@@ -9,6 +9,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/models/outputs.h"
 #include "qkv/models/wordpiece.h"
 #include "qkv/nn/embedding.h"
 #include "qkv/nn/feed_forward.h"
@@ -79,17 +80,17 @@ class BertModel : public nn::Module {
 
   // The plain twin: ids, attention_mask (B, T) (1 = token, 0 = padding; right-padded)  ->  (B, T, E).
   // Padded keys are blocked through nn::TransformerEncoder's key_padding_mask; padded query rows hold garbage.
-  Tensor forward(const Ids& ids, const Ids& attention_mask);
+  Tensor forward(const Ids& ids, const Ids& attention_mask) const;
 
-  // One sequence through the plain path, keeping every layer's attention weights (what a viewer draws).
-  // ids: (T), T in [1, max_position_embeddings]  token_types: (T) or empty (all 0)
-  //   ->  hidden (T, E) and weights: one (H, T, T) tensor per layer (rows = queries, each row sums to 1).
-  // The weights come from the reference attention path; forward_packed, the embedding path, never pays for them.
-  struct Attentions {
-    Tensor hidden;
-    std::vector<Tensor> weights;
-  };
-  Attentions forward_with_attentions(const std::vector<int64_t>& ids, const std::vector<int64_t>& token_types = {});
+  // HF's BertModel(input_ids, attention_mask, token_type_ids, output_attentions=..., output_hidden_states=...)
+  // through the plain path. ids (B, T), T in [1, max_position_embeddings]; attention_mask (B, T) (1 = token,
+  // 0 = padding) or empty (every position a token); token_type_ids (B, T) or empty (all 0)  ->  last_hidden_state
+  // (B, T, E) and what options ask (BaseModelOutput): attentions, one (B, H, T, T) per layer (each query row sums to
+  // 1 over the tokens, padded keys get 0), what the viewer draws; hidden_states, the embeddings' output then each
+  // layer's. The weights come from the reference attention path; forward_packed, the embedding path, never pays
+  // for them. No pooler (its weights are not loaded). attention_layers out of [0, L) throw std::invalid_argument.
+  BaseModelOutput forward(const Ids& ids, const Ids& attention_mask, const ForwardOptions& options,
+                          const Ids& token_type_ids = {}) const;
 
   const BertConfig& config() const { return config_; }
 

@@ -15,6 +15,7 @@
 #include "qkv/core/ids.h"
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/models/outputs.h"
 #include "qkv/nn/context.h"
 #include "qkv/nn/embedding.h"
 #include "qkv/nn/kv_cache.h"
@@ -143,26 +144,6 @@ class LlamaDecoderLayer : public nn::Module {
 
  private:
   bool sandwich_;
-};
-
-// What a forward records beside the logits (HF's output_attentions / output_hidden_states).
-struct ForwardOptions {
-  bool output_attentions = false;     // CausalLMOutput::attentions
-  bool output_hidden_states = false;  // CausalLMOutput::hidden_states
-  // With output_attentions: the layers whose probabilities are computed (empty: every layer); the others stay
-  // undefined tensors in `attentions`, which always has L entries. Each in [0, L).
-  std::vector<int64_t> attention_layers;
-};
-
-// HF's CausalLMOutputWithPast under its names; B, T: the ids' shape, T_keys: the cached positions before the call
-// plus T.
-struct CausalLMOutput {
-  Tensor logits;                     // (B, T, V)
-  std::vector<Tensor> attentions;    // L entries (B, Hq, T, T_keys) when output_attentions, else empty
-  // L + 1 entries (B, T, E) when output_hidden_states, else empty: the embeddings (times sqrt(E) for Gemma), then
-  // the output of each layer, the last one after the final norm (transformers replaces the last layer's raw output
-  // by the normalised one).
-  std::vector<Tensor> hidden_states;
 };
 
 // HF's LlamaModel / MistralModel / Qwen2Model / Gemma2Model: "embed_tokens", "layers.N", "norm".

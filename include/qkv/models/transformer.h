@@ -8,6 +8,7 @@
 
 #include "qkv/core/rng.h"
 #include "qkv/core/tensor.h"
+#include "qkv/models/outputs.h"
 #include "qkv/nn/dropout.h"
 #include "qkv/nn/embedding.h"
 #include "qkv/nn/layer_norm.h"
@@ -52,12 +53,20 @@ class Seq2SeqTransformer : public nn::Module {
 
   // src: ids (B, Ts)  tgt: ids (B, Tt)  ->  logits (B, Tt, Vt). Records its backward when `c` trains.
   ad::Var forward(const nn::Context& c, const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {}) const;
-  // src: ids (B, Ts) -> memory (B, Ts, E)
-  ad::Var encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks = {}) const;
+  // HF's model(src, tgt, output_attentions=..., output_hidden_states=...), for inference (eval mode): logits
+  // (B, Tt, Vt), the memory and what options ask (Seq2SeqLMOutput: encoder, decoder and cross-attention weights per
+  // layer and head, 0 at masked keys; each stack's L + 1 hidden states, the first its embeddings with positions).
+  // attention_layers: layer indices in [0, max(encoder layers, decoder layers)), else std::invalid_argument.
+  Seq2SeqLMOutput forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks,
+                          const ForwardOptions& options) const;
+  // src: ids (B, Ts) -> memory (B, Ts, E). record: null, or what the encoder stack records (nn::StackRecord).
+  ad::Var encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks = {},
+                 nn::StackRecord* record = nullptr) const;
   // tgt: ids (B, Tt)  memory: (B, Ts, E)  ->  logits (B, Tt, Vt). Positions start at 0 (no cache; recompute).
+  // record: null, or what the decoder stack records.
   ad::Var decode(const nn::Context& c, const Ids& tgt, const ad::Var& memory,
                  const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
-                 const nn::AttentionMasks& memory_masks = {}) const;
+                 const nn::AttentionMasks& memory_masks = {}, nn::StackRecord* record = nullptr) const;
   // Inference forms of the three (in training() mode dropout draws from pos_dropout's Rng).
   Tensor forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {}) {
     return forward(nn::Context(&pos_dropout.rng()), src, tgt, masks).value;
@@ -115,6 +124,10 @@ class DecoderOnlyTransformer : public nn::Module {
   Tensor forward(const Ids& ids, const Tensor& key_padding_mask = {}) {
     return forward(nn::Context(&emb_dropout.rng()), ids, key_padding_mask).value;
   }
+  // HF's model(ids, output_attentions=..., output_hidden_states=...), for inference (eval mode): logits (B, T, V)
+  // and what options ask (CausalLMOutput: (B, H, T, T) per layer, 0 above the diagonal and at padded keys; L + 1
+  // hidden states, the embeddings with positions first, the last after the final norm).
+  CausalLMOutput forward(const Ids& ids, const ForwardOptions& options, const Tensor& key_padding_mask = {}) const;
 
   const DecoderOnlyConfig& config() const { return config_; }
 
@@ -126,6 +139,10 @@ class DecoderOnlyTransformer : public nn::Module {
   nn::Linear lm_head;
 
  private:
+  // The forward of both public forms; record: null, or where options' attentions and hidden states go.
+  ad::Var run(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
+              const std::vector<int64_t>* positions, const ForwardOptions* options, CausalLMOutput* record) const;
+
   DecoderOnlyConfig config_;
 };
 

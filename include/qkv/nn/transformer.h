@@ -66,6 +66,20 @@ struct LayerCache {
   KvCache memory;           // decoder layers: the memory's keys and values, filled by the caller (project_kv)
 };
 
+// What a stack (TransformerEncoder, TransformerDecoder) records beside its output for a model's
+// output_attentions / output_hidden_states (constants, never differentiated).
+struct StackRecord {
+  // In: per layer, whether to record its attention weights (empty: none); whether to record the hidden states.
+  std::vector<bool> attention_layers;
+  bool output_hidden_states = false;
+  // Out, when asked (else left empty). attentions: one entry per layer, (B, H, Tq, Tk) per head, undefined for the
+  // layers not asked; cross_attentions: the same for a decoder's cross-attention. hidden_states: L + 1 entries, the
+  // stack's input, then each layer's output, the last one after the final norm when the stack has one.
+  std::vector<Tensor> attentions;
+  std::vector<Tensor> cross_attentions;
+  std::vector<Tensor> hidden_states;
+};
+
 // The MHA options for these masks (need_weights false, as the layers ask PyTorch's MHA).
 MhaForwardOptions to_mha_options(const AttentionMasks& masks);
 
@@ -146,13 +160,13 @@ class TransformerEncoder : public Module {
   // num_layers >= 0.
   TransformerEncoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
 
-  // src: (B, T, E) -> (B, T, E), or packed (N, E) with src_masks.cu_seqlens (see the layer). weights non-null:
-  // replaced by one (B, H, T, T) tensor per layer (see the layer).
+  // src: (B, T, E) -> (B, T, E), or packed (N, E) with src_masks.cu_seqlens (see the layer). record non-null:
+  // the asked layers' weights (see the layer) and the hidden states go there (StackRecord).
   ad::Var forward(const Context& c, const ad::Var& src, const AttentionMasks& src_masks = {},
-                  std::vector<Tensor>* weights = nullptr) const;
+                  StackRecord* record = nullptr) const;
   // Inference; in training() mode dropout draws from the first layer's Rng.
-  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, std::vector<Tensor>* weights = nullptr) {
-    return forward(Context(layers.empty() ? nullptr : &layers[0]->dropout1.rng()), src, src_masks, weights).value;
+  Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, StackRecord* record = nullptr) {
+    return forward(Context(layers.empty() ? nullptr : &layers[0]->dropout1.rng()), src, src_masks, record).value;
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
@@ -168,9 +182,10 @@ class TransformerDecoder : public Module {
  public:
   TransformerDecoder(const TransformerLayerConfig& config, int64_t num_layers, bool final_norm, Rng& rng);
 
-  // tgt: (B, Tt, E)  memory: (B, Ts, E)  ->  (B, Tt, E)
+  // tgt: (B, Tt, E)  memory: (B, Ts, E)  ->  (B, Tt, E). record non-null: the asked layers' self- and
+  // cross-attention weights and the hidden states go there (StackRecord).
   ad::Var forward(const Context& c, const ad::Var& tgt, const ad::Var& memory, const AttentionMasks& tgt_masks = {},
-                  const AttentionMasks& memory_masks = {}) const;
+                  const AttentionMasks& memory_masks = {}, StackRecord* record = nullptr) const;
   Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
                  const AttentionMasks& memory_masks = {}) {
     return forward(Context(layers.empty() ? nullptr : &layers[0]->dropout1.rng()), tgt, memory, tgt_masks,
