@@ -19,6 +19,8 @@
 namespace qkv::kernels {
 
 using quant_detail::block_layout;
+using quant_detail::KSuperBlock;
+using quant_detail::KType;
 using quant_detail::BlockLayout;
 using quant_detail::kQK;
 using quant_detail::TileArgs;
@@ -83,49 +85,119 @@ QuantMatrix QuantMatrix::slice(int64_t begin, int64_t end) const {
   return m;
 }
 
-QuantMatrix QuantMatrix::repacked() const {
-  constexpr int64_t kRows = quant_detail::kPackRows;
-  if (!quant_gemm_integer(type) || rows < kRows || cols == 0) return *this;
+namespace quant_detail {
+
+int64_t packed_tile_bytes(gguf::Type type, int64_t cols) {
   const BlockLayout l = block_layout(type);
-  const int64_t nb = cols / kQK, bs = gguf::type_size(type), tiles = rows / kRows;
-  const int64_t vecs = l.kind == 4 ? 8 : 4;
-  const int64_t vbytes = nb * vecs * 64, hbytes = l.qh >= 0 ? nb * 64 : 0, dbytes = nb * kRows * 2;
-  const int64_t stride = (vbytes + hbytes + dbytes * (l.has_min ? 2 : 1) + 63) / 64 * 64;
-  auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tiles * stride + 64));
-  uint8_t* base = buffer->data() + (-reinterpret_cast<uintptr_t>(buffer->data()) & 63);
-  const uint8_t* src = data;
-  const int64_t rb = row_bytes;
-#pragma omp parallel for schedule(static) if (tiles * stride >= (int64_t{1} << 20))
-  for (int64_t t = 0; t < tiles; ++t) {
-    uint8_t* vals = base + t * stride;
-    uint8_t* hbits = vals + vbytes;
-    uint8_t* dst_d = hbits + hbytes;
-    uint8_t* dst_m = dst_d + dbytes;
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t r = 0; r < kRows; ++r) {
-        const uint8_t* blk = src + (t * kRows + r) * rb + b * bs;
-        std::memcpy(dst_d + (b * kRows + r) * 2, blk, 2);
-        if (l.has_min) std::memcpy(dst_m + (b * kRows + r) * 2, blk + 2, 2);
-        uint8_t* v = vals + b * vecs * 64 + r * 4;
-        if (l.kind == 4) {
-          for (int64_t g = 0; g < 8; ++g)
-            for (int64_t e = 0; e < 4; ++e) v[g * 64 + e] = static_cast<uint8_t>(blk[l.qs + 4 * g + e] ^ 0x80u);
+  const int64_t nb = cols / kQK;
+  if (l.kind >= 5) return k_tile_layout(l.kind, nb).bytes;
+  const int64_t vbytes = nb * (l.kind == 4 ? 8 : 4) * 64, hbytes = l.qh >= 0 ? nb * 64 : 0, dbytes = nb * kPackRows * 2;
+  return vbytes + hbytes + dbytes * (l.has_min ? 2 : 1);
+}
+
+namespace {
+
+// The 64-bit masks of fifth bits (Q5_0, Q5_1, Q5_K) of one block: mask g bit 4r + e = bit 4 of element 4g + e of
+// row r, from the block's 32 values' fifth bits as a u32 (bit j: element j).
+void put_fifth_bits(uint8_t* masks, int64_t r, uint32_t bits) {
+  for (int g = 0; g < 8; ++g) {
+    uint64_t mask;
+    std::memcpy(&mask, masks + g * 8, 8);
+    mask |= static_cast<uint64_t>((bits >> (4 * g)) & 0xFu) << (4 * r);
+    std::memcpy(masks + g * 8, &mask, 8);
+  }
+}
+
+// A K-quant tile: per block of 32 the nibble vectors (as the 32-element types: vector h lane r = row r's elements
+// 4h..4h+3 in the low nibbles, 16 + 4h.. in the high ones), the high bits (Q5_K: the fifth-bit masks; Q6_K: two
+// vectors, byte 4r + e of the first holding the top 2 bits of element 4h + e of row r at bits 2h, 2h + 1 for h =
+// 0..3, the second those of elements 16 + 4h + e), the 16 rows' sub-block scales as bytes (then their mins, Q4_K
+// and Q5_K; Q6_K: the scales of elements 0..15, then of 16..31), and per super-block the 16 rows' fp16 d (then
+// dmin).
+void pack_k_tile(int kind, const uint8_t* src, int64_t row_bytes, int64_t rows, int64_t cols, uint8_t* dst) {
+  const KType kt = kind == 5 ? KType::kQ4 : kind == 6 ? KType::kQ5 : KType::kQ6;
+  const int64_t nb = cols / kQK, bs = kind == 5 ? 144 : kind == 6 ? 176 : 210;
+  const KTileLayout l = k_tile_layout(kind, nb);
+  KSuperBlock s;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t sb = 0; sb < nb / 8; ++sb) {
+      k_super_block(kt, src + r * row_bytes + sb * bs, s);
+      uint8_t* d = dst + l.d + sb * (kind == 7 ? 32 : 64) + r * 2;
+      std::memcpy(d, &s.d, 2);
+      if (kind != 7) std::memcpy(d + 32, &s.dmin, 2);
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = sb * 8 + j;
+        const uint8_t* q = s.q + 32 * j;
+        uint8_t* v = dst + b * 256 + r * 4;
+        for (int h = 0; h < 4; ++h)
+          for (int e = 0; e < 4; ++e)
+            v[h * 64 + e] = static_cast<uint8_t>((q[4 * h + e] & 0x0F) | (q[16 + 4 * h + e] & 0x0F) << 4);
+        uint8_t* sc = dst + l.sc + b * 32 + r;
+        if (kind == 7) {
+          sc[0] = static_cast<uint8_t>(s.sc[2 * j]);
+          sc[16] = static_cast<uint8_t>(s.sc[2 * j + 1]);
+          for (int half = 0; half < 2; ++half)
+            for (int h = 0; h < 4; ++h)
+              for (int e = 0; e < 4; ++e)
+                dst[l.hi + b * 128 + half * 64 + r * 4 + e] |=
+                    static_cast<uint8_t>((q[16 * half + 4 * h + e] >> 4) << (2 * h));
         } else {
-          for (int64_t h = 0; h < 4; ++h) std::memcpy(v + h * 64, blk + l.qs + 4 * h, 4);
-        }
-        if (l.qh >= 0) {
-          uint32_t qh;
-          std::memcpy(&qh, blk + l.qh, 4);
-          for (int g = 0; g < 8; ++g) {
-            uint64_t mask;
-            uint8_t* at = hbits + b * 64 + g * 8;
-            std::memcpy(&mask, at, 8);
-            mask |= static_cast<uint64_t>((qh >> (4 * g)) & 0xFu) << (4 * r);
-            std::memcpy(at, &mask, 8);
+          sc[0] = static_cast<uint8_t>(s.sc[j]);
+          sc[16] = static_cast<uint8_t>(s.mn[j]);
+          if (kind == 6) {
+            uint32_t bits = 0;
+            for (int e = 0; e < 32; ++e) bits |= static_cast<uint32_t>(q[e] >> 4) << e;
+            put_fifth_bits(dst + l.hi + b * 64, r, bits);
           }
         }
       }
-  }
+    }
+}
+
+}  // namespace
+
+void pack_tile(gguf::Type type, const uint8_t* src, int64_t row_bytes, int64_t rows, int64_t cols, uint8_t* dst) {
+  const BlockLayout l = block_layout(type);
+  std::memset(dst, 0, static_cast<size_t>(packed_tile_bytes(type, cols)));
+  if (l.kind >= 5) return pack_k_tile(l.kind, src, row_bytes, rows, cols, dst);
+  const int64_t nb = cols / kQK, bs = gguf::type_size(type), vecs = l.kind == 4 ? 8 : 4;
+  uint8_t* hbits = dst + nb * vecs * 64;
+  uint8_t* dst_d = hbits + (l.qh >= 0 ? nb * 64 : 0);
+  uint8_t* dst_m = dst_d + nb * kPackRows * 2;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* blk = src + r * row_bytes + b * bs;
+      std::memcpy(dst_d + (b * kPackRows + r) * 2, blk, 2);
+      if (l.has_min) std::memcpy(dst_m + (b * kPackRows + r) * 2, blk + 2, 2);
+      uint8_t* v = dst + b * vecs * 64 + r * 4;
+      if (l.kind == 4) {
+        for (int64_t g = 0; g < 8; ++g)
+          for (int64_t e = 0; e < 4; ++e) v[g * 64 + e] = static_cast<uint8_t>(blk[l.qs + 4 * g + e] ^ 0x80u);
+      } else {
+        for (int64_t h = 0; h < 4; ++h) std::memcpy(v + h * 64, blk + l.qs + 4 * h, 4);
+      }
+      if (l.qh >= 0) {
+        uint32_t qh;
+        std::memcpy(&qh, blk + l.qh, 4);
+        put_fifth_bits(hbits + b * 64, r, qh);
+      }
+    }
+}
+
+}  // namespace quant_detail
+
+QuantMatrix QuantMatrix::repacked() const {
+  constexpr int64_t kRows = quant_detail::kPackRows;
+  if (!quant_gemm_integer(type) || rows < kRows || cols == 0) return *this;
+  const int64_t tiles = rows / kRows;
+  const int64_t stride = (quant_detail::packed_tile_bytes(type, cols) + 63) / 64 * 64;
+  auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tiles * stride + 64));
+  uint8_t* base = buffer->data() + (-reinterpret_cast<uintptr_t>(buffer->data()) & 63);
+  const uint8_t* src = data;
+  const int64_t rb = row_bytes, k = cols;
+  const gguf::Type ty = type;
+#pragma omp parallel for schedule(static) if (tiles * stride >= (int64_t{1} << 20))
+  for (int64_t t = 0; t < tiles; ++t) quant_detail::pack_tile(ty, src + t * kRows * rb, rb, kRows, k, base + t * stride);
   QuantMatrix m = *this;
   m.packed = base;
   m.packed_stride = stride;
@@ -134,20 +206,21 @@ QuantMatrix QuantMatrix::repacked() const {
 }
 
 QuantMatrix QuantMatrix::for_products() const {
-  return active_isa() >= Isa::kAvx512Vnni ? repacked() : *this;
+  const bool k_quant = block_layout(type).kind >= 5 && quant_gemm_integer(type);
+  return active_isa() >= Isa::kAvx512Vnni || (k_quant && active_isa() >= Isa::kAvx2) ? repacked() : *this;
 }
 
 bool quant_gemm_integer(gguf::Type type) {
   using gguf::Type;
   return type == Type::Q4_0 || type == Type::Q4_1 || type == Type::Q5_0 || type == Type::Q5_1 ||
-         type == Type::Q8_0;
+         type == Type::Q8_0 || type == Type::Q4_K || type == Type::Q5_K || type == Type::Q6_K;
 }
 
 // --- activations -------------------------------------------------------------------------------------------------
 
 namespace quant_detail {
 
-void quantize_block(const float* xb, int8_t* q, float& d_out, float& s_out, int32_t& sum_out) {
+void quantize_block(const float* xb, int8_t* q, float& d_out, float& s_out, int32_t& sum_out, int32_t& sum_lo) {
   bool finite = true;
   float amax = 0.0f;
   for (int j = 0; j < kQK; ++j) {
@@ -157,7 +230,7 @@ void quantize_block(const float* xb, int8_t* q, float& d_out, float& s_out, int3
   if (!finite) {  // the row's outputs become NaN through d and s
     std::fill_n(q, kQK, int8_t{0});
     d_out = s_out = std::numeric_limits<float>::quiet_NaN();
-    sum_out = 0;
+    sum_out = sum_lo = 0;
     return;
   }
   const float d = amax / 127.0f;
@@ -166,6 +239,7 @@ void quantize_block(const float* xb, int8_t* q, float& d_out, float& s_out, int3
   for (int j = 0; j < kQK; ++j) {
     q[j] = static_cast<int8_t>(std::roundf(xb[j] * id));
     sum += q[j];
+    if (j == kQK / 2 - 1) sum_lo = sum;
   }
   d_out = fp16_to_float(fp16_from_float(d));
   s_out = fp16_to_float(fp16_from_float(static_cast<float>(sum) * d));
@@ -187,16 +261,18 @@ void quantize_rows(const float* x, int64_t m, int64_t ldx, int64_t k, QuantActiv
   out.d.resize(static_cast<size_t>(m * out.blocks));
   out.s.resize(out.d.size());
   out.sum.resize(out.d.size());
+  out.sum_lo.resize(out.d.size());
   const int64_t nb = out.blocks;
   const auto row = [&](int64_t i) {
     const size_t o = static_cast<size_t>(i * nb);
     int8_t* q = out.q.data() + i * k;
     if (vector) {
-      quant_detail::avx512::quantize_blocks(x + i * ldx, nb, q, &out.d[o], &out.s[o], &out.sum[o]);
+      quant_detail::avx512::quantize_blocks(x + i * ldx, nb, q, &out.d[o], &out.s[o], &out.sum[o], &out.sum_lo[o]);
       return;
     }
     for (int64_t b = 0; b < nb; ++b)
-      quant_detail::quantize_block(x + i * ldx + b * kQK, q + b * kQK, out.d[o + b], out.s[o + b], out.sum[o + b]);
+      quant_detail::quantize_block(x + i * ldx + b * kQK, q + b * kQK, out.d[o + b], out.s[o + b], out.sum[o + b],
+                                   out.sum_lo[o + b]);
   };
   if (m * k < (int64_t{1} << 16)) {  // a decode row: no parallel region at all (even a one-thread one costs)
     for (int64_t i = 0; i < m; ++i) row(i);
@@ -220,10 +296,52 @@ void quantize_activations_reference(const float* x, int64_t m, int64_t ldx, int6
 
 namespace quant_detail {
 
+namespace {
+
+// A K-quant column: per super-block its parts (quant_k.h), per block of 32 the exact sums and impl.h's k_term.
+void reference_k_column(const TileArgs& t, int64_t j, std::vector<float>& acc) {
+  const QuantMatrix& w = *t.w;
+  const QuantActivations& a = *t.a;
+  const int kind = block_layout(w.type).kind;
+  const KType kt = kind == 5 ? KType::kQ4 : kind == 6 ? KType::kQ5 : KType::kQ6;
+  const int64_t bs = gguf::type_size(w.type);
+  KSuperBlock s;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const int sub = static_cast<int>(b % 8);
+    if (sub == 0) k_super_block(kt, w.data + j * w.row_bytes + b / 8 * bs, s);
+    const float d = fp16_to_float(s.d), dmin = fp16_to_float(s.dmin);
+    const uint8_t* q = s.q + 32 * sub;
+    for (int64_t i = 0; i < a.rows; ++i) {
+      const int8_t* xq = a.q.data() + i * a.cols + b * kQK;
+      const size_t o = static_cast<size_t>(i * a.blocks + b);
+      if (kind == 7) {
+        int32_t lo = 0, hi = 0;
+        for (int e = 0; e < kQK / 2; ++e) lo += (q[e] - 32) * xq[e];
+        for (int e = kQK / 2; e < kQK; ++e) hi += (q[e] - 32) * xq[e];
+        acc[i] = acc[i] + k6_term(lo, hi, d * static_cast<float>(s.sc[2 * sub]),
+                                  d * static_cast<float>(s.sc[2 * sub + 1]), a.d[o]);
+      } else {
+        int32_t sumi = 0;
+        for (int e = 0; e < kQK; ++e) sumi += q[e] * xq[e];
+        acc[i] = acc[i] + k_term(sumi, d * static_cast<float>(s.sc[sub]), dmin * static_cast<float>(s.mn[sub]),
+                                 a.d[o], a.sum[o]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void reference_column(const TileArgs& t, int64_t j) {
   const QuantMatrix& w = *t.w;
   const QuantActivations& a = *t.a;
   const BlockLayout layout = block_layout(w.type);
+  if (layout.kind >= 5) {
+    std::vector<float> acc(static_cast<size_t>(a.rows), 0.0f);
+    reference_k_column(t, j, acc);
+    for (int64_t i = 0; i < a.rows; ++i) t.y[i * t.ldy + j] = t.bias ? acc[i] + t.bias[j] : acc[i];
+    return;
+  }
   const int64_t bs = gguf::type_size(w.type);
   const uint8_t* row = w.data + j * w.row_bytes;
   std::vector<float> acc(static_cast<size_t>(a.rows), 0.0f);
@@ -418,7 +536,7 @@ void check_mlp(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate, 
                 kMlpOp, " gate ", gguf::type_name(gate.type), " (", gate.rows, ", ", gate.cols, "), up ",
                 gguf::type_name(up.type), " (", up.rows, ", ", up.cols, ") and down ", gguf::type_name(down.type),
                 " (", down.rows, ", ", down.cols, ") must be defined integer-product types (Q4_0, Q4_1, Q5_0, Q5_1, "
-                "Q8_0)");
+                "Q8_0, Q4_K, Q5_K, Q6_K)");
   QKV_CHECK_ARG(up.type == gate.type && up.rows == f && up.cols == e && down.rows == e && down.cols == f &&
                     f % kQK == 0,
                 kMlpOp, " gate (", gate.rows, ", ", gate.cols, ") and up (", up.rows, ", ", up.cols,
@@ -463,6 +581,7 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
   ah.d.resize(static_cast<size_t>(m * ah.blocks));
   ah.s.resize(ah.d.size());
   ah.sum.resize(ah.d.size());
+  ah.sum_lo.resize(ah.d.size());
   std::vector<float> g(static_cast<size_t>(m * f)), u(g.size());
   const TileArgs tg{&ax, &gate, gate_bias, g.data(), f}, tu{&ax, &up, up_bias, u.data(), f};
   const TileArgs td{&ah, &down, down_bias, y, ldy};
@@ -490,10 +609,11 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
         const size_t o = static_cast<size_t>(i * ah.blocks + c0);
         int8_t* q = ah.q.data() + i * f + j0;
         if (b.vector_quantizer) {
-          quant_detail::avx512::quantize_blocks(gi + j0, c1 - c0, q, &ah.d[o], &ah.s[o], &ah.sum[o]);
+          quant_detail::avx512::quantize_blocks(gi + j0, c1 - c0, q, &ah.d[o], &ah.s[o], &ah.sum[o], &ah.sum_lo[o]);
         } else {
           for (int64_t c = 0; c < c1 - c0; ++c)
-            quant_detail::quantize_block(gi + j0 + c * kQK, q + c * kQK, ah.d[o + c], ah.s[o + c], ah.sum[o + c]);
+            quant_detail::quantize_block(gi + j0 + c * kQK, q + c * kQK, ah.d[o + c], ah.s[o + c], ah.sum[o + c],
+                                         ah.sum_lo[o + c]);
         }
       }
     }

@@ -6,6 +6,7 @@
 #include "qkv/core/error.h"
 #include "qkv/core/half.h"
 #include "qkv/kernels/quant.h"
+#include "quant_k.h"
 
 namespace qkv::kernels::portable {
 namespace {
@@ -116,66 +117,21 @@ void q3_k(const uint8_t* b, float* y) {  // {hmask[32], qs[64], scales[12], d}
   }
 }
 
-// The 8 six-bit scales and mins of a Q4_K / Q5_K super-block (ggml's get_scale_min_k4).
-void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-void q4_k(const uint8_t* b, float* y) {  // {d, dmin, scales[12], qs[128]}
-  const float d = f16(b), dmin = f16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  // Each 64 elements read 32 bytes: low nibbles are the first 32 (scale 2i), high nibbles the next 32 (2i + 1).
+// Q4_K, Q5_K, Q6_K through the one super-block decoder (quant_k.h): (d * sc) * q - (dmin * m), or
+// (d * sc) * (q - 32) for Q6_K.
+template <quant_detail::KType kType>
+void k_quant(const uint8_t* b, float* y) {
+  quant_detail::KSuperBlock s;
+  quant_detail::k_super_block(kType, b, s);
+  const float d = fp16_to_float(s.d), dmin = fp16_to_float(s.dmin);
   for (int k = 0; k < QK_K; ++k) {
-    int sc, m;
-    scale_min_k4(k / 32, scales, sc, m);
-    const float d1 = d * static_cast<float>(sc);
-    const float m1 = dmin * static_cast<float>(m);
-    const uint8_t byte = qs[32 * (k / 64) + k % 32];
-    const int q = (k / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
-    y[k] = d1 * static_cast<float>(q) - m1;
-  }
-}
-
-void q5_k(const uint8_t* b, float* y) {  // {d, dmin, scales[12], qh[32], qs[128]}
-  const float d = f16(b), dmin = f16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
-  // As Q4_K, with bit k / 32 of qh[k % 32] as the fifth bit.
-  for (int k = 0; k < QK_K; ++k) {
-    int sc, m;
-    scale_min_k4(k / 32, scales, sc, m);
-    const float d1 = d * static_cast<float>(sc);
-    const float m1 = dmin * static_cast<float>(m);
-    const uint8_t byte = qs[32 * (k / 64) + k % 32];
-    const int lo = (k / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
-    const int hi = (qh[k % 32] >> (k / 32)) & 1;
-    y[k] = d1 * static_cast<float>(lo | (hi << 4)) - m1;
-  }
-}
-
-void q6_k(const uint8_t* b, float* y) {  // {ql[128], qh[64], scales[16] int8, d}
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = f16(b + 208);
-  // Per 128 elements (half h): ql[64 h ..] and qh[32 h ..]. Element 32 g + l of the half (g = 0..3, l = 0..31):
-  // low 4 bits from ql[64 h + l + 32 (g % 2)] (low nibble for g < 2, high for g >= 2), high 2 bits at shift 2 g of
-  // qh[32 h + l]; scale index k / 16.
-  for (int k = 0; k < QK_K; ++k) {
-    const int h = k / 128, g = (k % 128) / 32, l = k % 32;
-    const uint8_t lbyte = ql[64 * h + l + 32 * (g % 2)];
-    const int lo = g < 2 ? (lbyte & 0x0F) : (lbyte >> 4);
-    const int hi = (qh[32 * h + l] >> (2 * g)) & 3;
-    const int q = (lo | (hi << 4)) - 32;
-    y[k] = d * static_cast<float>(scales[k / 16]) * static_cast<float>(q);
+    if constexpr (kType == quant_detail::KType::kQ6) {
+      y[k] = d * static_cast<float>(s.sc[k / 16]) * static_cast<float>(static_cast<int>(s.q[k]) - 32);
+    } else {
+      const float d1 = d * static_cast<float>(s.sc[k / 32]);
+      const float m1 = dmin * static_cast<float>(s.mn[k / 32]);
+      y[k] = d1 * static_cast<float>(s.q[k]) - m1;
+    }
   }
 }
 
@@ -197,9 +153,9 @@ BlockFn block_fn(Type type) {
     case Type::Q8_1: return q8_1;
     case Type::Q2_K: return q2_k;
     case Type::Q3_K: return q3_k;
-    case Type::Q4_K: return q4_k;
-    case Type::Q5_K: return q5_k;
-    case Type::Q6_K: return q6_k;
+    case Type::Q4_K: return k_quant<quant_detail::KType::kQ4>;
+    case Type::Q5_K: return k_quant<quant_detail::KType::kQ5>;
+    case Type::Q6_K: return k_quant<quant_detail::KType::kQ6>;
     case Type::Q8_K: return q8_k;
     default: return nullptr;
   }

@@ -64,7 +64,7 @@ TEST(QuantGemm, PathNames) {
                                                             : "portable";
   EXPECT_EQ(kernels::quant_gemm_path(), want);
   EXPECT_EQ(kernels::quant_gemm_path(Type::Q4_1), want);
-  EXPECT_EQ(kernels::quant_gemm_path(Type::Q6_K), "float32 (dequantized rows)");
+  EXPECT_EQ(kernels::quant_gemm_path(Type::Q3_K), "float32 (dequantized rows)");
   std::cout << "[ paths    ] quant_gemm: dispatched " << want << "; builds run:";
   for (const Path& p : builds()) std::cout << " " << p.name;
   std::cout << "\n";
@@ -298,7 +298,7 @@ TEST(QuantGemm, BadShapesThrowNamingTheOpAndShapes) {
 
 TEST(QuantGemm, FloatPathTypesMatchFloat64AndAreBatchInvariant) {
   const int64_t n = 21, m = 5;
-  for (Type type : {Type::F32, Type::F16, Type::BF16, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
+  for (Type type : {Type::F32, Type::F16, Type::BF16, Type::Q2_K, Type::Q3_K}) {
     const int64_t k = gguf::block_size(type) == 1 ? 67 : 512;
     const Weights w = random_weights(type, n, k, 12);
     const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 13);

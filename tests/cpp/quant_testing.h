@@ -105,7 +105,7 @@ inline Weights quantized_weights(Type type, int64_t n, int64_t k, uint32_t seed)
   return {bytes, QuantMatrix::view(type, n, k, bytes->data(), bytes)};
 }
 
-// Random bytes with fp16 scales in [-0.05, 0.05) at the type's scale offsets (every nibble, fifth bit and int8
+// Random bytes with fp16 scales (K-quants: super-block scales) in [-0.05, 0.05) at the type's scale offsets (every nibble, fifth bit and int8
 // pattern appears, Q8_0's -128 included).
 inline Weights random_weights(Type type, int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -123,6 +123,11 @@ inline Weights random_weights(Type type, int64_t n, int64_t k, uint32_t seed) {
         put_f16(blk + 2, scale(gen));
         break;
       case Type::Q6_K: put_f16(blk + 208, scale(gen)); break;
+      case Type::Q2_K:
+        put_f16(blk + 80, scale(gen));
+        put_f16(blk + 82, scale(gen));
+        break;
+      case Type::Q3_K: put_f16(blk + 108, scale(gen)); break;
       case Type::F16: put_f16(blk, scale(gen) * 20.0f); break;
       case Type::BF16: {
         const uint32_t bits = std::bit_cast<uint32_t>(scale(gen) * 20.0f);
