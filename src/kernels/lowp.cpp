@@ -43,7 +43,6 @@ struct Kernels {
   decltype(&portable::float_to_bf16_range) to_bf16 = avx2::float_to_bf16_range;
   decltype(&portable::bf16_to_float_range) from_bf16 = avx2::bf16_to_float_range;
   decltype(&portable::quantize_row_int8) quantize_row = avx2::quantize_row_int8;
-  decltype(&portable::gemm_int8_block) int8_rows = avx2::gemm_int8_block;
   decltype(&avx512vnni::gemm_int8_packed_block) int8_packed = nullptr;
   decltype(&avx512bf16::gemm_bf16_packed_block) bf16_packed = nullptr;
   decltype(&avx512bf16::pack_bf16_panels) pack_bf16 = nullptr;
@@ -53,9 +52,8 @@ struct Kernels {
 constexpr Kernels kPortable{.bf16_round = portable::bf16_round_range,
                             .to_bf16 = portable::float_to_bf16_range,
                             .from_bf16 = portable::bf16_to_float_range,
-                            .quantize_row = portable::quantize_row_int8,
-                            .int8_rows = portable::gemm_int8_block};
-constexpr Kernels kAvx2{};  // and kAvx512: no AVX-512 build of its own
+                            .quantize_row = portable::quantize_row_int8};
+constexpr Kernels kAvx2{.int8_packed = avx2::gemm_int8_packed_block};  // and kAvx512: no build of its own
 constexpr Kernels kAvx2Vnni{.int8_packed = avxvnni::gemm_int8_packed_block};
 constexpr Kernels kAvx512Vnni{.int8_packed = avx512vnni::gemm_int8_packed_block};
 constexpr Kernels kAvx512Bf16{.int8_packed = avx512vnni::gemm_int8_packed_block,
@@ -226,7 +224,7 @@ void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float
                 a.group, ", ld ", a.ld, ")");
   QKV_CHECK_ARG(ldc >= b.rows && (a.rows == 0 || b.rows == 0 || c != nullptr), "[gemm_int8] ldc ", ldc,
                 " must be >= n = ", b.rows, " and c non-null");
-  const auto k = kernels().int8_rows;
+  const auto k = portable::gemm_int8_block;  // every other path packs its int8 weights
   const int64_t bm = (a.rows + kBlockM - 1) / kBlockM, bn = (b.rows + kBlockN - 1) / kBlockN;
 #pragma omp parallel for schedule(dynamic) if (bm * bn > 1 && a.rows * b.rows * a.ld >= (int64_t{1} << 18))
   for (int64_t t = 0; t < bm * bn; ++t) {
@@ -453,8 +451,10 @@ LowpPaths lowp_paths() {
                  : "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; no AVX-512 on this CPU)")
       : isa >= Isa::kAvx2
           ? (f.avx512_vnni || f.avx_vnni
-                 ? "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; QKV_ISA caps VNNI)"
-                 : "avx2 vpmaddwd (int16 pairs, exact int32 accumulation; no VNNI on this CPU)")
+                 ? "avx2 vpmaddwd (weights packed once, u8·s8 quads as int16 pairs, exact int32 accumulation; QKV_ISA "
+                   "caps VNNI)"
+                 : "avx2 vpmaddwd (weights packed once, u8·s8 quads as int16 pairs, exact int32 accumulation; no VNNI "
+                   "on this CPU)")
           : "portable (exact int32 accumulation)";
   return {bf16, int8};
 }

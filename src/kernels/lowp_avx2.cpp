@@ -1,13 +1,14 @@
 // The low-precision kernels of lowp_impl.h with AVX2 intrinsics: bfloat16 rounding 8 floats at a time (the same
-// integer steps as the scalar rounding, so the same bits) and the int8 product as int16 pairs through vpmaddwd into
-// exact int32 sums per block of the activations (never the saturating vpmaddubsw), 2 rows of a by 4 rows of b per
-// register block, the block sums scaled in float with the same fused multiply-adds as the portable build.
+// integer steps as the scalar rounding, so the same bits), the int8 quantization, and the packed int8 product
+// (micro_int8_256.h: vpdpbusd's u8·s8 quads widened to int16 pairs for vpmaddwd, exact int32 sums per block, never
+// the saturating vpmaddubsw; the same bits as every other int8 build).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "lowp_impl.h"
+#include "micro_int8_256.h"
 
 namespace qkv::kernels::avx2 {
 namespace {
@@ -95,61 +96,11 @@ void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t bloc
   }
 }
 
-// The 8 exact sums of acc[0..7] as one vector (integer adds: exact).
-inline __m256i sums8(const __m256i v[8]) {
-  const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
-  const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
-  const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc, int64_t m0,
-                     int64_t m1, int64_t n0, int64_t n1) {
-  const int64_t ld = a.ld, group = a.group, blocks = a.groups();  // ld and group: multiples of 16
-  int64_t i = m0;
-  for (; i + 2 <= m1; i += 2) {
-    const int16_t* a0 = &a.q[i * ld];
-    const int16_t* a1 = a0 + ld;
-    const float* s0 = &a.scale[i * blocks];
-    const float* s1 = s0 + blocks;
-    int64_t j = n0;
-    for (; j + 4 <= n1; j += 4) {
-      const int16_t* b0 = &b.q[j * ld];
-      // Lanes r*4 + t: entry (i + r, j + t).
-      __m256 facc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < blocks; ++g) {
-        __m256i acc[8];
-        for (auto& v : acc) v = _mm256_setzero_si256();
-        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
-          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + k));
-          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a1 + k));
-          for (int t = 0; t < 4; ++t) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + t * ld + k));
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(x0, w));
-            acc[4 + t] = _mm256_add_epi32(acc[4 + t], _mm256_madd_epi16(x1, w));
-          }
-        }
-        const __m256 sa = _mm256_setr_ps(s0[g], s0[g], s0[g], s0[g], s1[g], s1[g], s1[g], s1[g]);
-        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(acc)), sa, facc);
-      }
-      const __m128 sb = _mm_loadu_ps(&b.scale[j]);
-      __m256 y = _mm256_mul_ps(facc, _mm256_set_m128(sb, sb));
-      if (bias) {
-        const __m128 bv = _mm_loadu_ps(bias + j);
-        y = _mm256_add_ps(y, _mm256_set_m128(bv, bv));
-      }
-      _mm_storeu_ps(c + i * ldc + j, _mm256_castps256_ps128(y));
-      _mm_storeu_ps(c + (i + 1) * ldc + j, _mm256_extractf128_ps(y, 1));
-    }
-    for (; j < n1; ++j)
-      for (int r = 0; r < 2; ++r)
-        c[(i + r) * ldc + j] = detail::int8_entry(&a.q[(i + r) * ld], &a.scale[(i + r) * blocks], group, blocks,
-                                                  &b.q[j * ld], b.scale[j], bias, j);
-  }
-  for (; i < m1; ++i)
-    for (int64_t j = n0; j < n1; ++j)
-      c[i * ldc + j] = detail::int8_entry(&a.q[i * ld], &a.scale[i * blocks], group, blocks, &b.q[j * ld], b.scale[j],
-                                          bias, j);
+// The packed product: micro_int8_256.h's blocks of 3 rows by 16 columns (6 int32 sums; the widened operands of
+// the emulated quads take the other registers, and 4 rows spill them).
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  detail::int8_packed_block_256<3>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 
 }  // namespace qkv::kernels::avx2

@@ -91,6 +91,16 @@ struct Lanes256 {
   static void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 #if defined(__AVXVNNI__)
   static I dot_quads(I s, I a, I b) { return _mm256_dpbusd_avx_epi32(s, a, b); }
+#else
+  // vpdpbusd's exact sums without VNNI: a's bytes widened to int16 unsigned, b's signed, the even and the odd bytes
+  // of each word multiplied in pairs by vpmaddwd (|2 · 255 · 128| fits in int32; never the saturating vpmaddubsw).
+  static I dot_quads(I s, I a, I b) {
+    const I a_even = _mm256_and_si256(a, _mm256_set1_epi16(0x00ff)), a_odd = _mm256_srli_epi16(a, 8);
+    const I b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), b_odd = _mm256_srai_epi16(b, 8);
+    I r = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(a_even, b_even), _mm256_madd_epi16(a_odd, b_odd)));
+    __asm__("" : "+x"(r));  // one chain per sum, in step order: reassociated, GCC 12 computes every product first
+    return r;
+  }
 #endif
 };
 #endif

@@ -177,6 +177,7 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     }
     EXPECT_THROW(kernels::gemm_int8_packed_runs(), std::runtime_error);
+    EXPECT_THROW(kernels::gemm_bf16_packed_runs(), std::runtime_error);
     EXPECT_THROW(kernels::gelu_forward(x.data(), y.data(), 16, false), std::runtime_error);
     EXPECT_THROW(kernels::add_layer_norm_rows(y.data(), nullptr, 16, nullptr, nullptr, nullptr, 1, 16, 1e-5f),
                  std::runtime_error);
@@ -203,10 +204,12 @@ TEST(CpuProbe, DispatchersFollowQkvIsa) {
   else if (want >= Isa::kAvx512Vnni) EXPECT_EQ(int8.rfind("avx512vnni vpdpbusd", 0), 0u) << int8;
   else if (want == Isa::kAvx2Vnni) EXPECT_EQ(int8.rfind("avx2vnni vpdpbusd ymm", 0), 0u) << int8;
   else EXPECT_EQ(int8.rfind(avx2 ? "avx2 vpmaddwd" : "portable", 0), 0u) << int8;
-  // The packed int8 product runs on its two builds' paths (the same bits as the unpacked product there) and refuses
-  // every other; an int8 linear gives those bits whichever it takes.
+  // The packed int8 product runs from avx2 on (vpdpbusd zmm / ymm, or its quads as vpmaddwd pairs: the same bits as
+  // the unpacked product) and refuses the portable path; an int8 linear gives those bits whichever it takes. The
+  // packed bf16 product runs from avx512bf16 on.
+  EXPECT_EQ(kernels::gemm_bf16_packed_runs(), want >= Isa::kAvx512Bf16);
   {
-    const bool packed_runs = want >= Isa::kAvx512Vnni || want == Isa::kAvx2Vnni;
+    const bool packed_runs = want >= Isa::kAvx2;
     EXPECT_EQ(kernels::gemm_int8_packed_runs(), packed_runs);
     const int64_t m = 5, n = 19, k = 70;
     const std::vector<float> xv = random_floats(static_cast<size_t>(m * k), 21);

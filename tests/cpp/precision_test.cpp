@@ -237,8 +237,13 @@ TEST(Int8Kernels, EveryPathIsTheExactIntegerProductAndPathsAgreeBitForBit) {
       SCOPED_TRACE(std::string(kernels::isa_name(isa)) + " m " + std::to_string(s.m) + " n " + std::to_string(s.n) +
                    " k " + std::to_string(s.k));
       std::vector<float> c(static_cast<size_t>(s.m * s.n));
-      (isa == Isa::kAvx2 ? kernels::avx2::gemm_int8_block : kernels::portable::gemm_int8_block)(
-          a.view(), b.view(), bias.data(), c.data(), s.n, 0, s.m, 0, s.n);
+      if (isa == Isa::kAvx2) {  // the avx2 build reads the weight packed (vpdpbusd's quads as vpmaddwd pairs)
+        kernels::PackedB pb;
+        kernels::pack_int8(b.view(), pb);
+        kernels::avx2::gemm_int8_packed_block(a.view(), pb.view(), bias.data(), c.data(), s.n, 0, s.m, 0, s.n);
+      } else {
+        kernels::portable::gemm_int8_block(a.view(), b.view(), bias.data(), c.data(), s.n, 0, s.m, 0, s.n);
+      }
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t j = 0; j < s.n; ++j) {
           double mag = 0;
@@ -293,6 +298,7 @@ struct PackedInt8Build {
 std::vector<PackedInt8Build> packed_int8_builds() {
   const PackedInt8Build all[] = {{"avx512vnni", Isa::kAvx512Vnni, kernels::avx512vnni::gemm_int8_packed_block},
                                  {"avx2vnni", Isa::kAvx2Vnni, kernels::avxvnni::gemm_int8_packed_block},
+                                 {"avx2", Isa::kAvx2, kernels::avx2::gemm_int8_packed_block},
                                  {"amx emulated", Isa::kPortable, kernels::amx_emulated::gemm_int8_packed_block},
                                  {"amx emulated tiles", Isa::kAvx512,
                                   kernels::amx_emulated_tiles::gemm_int8_packed_block},

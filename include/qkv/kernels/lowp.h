@@ -7,8 +7,9 @@
 // conversions do. Where the CPU has AVX512-BF16 (Isa::kAvx512Bf16), the bf16 product runs vdpbf16ps on weights
 // packed once (PackedB below); elsewhere it is "round the operands, then the float32 kernel". Where it has
 // AVX512-VNNI (Isa::kAvx512Vnni), the int8 product runs vpdpbusd zmm on packed weights, where it has AVX2 and
-// AVX-VNNI but no AVX-512 (Isa::kAvx2Vnni) vpdpbusd ymm on the same packed weights; elsewhere vpmaddwd (AVX2) or
-// portable loops. Every int8 build gives the same bits (exact int32 sums, the same float epilogue).
+// AVX-VNNI but no AVX-512 (Isa::kAvx2Vnni) vpdpbusd ymm on the same packed weights, where it has AVX2 alone the
+// same quads widened to int16 pairs for vpmaddwd; elsewhere portable loops on unpacked rows. Every int8 build gives
+// the same bits (exact int32 sums, the same float epilogue). Which build runs is one table per ISA in lowp.cpp.
 //
 // Packed products (gemm_bf16_packed, gemm_int8_packed). The weight W (n, k) is packed once into panels of
 // kPanel = 32 output columns: panel p holds columns [32p, 32p + 32) as k-groups of 4 bytes per column,
@@ -32,8 +33,8 @@ void bf16_round(const float* x, float* y, int64_t n);
 void float_to_bf16(const float* x, uint16_t* y, int64_t n);
 void bf16_to_float(const uint16_t* x, float* y, int64_t n);
 
-// Int8 rows as the int8 kernels read them: values in [-127, 127] held in int16 (the AVX2 path multiplies int16
-// pairs with vpmaddwd into int32, exact; it never uses the saturating vpmaddubsw), each row padded with zeros to
+// Int8 rows as the int8 kernels read them: values in [-127, 127] held in int16 (the packing reads them as bytes;
+// every product's int32 sums are exact, none uses the saturating vpmaddubsw), each row padded with zeros to
 // ld = cols rounded up to kInt8Group. Each row has one scale per `group` columns: group == ld (one scale per row:
 // the weights, per output channel) or kInt8Group (the activations: per token and per 64 input channels, as
 // llama.cpp's activation blocks, so that the few outlier channels of a transformer's hidden state coarsen only
@@ -65,8 +66,8 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t ldx,
 // cols, the int32 sum of each block g of a row pair, exact, is scaled and summed in block order,
 //   acc = 0;  acc = fma(float(Σ_{k in g} a.q[i][k] · b.q[j][k]), a.scale[i][g], acc)  for g = 0, 1, ...
 //   c[i][j] = acc · b.scale[j] + bias[j]   (bias may be null)
-// (cols <= 2^17 is required). Threaded over blocks of c; bit-identical for every thread count and between the
-// portable, AVX2 and AVX512-VNNI builds.
+// (cols <= 2^17 is required). Threaded over blocks of c; bit-identical for every thread count and to the packed
+// builds (plain loops: from avx2 on, int8 weights are packed and gemm_int8_packed runs).
 void gemm_int8_nt(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc);
 
 // One path by name, for tests (avx2:: only when cpu_supports(Isa::kAvx2)). Ranges of elements / of c's rows
@@ -85,8 +86,6 @@ void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t bloc
 void bf16_round_range(const float* x, float* y, int64_t n);
 void float_to_bf16_range(const float* x, uint16_t* y, int64_t n);
 void bf16_to_float_range(const uint16_t* x, float* y, int64_t n);
-void gemm_int8_block(const Int8View& a, const Int8View& b, const float* bias, float* c, int64_t ldc, int64_t m0,
-                     int64_t m1, int64_t n0, int64_t n1);
 }  // namespace avx2
 
 // A packed weight (see above) and the per-column data of the int8 one; view(begin, end) is the weight of output
@@ -125,7 +124,8 @@ inline constexpr int64_t kInt8PackedMaxK = 65536;
 void gemm_bf16_packed(const float* x, int64_t m, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                       int64_t ldc, int64_t xks = 1);
 // The int8 product of gemm_int8_nt over a packed weight: the avx512vnni build when active_isa() >= kAvx512Vnni,
-// the avxvnni one when active_isa() == kAvx2Vnni; throws std::runtime_error on any other path
+// the avxvnni one when active_isa() == kAvx2Vnni, the avx2 one on avx2 and avx512; throws std::runtime_error on the
+// portable path
 // (gemm_int8_packed_runs() says whether it runs: where it does, int8 linear weights are packed). The same bits as
 // gemm_int8_nt on the unpacked rows. gemm_bf16_packed_runs() likewise says whether gemm_bf16_packed runs (where it
 // does not, a bf16 product rounds its operands and runs the float32 kernels): the callers ask these, never the ISA.
@@ -135,7 +135,7 @@ bool gemm_bf16_packed_runs();
 
 // One tile of the packed products by name, for tests: rows [m0, m1) of c over the view's columns [n0, n1)
 // (the portable builds are the plain references; avx512bf16:: needs Isa::kAvx512Bf16, avx512vnni:: kAvx512Vnni,
-// avxvnni:: cpu_supports(Isa::kAvx2Vnni)).
+// avxvnni:: cpu_supports(Isa::kAvx2Vnni), avx2:: cpu_supports(Isa::kAvx2)).
 namespace portable {
 void gemm_bf16_packed_block(const float* x, int64_t ldx, const PackedBView& w, const float* bias, float* c,
                             int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t xks = 1);
@@ -182,6 +182,10 @@ namespace avx512vnni {
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 }  // namespace avx512vnni
+namespace avx2 {  // vpdpbusd's quads widened to vpmaddwd pairs (cpu_supports(Isa::kAvx2))
+void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
+                            int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+}  // namespace avx2
 namespace avxvnni {
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1);
@@ -190,7 +194,8 @@ void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float
 // What the bf16 and int8 products run on this CPU under the QKV_ISA cap, for `qkv info` and qkv.cpu_info():
 //   bf16 "amx tdpbf16ps (weights packed once, float32 accumulation; under 16 rows avx512bf16 vdpbf16ps)", or
 //        "converting (no AVX512-BF16/AMX on this CPU): bf16-rounded operands, float32 avx2 kernels"
-//   int8 "avx2 vpmaddwd (int16 pairs, int32 accumulation; no VNNI/AMX on this CPU)", or on an AVX-VNNI CPU without
+//   int8 "avx2 vpmaddwd (weights packed once, u8·s8 quads as int16 pairs, exact int32 accumulation; no VNNI on
+//        this CPU)", or on an AVX-VNNI CPU without
 //        AVX-512 "avx2vnni vpdpbusd ymm (weights packed once, exact int32 accumulation; no AVX-512 on this CPU)"
 struct LowpPaths {
   const char* bf16;
