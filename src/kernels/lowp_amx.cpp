@@ -14,6 +14,7 @@
 #include "attention_flash_kernels.h"
 #include "lowp_amx_impl.h"
 #include "lowp_avx512_impl.h"
+#include "micro.h"
 #include "qkv/kernels/lowp.h"
 
 namespace qkv::kernels {
@@ -79,30 +80,6 @@ struct HardwareTiles {
   }
 };
 
-// x[i][j] <- x[j][i] for 16 vectors of 16 words: pairs of words, then of quads, then of 128-bit lanes.
-inline void transpose16(__m512i (&x)[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);  // lane q: x[i][4q], x[i+1][4q], x[i][4q+1], x[i+1][4q+1]
-    t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {  // u[i + c], lane q: column 4q + c of rows i .. i + 3
-    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {  // columns c, c + 4, c + 8, c + 12 from the four row groups' u[4g + c]
-    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
-    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
-    x[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-    x[c + 8] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
-    x[c + 4] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-    x[c + 12] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
-  }
-}
-
 // The per-call row work with AVX-512: the bits of detail::ScalarRows.
 struct Avx512Rows {
   static void pack_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
@@ -137,7 +114,7 @@ struct Avx512Rows {
           __m512i x[16];
           for (int64_t i = 0; i < 16; ++i)
             x[i] = k0 + i < depth ? _mm512_maskz_loadu_epi32(m, a + (k0 + i) * a_ks + r0) : _mm512_setzero_si512();
-          transpose16(x);
+          detail::transpose16(x);
           for (int64_t i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (r0 + i) * kw + k0, x[i]);
         }
       }

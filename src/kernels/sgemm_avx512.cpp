@@ -13,37 +13,12 @@ namespace {
 
 inline __mmask16 lanes(int64_t count) { return detail::Lanes512::tail(count); }
 
-// In place: r[i] lane j  ->  r[j] lane i.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int h = 0; h < 16; h += 8) {
-    for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
-    }
-  }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-  }
-}
-
 // Loads `rows` (<= 16) rows of `cols` (<= 16) floats, row stride ld, zero-filled, and transposes them:
 // out[q] lane i = src[i*ld + q].
 inline void load_transposed(const float* src, int64_t ld, int64_t rows, int64_t cols, __m512 out[16]) {
   const __mmask16 cm = lanes(cols);
   for (int64_t i = 0; i < 16; ++i) out[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
-  transpose16(out);
+  detail::transpose16(out);
 }
 
 static_assert(kMR == 14 && kNR == kPanel, "sgemm's tiles are 14 rows by one 32-column panel");
