@@ -1,6 +1,7 @@
 // `qkv serve --model PATH` on a language model: the OpenAI API as llama.cpp's llama-server serves it (chat and text
 // completions, streamed as server-sent events or not, models, health, tokenize / detokenize / apply-template), each
-// request one or more requests of the continuous-batching decode::Scheduler. The protocol objects are
+// request one or more requests of the continuous-batching decode::Scheduler; and the live viewer page (GET /,
+// POST /viz/generate: serve_viz.h). The protocol objects are
 // qkv/serve/openai.h; this file is the HTTP plumbing: routes, the API key, streams, hang-ups and stopping.
 #include "serve_openai.h"
 
@@ -19,6 +20,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <omp.h>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -29,6 +31,7 @@
 #include "qkv/decode/scheduler.h"
 #include "qkv/models/language_model.h"
 #include "qkv/serve/openai.h"
+#include "serve_viz.h"
 #endif
 
 namespace qkv::cli {
@@ -58,6 +61,7 @@ struct State {
   const OpenAIServeArgs* args = nullptr;
   std::unique_ptr<models::LanguageModel> lm;
   std::unique_ptr<decode::Scheduler> scheduler;
+  std::unique_ptr<LiveViz> viz;  // the live viewer's generations (one at a time, beside the scheduler)
   std::mutex scheduler_mutex;  // creation against a stop signal
   std::atomic<bool> ready{false}, stopping{false};
   std::atomic<int64_t> active{0};  // requests being answered
@@ -384,7 +388,8 @@ std::string request_body(const httplib::Request& req, const httplib::ContentRead
   return body;
 }
 
-void completion(State& st, Endpoint endpoint, const std::string& text, httplib::Response& res) {
+void completion(State& st, Endpoint endpoint, const std::string& text, const httplib::Request& req,
+                httplib::Response& res) {
   const json::Value body = serve::parse_body(text);
   serve::CompletionOptions options = serve::parse_options(body, endpoint);
   const std::vector<int64_t> prompt = serve::prompt_ids(body, endpoint, *st.lm, st.context);
@@ -402,10 +407,16 @@ void completion(State& st, Endpoint endpoint, const std::string& text, httplib::
     return;
   }
   Active active(st);
+  const ClientConnection client(req);  // a client that hangs up has its choices cancelled
   std::vector<Reply::Update> updates;
   while (!reply->finished()) {
-    std::vector<Reply::Update> u = reply->poll(std::chrono::milliseconds(500));
+    std::vector<Reply::Update> u = reply->poll(std::chrono::milliseconds(100));
     updates.insert(updates.end(), std::make_move_iterator(u.begin()), std::make_move_iterator(u.end()));
+    if (client.closed()) {
+      reply->abandon();
+      res.set_header("Connection", "close");
+      return;  // nobody reads the answer
+    }
   }
   if (reply->cancelled())
     throw ApiError(503, "unavailable_error", "the server is stopping; the request was cancelled");
@@ -434,7 +445,7 @@ int run_serve_openai(const OpenAIServeArgs& a) {
   const std::string key = a.api_key;
   configure_server(svr, http, answer_error, [key](const httplib::Request& req, httplib::Response& res) {
     if (key.empty() || req.path == "/health" || req.path == "/v1/health" || req.path == "/v1/models" ||
-        req.path == "/models")
+        req.path == "/models" || (req.method == "GET" && (req.path == "/" || req.path == "/viz")))
       return false;
     if (req.get_header_value("Authorization") == "Bearer " + key) return false;
     answer(res, serve::error_body(401, "authentication_error", "Invalid API Key"), 401);
@@ -491,11 +502,11 @@ int run_serve_openai(const OpenAIServeArgs& a) {
     });
   for (const char* path : {"/v1/chat/completions", "/chat/completions"})
     svr.Post(path, guarded([&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& c) {
-               completion(st, Endpoint::kChat, body_of(req, c, res), res);
+               completion(st, Endpoint::kChat, body_of(req, c, res), req, res);
              }));
   for (const char* path : {"/v1/completions", "/completions"})
     svr.Post(path, guarded([&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& c) {
-               completion(st, Endpoint::kCompletion, body_of(req, c, res), res);
+               completion(st, Endpoint::kCompletion, body_of(req, c, res), req, res);
              }));
   svr.Post("/tokenize", guarded([&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& c) {
              answer(res, serve::tokenize(serve::parse_body(body_of(req, c, res)), *st.lm->tokenizer));
@@ -507,6 +518,33 @@ int run_serve_openai(const OpenAIServeArgs& a) {
   svr.Post("/apply-template",
            guarded([&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& c) {
              answer(res, serve::apply_template(serve::parse_body(body_of(req, c, res)), *st.lm));
+           }));
+  // The live viewer: the page (static, served while loading too) and its stream of one generation.
+  const std::string viz_page_html = LiveViz::page(st.model_name);
+  for (const char* path : {"/", "/viz"})
+    svr.Get(path, [&viz_page_html](const httplib::Request&, httplib::Response& res) {
+      res.set_content(viz_page_html, "text/html; charset=utf-8");
+    });
+  svr.Post("/viz/generate",
+           guarded([&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& c) {
+             struct VizStream {
+               VizStream(State& s, std::unique_ptr<LiveViz::Stream> g) : active(s), stream(std::move(g)) {}
+               Active active;
+               std::unique_ptr<LiveViz::Stream> stream;
+             };
+             auto vs = std::make_shared<VizStream>(st, st.viz->start(serve::parse_body(body_of(req, c, res))));
+             res.set_header("Cache-Control", "no-cache");
+             // One event a call on this worker; a failed write (the client left) ends it, and the generation with it.
+             res.set_chunked_content_provider(
+                 "text/event-stream",
+                 [vs, &st](size_t, httplib::DataSink& sink) {
+                   std::string event;
+                   const bool more = vs->stream->next(event, st.stopping.load());
+                   if (!event.empty() && !sink.write(event.data(), event.size())) return false;
+                   if (!more) sink.done();
+                   return true;
+                 },
+                 [vs](bool) { vs->stream.reset(); });
            }));
   svr.set_error_handler([&a](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -551,6 +589,7 @@ int run_serve_openai(const OpenAIServeArgs& a) {
     so.max_batch = a.parallel;
     so.kv_tokens = a.parallel * st.context;
     so.max_queued = a.max_queued;
+    st.viz = std::make_unique<LiveViz>(*st.lm, st.context, so.page_size, omp_get_max_threads());
     std::lock_guard<std::mutex> lock(st.scheduler_mutex);
     if (!st.stopping) {
       st.scheduler = std::make_unique<decode::Scheduler>(*st.lm->model, so);

@@ -31,14 +31,6 @@ size_t utf8_length(const std::string& s, size_t i) {
   return n;
 }
 
-// The rows `positions` of h (1, T, E) as (P, E).
-Tensor rows_of(const Tensor& h, const std::vector<int64_t>& positions) {
-  const int64_t e = h.size(2);
-  Tensor out = Tensor::empty({static_cast<int64_t>(positions.size()), e});
-  for (size_t k = 0; k < positions.size(); ++k) out.select(0, static_cast<int64_t>(k)).copy_from(h.select(0, 0).select(0, positions[k]));
-  return out;
-}
-
 }  // namespace
 
 bool is_language_model(const std::string& path) {
@@ -92,6 +84,113 @@ std::string readable_token(const std::string& bytes) {
   return out;
 }
 
+std::vector<std::string> page_tokens(const text::Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int64_t id : ids)
+    tokens.push_back(tokenizer.is_special(id) ? tokenizer.token(id) : readable_token(tokenizer.decode_bytes({id})));
+  return tokens;
+}
+
+json::Value llm_page_data(const std::vector<Tensor>& attentions, const std::vector<std::string>& tokens,
+                          int64_t prompt_len, const std::string& title) {
+  const auto t = static_cast<int64_t>(tokens.size());
+  QKV_CHECK_ARG(prompt_len >= 1 && prompt_len <= t, "[viz] a prompt of ", prompt_len, " tokens among ", t);
+  plot::VizGroup prompt;
+  prompt.name = "prompt";
+  prompt.causal = true;
+  prompt.q_tokens.assign(tokens.begin(), tokens.begin() + prompt_len);
+  prompt.k_tokens = prompt.q_tokens;
+  plot::VizGroup reply;
+  reply.name = "reply";
+  reply.causal = true;
+  reply.q_tokens.assign(tokens.begin() + prompt_len, tokens.end());
+  reply.k_tokens = tokens;
+  for (const Tensor& a : attentions) {
+    QKV_CHECK_ARG(a.dim() == 4 && a.size(0) == 1 && a.size(2) == t && a.size(3) == t, "[viz] attentions ",
+                  str(a.shape()), " must be (1, H, ", t, ", ", t, ") for ", t, " tokens");
+    const Tensor h = a.select(0, 0);  // (H, T, T)
+    prompt.layers.push_back(h.slice(1, 0, prompt_len).slice(2, 0, prompt_len));
+    if (t > prompt_len) reply.layers.push_back(h.slice(1, prompt_len, t));
+  }
+  plot::VizSnapshot snap;
+  snap.groups.push_back(std::move(prompt));
+  if (t > prompt_len) snap.groups.push_back(std::move(reply));
+  json::Value data = plot::viz_data({snap}, title);
+  data.set("prompt_tokens", prompt_len);
+  return data;
+}
+
+json::Value logit_lens(const models::LlamaForCausalLM& model, const text::Tokenizer& tokenizer,
+                       const std::vector<Tensor>& hidden_states, const std::vector<int64_t>& rows, int64_t offset,
+                       int64_t top) {
+  QKV_CHECK_ARG(!hidden_states.empty() && !rows.empty() && top >= 1, "[viz] the logit lens needs hidden states, ",
+                "rows and top >= 1, got ", hidden_states.size(), " levels, ", rows.size(), " rows, top ", top);
+  const auto levels = static_cast<int64_t>(hidden_states.size());
+  const Tensor& h0 = hidden_states[0];
+  QKV_CHECK_ARG(h0.dim() == 3 && h0.size(0) == 1, "[viz] hidden states ", str(h0.shape()), " must be (1, T, E)");
+  for (int64_t r : rows)
+    QKV_CHECK_ARG(r >= 0 && r < h0.size(1), "[viz] lens row ", r, " is outside [0, ", h0.size(1), ")");
+  const int64_t e = h0.size(2), k = std::min(top, model.config().vocab_size);
+  const int64_t cells = static_cast<int64_t>(rows.size()) * levels;  // (position, level), level fastest
+  std::vector<std::vector<std::pair<int64_t, float>>> best(static_cast<size_t>(cells));
+  std::map<int64_t, int64_t> used;  // token id -> index in the lens's token table
+  const nn::Context c;
+  constexpr int64_t kRowsAtOnce = 64;  // hidden states through one head product (its logits: 64 x V floats)
+  for (int64_t first = 0; first < cells; first += kRowsAtOnce) {
+    const int64_t n = std::min(kRowsAtOnce, cells - first);
+    Tensor x = Tensor::empty({n, e});
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t cell = first + r, l = cell % levels;
+      x.select(0, r).copy_from(hidden_states[static_cast<size_t>(l)].select(0, 0).select(0, rows[cell / levels]));
+    }
+    Tensor normed = model.model.norm.forward(c, ad::Var(x)).value.contiguous();
+    for (int64_t r = 0; r < n; ++r)
+      if ((first + r) % levels == levels - 1) normed.select(0, r).copy_from(x.select(0, r));  // normed already
+    const Tensor logits = model.head(c, ad::Var(normed)).value.contiguous();  // (n, V)
+    const int64_t v = logits.size(1);
+    std::vector<int64_t> order(static_cast<size_t>(v));
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = logits.data() + r * v;
+      const float mx = *std::max_element(row, row + v);
+      double sum = 0;
+      for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      auto& cell = best[static_cast<size_t>(first + r)];
+      for (int64_t q = 0; q < k; ++q) {
+        const int64_t id = order[static_cast<size_t>(q)];
+        cell.emplace_back(id, static_cast<float>(std::exp(static_cast<double>(row[id]) - mx) / sum));
+        used.emplace(id, 0);
+      }
+    }
+  }
+  json::Value table = json::Value::array(), table_ids = json::Value::array();
+  int64_t next = 0;
+  for (auto& [id, index] : used) {
+    index = next++;
+    table.push(tokenizer.is_special(id) ? tokenizer.token(id) : readable_token(tokenizer.decode_bytes({id})));
+    table_ids.push(id);
+  }
+  json::Value lens_ids = json::Value::array(), lens_probs = json::Value::array(), pos = json::Value::array();
+  for (int64_t r : rows) pos.push(offset + r);
+  for (const auto& cell : best)
+    for (const auto& [id, prob] : cell) {
+      lens_ids.push(used[id]);
+      lens_probs.push(std::round(static_cast<double>(prob) * 1e4) / 1e4);
+    }
+  json::Value lens = json::Value::object();
+  lens.set("positions", std::move(pos));    // P positions of the prompt + reply
+  lens.set("levels", levels);               // L + 1: the embeddings, then each layer
+  lens.set("top", k);
+  lens.set("tokens", std::move(table));     // the token table (readable), and their ids
+  lens.set("token_ids", std::move(table_ids));
+  lens.set("ids", std::move(lens_ids));     // (P, L + 1, top) indices into tokens, most likely first
+  lens.set("probs", std::move(lens_probs)); // (P, L + 1, top) probabilities
+  return lens;
+}
+
 json::Value llm_viz_data(const std::string& path, const std::string& text, int64_t generate, int64_t lens_positions,
                          int64_t lens_top) {
   QKV_CHECK_ARG(generate >= 0, "[viz] --generate must be >= 0, got ", generate);
@@ -118,87 +217,16 @@ json::Value llm_viz_data(const std::string& path, const std::string& text, int64
   fo.output_attentions = fo.output_hidden_states = true;
   models::CausalLMOutput out = model.forward(Ids{ids, {1, t}}, fo);
 
-  std::vector<std::string> tokens;
-  for (int64_t id : ids) tokens.push_back(tok.is_special(id) ? tok.token(id) : readable_token(tok.decode_bytes({id})));
-  plot::VizGroup prompt;
-  prompt.name = "prompt";
-  prompt.causal = true;
-  prompt.q_tokens.assign(tokens.begin(), tokens.begin() + prompt_len);
-  prompt.k_tokens = prompt.q_tokens;
-  plot::VizGroup reply;
-  reply.name = "reply";
-  reply.causal = true;
-  reply.q_tokens.assign(tokens.begin() + prompt_len, tokens.end());
-  reply.k_tokens = tokens;
-  for (Tensor& a : out.attentions) {
-    const Tensor h = a.select(0, 0);  // (H, T, T)
-    prompt.layers.push_back(h.slice(1, 0, prompt_len).slice(2, 0, prompt_len));
-    if (t > prompt_len) reply.layers.push_back(h.slice(1, prompt_len, t));
-  }
-  plot::VizSnapshot snap;
-  snap.groups.push_back(std::move(prompt));
-  if (t > prompt_len) snap.groups.push_back(std::move(reply));
+  const std::vector<std::string> tokens = page_tokens(tok, ids);
   std::string title = short_model_name(path) + ": \"" + (text.size() > 80 ? text.substr(0, 77) + "..." : text) + "\"";
-  json::Value data = plot::viz_data({snap}, title);
+  json::Value data = llm_page_data(out.attentions, tokens, prompt_len, title);
   out.attentions.clear();
 
-  // The logit lens: each hidden state through the final norm (the last one has had it) and the head.
   std::vector<int64_t> positions;
   for (int64_t p = std::max<int64_t>(0, t - lens_positions); p < t; ++p) positions.push_back(p);
-  const nn::Context c;
-  const auto levels = static_cast<int64_t>(out.hidden_states.size());
-  const int64_t k = std::min(lens_top, model.config().vocab_size);
-  std::vector<std::vector<std::pair<int64_t, float>>> top(positions.size() * static_cast<size_t>(levels));
-  std::map<int64_t, int64_t> used;  // token id -> index in the lens's token table
-  for (int64_t l = 0; l < levels; ++l) {
-    ad::Var x(rows_of(out.hidden_states[static_cast<size_t>(l)], positions));
-    if (l + 1 < levels) x = model.model.norm.forward(c, x);
-    const Tensor logits = model.head(c, x).value.contiguous();  // (P, V)
-    const int64_t v = logits.size(1);
-    for (size_t p = 0; p < positions.size(); ++p) {
-      const float* row = logits.data() + static_cast<int64_t>(p) * v;
-      const float mx = *std::max_element(row, row + v);
-      double sum = 0;
-      for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
-      std::vector<int64_t> order(static_cast<size_t>(v));
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-      auto& cell = top[p * static_cast<size_t>(levels) + static_cast<size_t>(l)];
-      for (int64_t r = 0; r < k; ++r) {
-        const int64_t id = order[static_cast<size_t>(r)];
-        cell.emplace_back(id, static_cast<float>(std::exp(static_cast<double>(row[id]) - mx) / sum));
-        used.emplace(id, 0);
-      }
-    }
-  }
-  json::Value table = json::Value::array(), table_ids = json::Value::array();
-  int64_t next = 0;
-  for (auto& [id, index] : used) {
-    index = next++;
-    table.push(tok.is_special(id) ? tok.token(id) : readable_token(tok.decode_bytes({id})));
-    table_ids.push(id);
-  }
-  json::Value lens_ids = json::Value::array(), lens_probs = json::Value::array(), pos = json::Value::array();
-  for (int64_t p : positions) pos.push(p);
-  for (const auto& cell : top)
-    for (const auto& [id, prob] : cell) {
-      lens_ids.push(used[id]);
-      lens_probs.push(std::round(static_cast<double>(prob) * 1e4) / 1e4);
-    }
-  json::Value lens = json::Value::object();
-  lens.set("positions", std::move(pos));    // P positions of the prompt + reply
-  lens.set("levels", levels);               // L + 1: the embeddings, then each layer
-  lens.set("top", k);
-  lens.set("tokens", std::move(table));     // the token table (readable), and their ids
-  lens.set("token_ids", std::move(table_ids));
-  lens.set("ids", std::move(lens_ids));     // (P, L + 1, top) indices into tokens, most likely first
-  lens.set("probs", std::move(lens_probs)); // (P, L + 1, top) probabilities
-  json::Value all = json::Value::array();
-  for (const std::string& s : tokens) all.push(s);
-  lens.set("text_tokens", std::move(all));  // every token of prompt + reply, for the position picker
+  json::Value lens = logit_lens(model, tok, out.hidden_states, positions, 0, lens_top);
+  lens.set("text_tokens", json::Value(tokens));  // every token of prompt + reply, for the position picker
   data.set("lens", std::move(lens));
-  data.set("prompt_tokens", prompt_len);
   return data;
 }
 
