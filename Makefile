@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 CMAKE_ARGS ?=
 SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench bench-lowp bench-llama fuzz experiments clean
+.PHONY: all deps configure build build-demo python demo test test-cpp test-asan test-tsan test-python test-consumer test-fuzz bench bench-lowp bench-llama bench-serve fuzz experiments clean
 
 all: build
 
@@ -114,6 +114,22 @@ bench-lowp: python
 bench-llama: python
 	$(PY) -m pip install -q -r scripts/requirements-bench.txt
 	OMP_NUM_THREADS=2 $(PY) bench/llama_cpp_bench.py --threads 2 --json out/bench/llama_cpp.json
+
+# `qkv serve` against llama.cpp's llama-server and llama-cpp-python's server on SmolLM2's GGUF, the same HTTP clients
+# (bench/serve_compare.py): 1 and 8 concurrent streams, the prefix cache's second turn; then the scheduler alone
+# (bench/serve_batch_bench). Builds llama-server from llama-cpp-python's source package the first time
+# (bench/build_llama_server.sh: it compiles llama.cpp, 15 minutes or more on 2 cores). Two threads each;
+# about 10 minutes of measurements.
+bench-serve: deps
+	$(PY) -m pip install -q -r scripts/requirements-bench.txt
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
+	cmake --build build-bench --target qkv_cli serve_batch_bench -j$(JOBS)
+	JOBS=$(JOBS) PY=$(PY) bash bench/build_llama_server.sh build-bench/llama-server
+	mkdir -p out/bench
+	OMP_NUM_THREADS=2 $(PY) bench/serve_compare.py --qkv build-bench/qkv \
+	  --llama-server build-bench/llama-server/build/bin/llama-server --threads 2 --json out/bench/serve_compare.json
+	OMP_NUM_THREADS=2 ./build-bench/bench/serve_batch_bench --model $(SMOLLM2_GGUF) --streams 8 --new 64 --prompt 32 \
+	  --repeats 3
 
 # Runs every libFuzzer target (clang-14: safetensors, .mo, TSV, WordPiece, run-directory JSON) for FUZZ_SECONDS
 # each on its seed corpus; fails on any crash. test-fuzz is the 30-second smoke run of each that `make test` runs.

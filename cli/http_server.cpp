@@ -2,6 +2,9 @@
 #ifdef QKV_HAVE_HTTPLIB
 #include "http_server.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 
@@ -9,6 +12,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -130,6 +134,55 @@ int bind_server(httplib::Server& svr, const std::string& host, int port) {
                              (err ? std::string(": ") + std::strerror(err) : std::string()));
   }
   return bound;
+}
+
+namespace {
+// The numeric host and the port of a socket address, as cpp-httplib writes a request's (getnameinfo, NI_NUMERICHOST).
+bool host_and_port(const sockaddr_storage& a, socklen_t len, std::string& host, int& port) {
+  char name[NI_MAXHOST];
+  char service[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, name, sizeof name, service, sizeof service,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  host = name;
+  port = std::atoi(service);
+  return true;
+}
+}  // namespace
+
+ClientConnection::ClientConnection(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  const int own = dirfd(dir);
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd == own) continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t local_len = sizeof local, remote_len = sizeof remote;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_len) != 0)
+      continue;  // not a socket, or not a connected one (the listener)
+    std::string local_host, remote_host;
+    int local_port = -1, remote_port = -1;
+    if (host_and_port(local, local_len, local_host, local_port) && local_port == req.local_port &&
+        host_and_port(remote, remote_len, remote_host, remote_port) && remote_port == req.remote_port &&
+        local_host == req.local_addr && remote_host == req.remote_addr) {
+      fd_ = fd;
+      break;
+    }
+  }
+  closedir(dir);
+}
+
+bool ClientConnection::closed() const {
+  if (fd_ < 0) return false;
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;  // nothing to read: still open
+  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  char c = 0;
+  const ssize_t n = recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 BodyRead read_body(const httplib::ContentReader& content, size_t max_body, std::string& body) {

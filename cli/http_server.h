@@ -1,7 +1,8 @@
 // The HTTP set-up both `qkv serve` modes share (the viewer's and the OpenAI API's): cpp-httplib's server with a
 // fixed pool of workers, short socket timeouts, no SO_REUSEPORT, refusals before any body is read (foreign Host or
-// Origin: 403; a declared Content-Length over the limit: 413; a header flood: 431), bodies read under one limit, and SIGINT / SIGTERM
-// turned into a callback on a thread of their own.
+// Origin: 403; a declared Content-Length over the limit: 413; a header flood: 431), bodies read under one limit, a
+// request's connection watched for its client hanging up, and SIGINT / SIGTERM turned into a callback on a thread of
+// their own.
 #pragma once
 
 #ifdef QKV_HAVE_HTTPLIB
@@ -46,6 +47,22 @@ void configure_server(httplib::Server& svr, const HttpOptions& options, ErrorWri
 // Binds host:port (port 0: any free one) and returns the port; std::runtime_error naming the address when it is in
 // use or cannot be bound.
 int bind_server(httplib::Server& svr, const std::string& host, int port);
+
+// The connection a request came on, to see whether its client is still there while a long answer is computed
+// (a request that is not streamed writes nothing until its end). cpp-httplib 0.11 gives a handler no socket, so it
+// is found once among the process's sockets by the request's four addresses and ports (one TCP connection has one
+// such tuple); it stays open while the handler runs on the connection's worker.
+class ClientConnection {
+ public:
+  explicit ClientConnection(const httplib::Request& req);
+  bool found() const { return fd_ >= 0; }
+  // true once the client has closed or reset the connection (its socket reads end-of-file or fails); false while
+  // it is open, while it has sent more (a pipelined request), or when the socket was not found.
+  bool closed() const;
+
+ private:
+  int fd_ = -1;
+};
 
 enum class BodyRead { kOk, kTooLarge, kFailed };
 BodyRead read_body(const httplib::ContentReader& content, size_t max_body, std::string& body);
