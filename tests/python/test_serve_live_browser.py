@@ -8,18 +8,10 @@ import pytest
 from selenium.webdriver.common.by import By
 
 import browser
-from test_serve_openai import start_server, stop_server
+from test_serve_live import server  # noqa: F401 (the module's server fixture)
 from test_viewer_browser import shoot, view
 
 PROMPT = "Name three colours of the rainbow."
-
-
-@pytest.fixture(scope="module")
-def server():
-    p, port = start_server("--parallel", "1")
-    yield port
-    rc = stop_server(p)
-    assert rc == 0, p.stderr.read()
 
 
 @pytest.fixture(scope="module")
