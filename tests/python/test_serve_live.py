@@ -2,11 +2,13 @@
 (no outside URL); POST /viz/generate streams the prompt's maps, then per new token its attention row of every
 layer x head (uint8: each head's row sums to 1 within the rounding) and its logit lens, then the end; its tokens and
 text equal /v1/chat/completions' greedy reply to the same messages; errors are one JSON line; one generation at a
-time (503 for a second), a client that hangs up frees it at once, and the OpenAI routes answer meanwhile."""
+time (503 for a second), a client that hangs up frees it at once, and the OpenAI routes answer meanwhile; a stop
+signal ends a live stream with an error event."""
 import base64
 import http.client
 import json
 import re
+import signal
 import socket
 import time
 
@@ -194,3 +196,18 @@ def test_one_generation_at_a_time_and_a_client_that_leaves_frees_it(server):
     assert [e["event"] for e in events][0] == "prompt" and events[-1]["event"] == "done"
     print(f"\nlive viewer: {per_token * 1000:.0f} ms an event at the start; slot free "
           f"{(time.time() - left) * 1000:.0f} ms after the hang-up")
+
+
+def test_a_stop_signal_ends_a_live_stream_with_an_error_event():
+    p, port = start_server("--parallel", "1")
+    try:
+        conn, r = open_stream(port, {"messages": messages(STORY), "max_tokens": 128})
+        assert [e["event"] for e in read_events(r, 2)] == ["prompt", "token"]
+        p.send_signal(signal.SIGTERM)
+        rest = read_events(r)
+        conn.close()
+        assert rest and "error" in rest[-1] and all("error" not in e for e in rest[:-1]), rest[-1:]
+        assert rest[-1]["error"]["type"] == "unavailable_error"
+        assert len(rest) < 127  # cut, not run to its end
+    finally:
+        assert stop_server(p) == 0, p.stderr.read()
