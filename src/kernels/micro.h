@@ -235,22 +235,23 @@ void micro(int64_t steps, const typename Dot<L>::Word* __restrict a, int64_t a_s
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int v = 0; v < C; ++v) t[r][v] = L::zero();
-  // `count` steps into the sums s.
+  // One k-step into the sums s; `count` of them, two at a time.
+  const auto step = [&](typename D::Sum(&s)[R][C]) {
+    typename D::B bv[C];
+#pragma GCC unroll 8
+    for (int v = 0; v < C; ++v) bv[v] = L::load(b + (v / kVecs) * b_panel + (v % kVecs) * L::kW);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const typename D::A av = L::set1(a[r]);
+#pragma GCC unroll 8
+      for (int v = 0; v < C; ++v) s[r][v] = D::step(s[r][v], av, bv[v]);
+    }
+    a += a_step;
+    b += kPanel;
+  };
   const auto run = [&](typename D::Sum(&s)[R][C], int64_t count) {
 #pragma GCC unroll 2
-    for (int64_t k = 0; k < count; ++k) {
-      typename D::B bv[C];
-#pragma GCC unroll 8
-      for (int v = 0; v < C; ++v) bv[v] = L::load(b + (v / kVecs) * b_panel + (v % kVecs) * L::kW);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const typename D::A av = L::set1(a[r]);
-#pragma GCC unroll 8
-        for (int v = 0; v < C; ++v) s[r][v] = D::step(s[r][v], av, bv[v]);
-      }
-      a += a_step;
-      b += kPanel;
-    }
+    for (int64_t k = 0; k < count; ++k) step(s);
   };
   if constexpr (D::kBlock == 0) {
     if constexpr (Out<L>::kPrefetchTail > 0) {
@@ -276,19 +277,7 @@ void micro(int64_t steps, const typename Dot<L>::Word* __restrict a, int64_t a_s
         for (int v = 0; v < C; ++v) s[r][v] = out.start(g, v);
       // Unrolled whole (a block is 16 steps): as a loop, GCC 12 stores the sums to the stack on each step.
 #pragma GCC unroll 16
-      for (int64_t k = 0; k < D::kBlock; ++k) {
-        typename D::B bv[C];
-#pragma GCC unroll 8
-        for (int v = 0; v < C; ++v) bv[v] = L::load(b + (v / kVecs) * b_panel + (v % kVecs) * L::kW);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          const typename D::A av = L::set1(a[r]);
-#pragma GCC unroll 8
-          for (int v = 0; v < C; ++v) s[r][v] = D::step(s[r][v], av, bv[v]);
-        }
-        a += a_step;
-        b += kPanel;
-      }
+      for (int64_t k = 0; k < D::kBlock; ++k) step(s);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
