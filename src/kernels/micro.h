@@ -1,9 +1,11 @@
 // Private (not installed): the register-blocked microkernel of the packed products, written once over lane traits
 // (highway's way): micro<Lanes, Rows, Cols, Dot, Out> with the dot product a policy (fp32 FMA, bf16 pairs, u8·s8
-// quads) and the epilogue another. Each ISA's translation unit (sgemm_avx512.cpp, lowp_avx512.cpp,
-// lowp_avxvnni.cpp) instantiates it with its own lanes; everything here has internal linkage, so each unit compiles
-// its own copy with its own flags and nothing built for one ISA can stand in for another's (the one-definition rule
-// holds by construction). Include only from files compiled with ISA flags.
+// quads, native or widened to int16 pairs) and the epilogue another. Each ISA's translation unit (sgemm_avx512.cpp,
+// lowp_avx512.cpp; lowp_avxvnni.cpp and lowp_avx2.cpp through micro_int8_256.h) instantiates it with its own lanes;
+// everything here has internal linkage, so each unit compiles its own copy with its own flags and nothing built for
+// one ISA can stand in for another's (the one-definition rule holds by construction). The AMX products keep their
+// tile walk (lowp_amx_impl.h); lowp.cpp's table per ISA picks every build. Include only from files compiled with
+// ISA flags.
 //
 // The packed layout (qkv/kernels/lowp.h, qkv/kernels/sgemm.h): A as [step][a_step] words (row r of a step at
 // a[r]), B as panels of 32 columns, [step][32] words, panels b_panel words apart. One k-step is one word: a float
