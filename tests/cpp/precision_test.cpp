@@ -417,6 +417,28 @@ TEST(Int8Kernels, PackedProductNonFiniteRowsAreNaNRowsOnEveryPath) {
   }
 }
 
+// Full-scale operands: every activation +127 (byte 255 after the +128 offset) or -127 (byte 1) against weights of
+// -127 / +127, so each quad's pair sums reach 2 · 255 · 127 = 64770, past int16 (where vpmaddubsw would saturate).
+// Every packed build, the vpmaddwd-widened avx2 one included, gives the exact product's bits.
+TEST(Int8Kernels, PackedProductExactAtFullScaleOnEveryPath) {
+  const int64_t m = 17, n = 35, k = 192;
+  std::vector<float> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+  for (int64_t i = 0; i < m * k; ++i) x[static_cast<size_t>(i)] = (i / 3) % 5 == 0 ? -2.0f : 2.0f;
+  for (int64_t i = 0; i < n * k; ++i) w[static_cast<size_t>(i)] = (i / 7) % 3 == 0 ? 0.5f : -0.5f;
+  kernels::Int8Rows a, b;
+  kernels::quantize_rows_int8(x.data(), m, k, k, a, false);
+  kernels::quantize_rows_int8(w.data(), n, k, k, b, true);
+  kernels::PackedB packed;
+  kernels::pack_int8(b.view(), packed);
+  std::vector<float> want(static_cast<size_t>(m * n));
+  kernels::portable::gemm_int8_block(a.view(), b.view(), nullptr, want.data(), n, 0, m, 0, n);
+  for (const PackedInt8Build& build : packed_int8_builds()) {
+    std::vector<float> c(want.size(), NAN);
+    build.block(a.view(), packed.view(), nullptr, c.data(), n, 0, m, 0, n);
+    EXPECT_EQ(c, want) << build.name;
+  }
+}
+
 // The packed bf16 product on its reference and, where the CPU has AVX512-BF16, on vdpbf16ps: within float32
 // accumulation slack (k·2^-23·Σ|x||w| per entry) of the float64 product of the bf16-rounded operands, on odd
 // shapes, one row, odd k, and views that start inside a panel. NaN and inf in x reach the output.
