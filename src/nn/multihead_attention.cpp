@@ -1,6 +1,8 @@
-// nn::MultiheadAttention: in-projection (packed or separate), heads split as strided views, one qkv::attention call,
-// heads merged and out_proj. Masks of any kind are combined into one mask broadcast over (B, H, Tq, Tk).
+// nn::MultiheadAttention: in-projection (packed or separate), heads split as strided views, the attention core
+// (nn::attend), heads merged and out_proj. Masks of any kind are combined into one mask broadcast over (B, H, Tq, Tk).
 #include "qkv/nn/multihead_attention.h"
+
+#include "qkv/nn/attention_core.h"
 #include "qkv/nn/init.h"
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/functional.h"
 #include "qkv/ops/matmul.h"
-#include "qkv/ops/positional/relative.h"
 
 namespace qkv::nn {
 namespace {
@@ -180,16 +181,13 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   const bool kv_same = !fixed && same_var(key, value);
   if (!o.cu_seqlens.empty()) {
     QKV_CHECK_ARG(!attn_bias.defined(), "[MultiheadAttention] packed input (cu_seqlens) takes no trained attn_bias");
-    QKV_CHECK_ARG(c.sequence_shard() == nullptr, "[MultiheadAttention] packed input (cu_seqlens), query ",
-                  shown(query), ": its attention is local, so it does not run with the sequence split across "
-                  "processes (context parallelism)");
     return forward_packed(c, query, key, value, o, self);
   }
   const bool unbatched = query.dim() == 2;
   const ad::Var q_in = unbatched ? ad::unsqueeze(query, 0) : query;
   const ad::Var k_in = fixed ? ad::Var() : unbatched ? ad::unsqueeze(key, 0) : key;
   const ad::Var v_in = fixed ? ad::Var() : unbatched ? ad::unsqueeze(value, 0) : value;
-  const int64_t E = embed_dim_, H = num_heads_, D = head_dim_;
+  const int64_t E = embed_dim_, H = num_heads_;
   const int64_t B = q_in.size(0), Tq = q_in.size(1);
   const int64_t Tn = fixed ? 0 : k_in.size(1);  // new keys of this call
   const int64_t Tk = (cache && cache->ready() ? cache->length() : 0) + Tn;
@@ -202,28 +200,6 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                   shown(query), ", key ", shown(key), " and value ", shown(value),
                   " disagree on batch, or key and value on length");
   }
-
-  // --- positions, scale and head gates: validate -----------------------------------------------------------
-  QKV_CHECK_ARG(!(fixed && (o.rotary || o.rel_k.defined())),
-                "[MultiheadAttention] rotary and relative positions need the keys' positions: not with kv_cache_fixed");
-  int64_t clip = 0;
-  if (o.rel_k.defined()) {
-    const Tensor& rk = o.rel_k.value;
-    clip = rk.dim() == 2 ? (rk.size(0) - 1) / 2 : 0;
-    QKV_CHECK_ARG(rk.dim() == 2 && rk.size(0) % 2 == 1 && rk.size(1) == D, "[MultiheadAttention] rel_k ",
-                  str(rk.shape()), " must be (2*clip+1, head_dim = ", D, ")");
-    QKV_CHECK_ARG(!o.rel_v.defined() || o.rel_v.value.shape() == rk.shape(), "[MultiheadAttention] rel_v ",
-                  o.rel_v.defined() ? str(o.rel_v.value.shape()) : "()", " must match rel_k ", str(rk.shape()));
-    QKV_CHECK_ARG(!attn_bias.defined(), "[MultiheadAttention] relative attention takes no trained attn_bias (",
-                  str(attn_bias.value.shape()), "); pass a constant options.attn_bias");
-    QKV_CHECK_ARG(!(training() && dropout_ > 0.0f), "[MultiheadAttention] relative attention has no weight dropout (",
-                  dropout_, " in training mode)");
-  } else {
-    QKV_CHECK_ARG(!o.rel_v.defined(), "[MultiheadAttention] rel_v ", str(o.rel_v.value.shape()),
-                  " is given without rel_k");
-  }
-  QKV_CHECK_ARG(!o.head_mask.defined() || o.head_mask.shape() == Shape{H}, "[MultiheadAttention] head_mask ",
-                o.head_mask.defined() ? str(o.head_mask.shape()) : "()", " must be (num_heads,) = ", str(Shape{H}));
 
   // --- masks: validate, then reduce to at most one mask broadcastable to (B, H, Tq, Tk) ---------------------
   std::vector<MaskPart> parts;
@@ -272,6 +248,10 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   // With a cache the new queries are the last Tq positions: causal aligns bottom-right.
   ao.causal = !o.is_causal ? Causal::kNone : cache ? Causal::kBottomRight : Causal::kTopLeft;
   ao.scale = o.scale;
+  ao.window_left = o.window_left;
+  ao.window_right = o.window_right;
+  ao.softcap = o.softcap;
+  ao.allow_empty = true;  // no query or no key: the op's zeros, as PyTorch
 
   // --- projections; heads as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) --------------------------------
   ad::Var qh, kh, vh;
@@ -282,88 +262,36 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
     vh = qkv[2];
   } else {
     qh = split_heads(project(c, q_in, 0, 1), 1)[0];
-    if (fixed) {
-      kh = ad::Var(cache->keys());
-      vh = ad::Var(cache->values());
-    } else if (packed_ && kv_same) {  // key is value (cross-attention on memory): one (2E, E) projection
+    if (packed_ && kv_same) {  // key is value (cross-attention on memory): one (2E, E) projection
       const std::vector<ad::Var> kv = split_heads(project(c, k_in, 1, 2), 2);
       kh = kv[0];
       vh = kv[1];
-    } else {
+    } else if (!fixed) {  // (a fixed cache's keys and values are read by attend)
       kh = split_heads(project(c, k_in, 1, 1), 1)[0];
       vh = split_heads(project(c, v_in, 2, 1), 1)[0];
     }
   }
-  if (o.rotary) {  // the new rows sit after the cache's positions
-    const int64_t offset = cache && cache->ready() ? cache->length() : 0;
-    qh = ad::rope(qh, offset, o.rotary_base);
-    kh = ad::rope(kh, offset, o.rotary_base);
-  }
-  const bool on_tape = qh.requires_grad() || kh.requires_grad() || vh.requires_grad() || attn_bias.requires_grad() ||
-                       o.rel_k.requires_grad() || o.rel_v.requires_grad();
-  if (cache) {
-    QKV_CHECK_ARG(!on_tape, "[MultiheadAttention] kv_cache is for inference; the Context records a tape");
-    if (!fixed) {
-      if (!cache->ready()) cache->reset(B, H, D);
-      cache->append(kh.value, vh.value);
-      kh = ad::Var(cache->keys());
-      vh = ad::Var(cache->values());
-    }
-  }
-
-  // --- attention (B, H, Tq, D) -------------------------------------------------------------------------------
-  const bool drop = training() && dropout_ > 0.0f;
-  const SequenceShard* shard = c.sequence_shard();
-  QKV_CHECK_ARG(shard == nullptr || (!drop && !o.need_weights && !cache && !attn_bias.defined() && !o.rotary &&
-                                     !o.rel_k.defined()),
-                "[MultiheadAttention] with the sequence split across processes (context parallelism), query ",
-                str(query.shape()), ": attention runs around the ring, which has no weight dropout, weights, KV "
-                "cache, trained bias, rotary or relative positions");
-  MhaResult result;
-  Tensor weights;  // (B, H, Tq, Tk) when asked for
-  ad::Var attn;
-  ao.allow_empty = true;  // no query or no key: the op's zeros, as PyTorch
-  if (drop) {
-    QKV_CHECK_ARG(c.dropout_rng() != nullptr, "[MultiheadAttention] dropout ", dropout_,
-                  " in training mode needs a dropout Rng in the Context");
-    ao.dropout_p = dropout_;
-    ao.dropout_rng = c.dropout_rng();
-  }
-  if (o.rel_k.defined() && B * Tq * Tk > 0) {
-    // Shaw relative attention, composed on the tape; with a cache the new queries sit at Tk - Tq + i.
-    const int64_t offset = cache ? Tk - Tq : 0;
-    attn = ad::relative_attention(qh, kh, vh, o.rel_k, o.rel_v, clip, ao, offset);
-    if (o.need_weights) {
-      AttentionOptions wo = ao;
-      wo.return_weights = true;
-      weights = relative_attention(qh.value, kh.value, vh.value, o.rel_k.value, o.rel_v.value, clip, wo, offset)
-                    .weights;
-    }
-  } else if (!on_tape && (o.need_weights || drop)) {
-    // Weights asked for, or dropped (the op drops the weights, as PyTorch, and returns the dropped ones).
-    ao = with_additive_bias(ao, attn_bias.value);
-    ao.return_weights = true;
-    AttentionResult r = attention(qh.value, kh.value, vh.value, ao);
-    weights = r.weights;
-    attn = ad::Var(r.out);
-  } else {
-    // The fused kernel: one node on a tape (composed there only for weight dropout or a trained bias).
-    ad::AttentionExtras ex;
-    ex.bias = attn_bias;
-    attn = shard != nullptr ? shard->attention(qh, kh, vh, ao) : ad::attention(qh, kh, vh, ao, ex);
-    if (o.need_weights) {  // on a tape: the (pre-dropout) weights, as a constant
-      AttentionOptions wo = with_additive_bias(ao, attn_bias.value);
-      wo.return_weights = true;
-      wo.dropout_p = 0.0f;
-      weights = attention(qh.value, kh.value, vh.value, wo).weights;
-    }
-  }
-
-  if (o.head_mask.defined()) attn = ad::mul(attn, ad::Var(o.head_mask.reshape({1, H, 1, 1})));
+  // --- the core: rotary, the cache, the shard, the op, the weights (B, H, Tq, D) ------------------------------
+  AttendOptions core;
+  core.op = "MultiheadAttention";
+  core.attention = ao;
+  core.bias = attn_bias;
+  core.dropout = training() ? dropout_ : 0.0f;
+  core.rotary.enabled = o.rotary;
+  core.rotary.base = o.rotary_base;
+  core.cache = cache;
+  core.cache_fixed = fixed;
+  core.rel_k = o.rel_k;
+  core.rel_v = o.rel_v;
+  core.head_mask = o.head_mask;
+  core.weights = o.need_weights ? AttendWeights::kWithOutput : AttendWeights::kNone;
+  const AttendResult attended = attend(c, qh, kh, vh, core);
 
   // --- merge heads (B, H, Tq, D) -> (B, Tq, H, D) -> (B, Tq, E), out_proj ----------------------------------
-  result.out = out_proj.forward(c, ad::reshape(ad::transpose(attn, 1, 2), {B, Tq, E}), o.out_proj_bias);
-  if (o.need_weights) result.weights = o.average_attn_weights ? mean_over_heads(weights) : weights;
+  MhaResult result;
+  result.out = out_proj.forward(c, ad::reshape(ad::transpose(attended.out, 1, 2), {B, Tq, E}), o.out_proj_bias);
+  if (o.need_weights)
+    result.weights = o.average_attn_weights ? mean_over_heads(attended.weights) : attended.weights;
   if (unbatched) {
     result.out = ad::squeeze(result.out, 0);
     if (result.weights.defined()) result.weights = result.weights.squeeze(0);
@@ -388,29 +316,27 @@ MhaResult MultiheadAttention::forward_packed(const Context& c, const ad::Var& qu
   QKV_CHECK_ARG(!(training() && dropout_ > 0.0f), "[MultiheadAttention] packed input (cu_seqlens) takes no "
                 "attention-weight dropout in training mode (dropout ", dropout_, ")");
   const int64_t N = query.size(0), E = embed_dim_, H = num_heads_, D = head_dim_;
-  int64_t max_len = 0;
-  for (size_t b = 0; b + 1 < o.cu_seqlens.size(); ++b)
-    max_len = std::max<int64_t>(max_len, o.cu_seqlens[b + 1] - o.cu_seqlens[b]);
-  // bf16 attention: q, k and v rounded once here, for every sequence (scores and softmax stay float32).
-  auto proj = [&](const ad::Var& x, int64_t which, int64_t n) {
-    ad::Var p = project(c, x, which, n);
-    return attention_precision() == Precision::kBFloat16 ? ad::round_to_bf16(p) : p;
-  };
   ad::Var qh, kh, vh;  // (N, H, D) views of the projections
   if (packed_ && self) {
-    std::vector<ad::Var> qkv = ad::split(ad::reshape(proj(query, 0, 3), {N, 3, H, D}), {1, 1, 1}, 1);
+    std::vector<ad::Var> qkv = ad::split(ad::reshape(project(c, query, 0, 3), {N, 3, H, D}), {1, 1, 1}, 1);
     qh = ad::squeeze(qkv[0], 1);
     kh = ad::squeeze(qkv[1], 1);
     vh = ad::squeeze(qkv[2], 1);
   } else {
-    qh = ad::reshape(proj(query, 0, 1), {N, H, D});
-    kh = ad::reshape(proj(key, 1, 1), {N, H, D});
-    vh = ad::reshape(proj(value, 2, 1), {N, H, D});
+    qh = ad::reshape(project(c, query, 0, 1), {N, H, D});
+    kh = ad::reshape(project(c, key, 1, 1), {N, H, D});
+    vh = ad::reshape(project(c, value, 2, 1), {N, H, D});
   }
-  AttentionOptions ao;
-  ao.causal = o.is_causal ? Causal::kTopLeft : Causal::kNone;
-  ao.scale = o.scale;
-  const ad::Var attn = ad::attention_varlen(qh, kh, vh, o.cu_seqlens, o.cu_seqlens, max_len, max_len, ao);
+  AttendOptions core;
+  core.op = "MultiheadAttention";
+  core.attention.precision = attention_precision();  // bf16: q, k and v rounded once for every sequence
+  core.attention.causal = o.is_causal ? Causal::kTopLeft : Causal::kNone;
+  core.attention.scale = o.scale;
+  core.attention.window_left = o.window_left;
+  core.attention.window_right = o.window_right;
+  core.attention.softcap = o.softcap;
+  core.cu_seqlens = o.cu_seqlens;
+  const ad::Var attn = attend(c, qh, kh, vh, core).out;
   MhaResult result;
   result.out = out_proj.forward(c, ad::reshape(attn, {N, E}), o.out_proj_bias);  // (N, H, D) contiguous: a view
   return result;

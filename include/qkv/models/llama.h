@@ -96,11 +96,16 @@ class LlamaAttention : public nn::Module {
   // no logit reads). Not under a sequence shard.
   // probs: null, or where the attention probabilities go, (B, Hq, Tq, T_keys) with T_keys every cached position
   // (the new ones included): recomputed exactly from q and the keys beside the fused kernel, which still gives the
-  // output (scale, soft-cap, window, causal alignment and GQA as the layer runs them). Not under a sequence shard.
+  // output (scale, soft-cap, window, causal alignment, mask and GQA as the layer runs them). Not under a sequence
+  // shard.
+  // attention_mask: undefined, or HF's (B, T_keys) padding mask over every key (the cached ones first): nonzero =
+  // the key takes part, combined with the causal mask and the window. A paged cache is then read through a gathered
+  // copy of its pages (a ragged one refuses it).
+  // Projections and head counts are this class's; everything else runs in the attention core (nn::attend).
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                   const std::vector<int64_t>* positions = nullptr,
                   const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0,
-                  Tensor* probs = nullptr) const;
+                  Tensor* probs = nullptr, const Tensor& attention_mask = Tensor()) const;
 
   nn::Linear q_proj, k_proj, v_proj, o_proj;
 

@@ -1,5 +1,6 @@
 // nn::MultiheadAttention: torch.nn.MultiheadAttention (batch_first=True) with the same parameter names and packing.
-// Heads are split as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) and handed to qkv::attention without a copy.
+// Heads are split as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) and handed to the attention core (nn::attend,
+// qkv/nn/attention_core.h) without a copy.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +69,12 @@ struct MhaForwardOptions {
   std::vector<int32_t> cu_seqlens;
   // false: out_proj runs without its bias, which the caller adds in what follows (a fused residual + LayerNorm).
   bool out_proj_bias = true;
+  // Sliding window as AttentionOptions' (FlashAttention's window_size = (left, right), -1 = unbounded, aligned
+  // bottom-right) and logit soft-capping c > 0 (scores c·tanh(scores / c)), handed to the op. Not under a
+  // sequence shard (the ring has no window).
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  float softcap = 0.0f;
 };
 
 // What forward returns: out (on the tape when the Context trains; a constant, read as out.value, in inference) and
