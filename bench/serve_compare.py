@@ -5,8 +5,9 @@ One server runs at a time (qkv serve, then each peer, then again for each repeat
 same thread count, warmed by one request, measured, stopped. The client is raw HTTP (one thread per stream): each of
 N concurrent streams sends streamed chat completions at temperature 0, one after the other, from a fixed prompt set
 with `max_tokens`; N = 1 and 8 by default. Per server and N:
-  total tokens/s   the completion tokens of every reply (the usage chunk's count; the content chunks where a server
-                   sends no usage) over the wall time from the first request to the last reply (prefills included);
+  total tokens/s   the completion tokens of every reply (the usage chunk's count; where a server sends none,
+                   max_tokens for a reply cut by it, the content chunks for one that stopped) over the wall time from
+                   the first request to the last reply (prefills included);
   TTFT             median time from sending a request to its first content chunk;
   per stream       median over the replies of (tokens - 1) / (last chunk - first chunk): the speed a reader sees;
   cores            the server's CPU seconds (/proc/PID/stat) over the wall seconds: the threads it really used.
@@ -243,15 +244,18 @@ def chat(port, messages, max_tokens):
                     finish = choice["finish_reason"]
     conn.close()
     t1 = time.perf_counter()
-    tokens = usage["completion_tokens"] if usage else chunks
-    return {"tokens": tokens, "counted": "usage" if usage else "chunks", "finish": finish, "text": text,
+    # Without a usage chunk: a reply cut by the budget has max_tokens tokens; one that stopped, its content chunks
+    # (one token each, or more where a chunk holds back a partial character).
+    tokens = usage["completion_tokens"] if usage else max_tokens if finish == "length" else chunks
+    return {"tokens": tokens, "chunks": chunks, "counted": "usage" if usage else "chunks", "finish": finish,
+            "text": text,
             "start": t0, "first": first, "last": last, "end": t1}
 
 
 def check_reply(rep, max_tokens, server):
-    ok = (rep["finish"] == "length" and rep["tokens"] == max_tokens) or \
+    ok = (rep["finish"] == "length" and rep["tokens"] == max_tokens and 1 <= rep["chunks"] <= max_tokens) or \
          (rep["finish"] == "stop" and 0 <= rep["tokens"] <= max_tokens)
-    if not ok or rep["first"] is None and rep["tokens"] > 0:
+    if not ok or (rep["first"] is None and rep["tokens"] > 0):
         raise RuntimeError(f"[serve_compare] {server}: a reply with {rep['tokens']} tokens ({rep['counted']}) and "
                            f"finish_reason {rep['finish']!r}, asked for {max_tokens}")
 
@@ -376,7 +380,7 @@ def main():
         base = summary["qkv"][n]["tokens_per_s"]
         for name in servers:
             m = summary[name][n]
-            counted = "" if m["counted"] == ["usage"] else " (tokens counted from chunks)"
+            counted = "" if m["counted"] == ["usage"] else " (no usage: max_tokens, or chunks at a stop)"
             print(f"| {name}{counted} | {n} | {m['tokens_per_s']:.1f} | {m['tokens_per_s'] / base:.2f}x | "
                   f"{m['ttft_ms']:.1f} | {m['per_stream_tokens_per_s']:.1f} | {m['cores']:.2f} |")
     if len(a.streams) > 1:
