@@ -82,8 +82,9 @@ void bind_bert(py::module_& m) {
       .def("id_to_token", &WordPieceTokenizer::id_to_token, py::arg("id"))
       .def_property_readonly("vocab_size", &WordPieceTokenizer::vocab_size);
 
-  py::class_<SentenceEncoder>(m, "SentenceEncoder",
-                              "A sentence-transformers BERT model folder (all-MiniLM-L6-v2) run by qkv.")
+  py::class_<SentenceEncoder> encoder(m, "SentenceEncoder",
+                                      "A sentence-transformers BERT model folder (all-MiniLM-L6-v2) run by qkv.");
+  encoder
       .def(py::init([](const py::object& path_obj, const std::string& precision) {
              const std::string path = fs_path(path_obj);
              const Precision p = parse_precision(precision);
@@ -153,22 +154,12 @@ void bind_bert(py::module_& m) {
           "padded keys; None for a layer outside attention_layers when given), else None; .hidden_states: L + 1 "
           "arrays (B, T, E), the embeddings then each layer's output, else None. The batch axis is dropped for 1-D "
           "ids. No pooler output (the folder's pooler weights are not loaded).")
-      .def(
-          "__call__",
-          [](const SentenceEncoder& e, const py::object& ids, const py::object& attention_mask,
-             const py::object& token_type_ids, bool output_attentions, bool output_hidden_states,
-             const py::object& attention_layers) {
-            return bert_outputs(e, ids, attention_mask, token_type_ids, output_attentions, output_hidden_states,
-                                attention_layers);
-          },
-          py::arg("ids"), py::arg("attention_mask") = py::none(), py::arg("token_type_ids") = py::none(),
-          py::arg("output_attentions") = false, py::arg("output_hidden_states") = false, py::kw_only(),
-          py::arg("attention_layers") = py::none(), "The same as forward.")
       .def_property_readonly("max_seq_length", &SentenceEncoder::max_seq_length)
       .def_property_readonly("embedding_dim", &SentenceEncoder::embedding_dim)
       .def_property_readonly("normalizes", &SentenceEncoder::normalizes)
       .def_property_readonly("precision",
                              [](const SentenceEncoder& e) { return std::string(precision_name(e.precision())); });
+  encoder.attr("__call__") = encoder.attr("forward");  // encoder(ids, ...), as transformers' model(...)
 }
 
 }  // namespace qkv::python
