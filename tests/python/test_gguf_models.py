@@ -1,4 +1,5 @@
-"""Tiny GGUFs of each weight type (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and Q4_K, Q5_K, Q6_K as random blocks) and
+"""Tiny GGUFs of each weight type (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and Q4_K, Q5_K, Q6_K and llama.cpp's Q4_K_M
+mix of Q4_K and Q6_K as random blocks) and
 architecture (llama untied and tied, qwen2, gemma2), written here with the gguf package from random transformers models
 (tensor names, metadata and llama's permuted attn_q / attn_k rows as llama.cpp's converter writes them), loaded by
 qkv.CausalLM.from_pretrained:
@@ -6,8 +7,8 @@ qkv.CausalLM.from_pretrained:
   file's dequantized weights, within float32 rounding;
 - precision=None (the file's weights read as stored, int8 activations per 32 for the integer types) stays within
   the activations' quantization error of those logits: no more than a few times the error that quantizing the
-  weights alone to Q8_0 (the same rounding, per 32 with an fp16 scale) causes; the K-quants and float types (read
-  as dequantized float32 rows) within float32 rounding."""
+  weights alone to Q8_0 (the same rounding, per 32 with an fp16 scale) causes; the float types (read as
+  dequantized float32 rows) within float32 rounding."""
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,7 @@ import transformers as hf
 import gguf
 import qkv
 
-TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"]
 ARCHS = ["llama", "llama-tied", "qwen2", "gemma2"]
 IDS = [[3, 17, 45, 9, 88, 2, 61, 30, 7, 12, 90, 5]]
 
@@ -78,11 +79,19 @@ def gguf_names(model, arch):
     return names
 
 
+def tensor_type(type_name, g_name):
+    """The type of one tensor: Q4_K_M as llama.cpp mixes it (attn_v, ffn_down and the output head Q6_K, the other
+    matrices Q4_K), else type_name."""
+    if type_name != "Q4_K_M":
+        return gguf.GGMLQuantizationType[type_name]
+    six = any(s in g_name for s in ("attn_v.", "ffn_down.", "output.weight"))
+    return gguf.GGMLQuantizationType.Q6_K if six else gguf.GGMLQuantizationType.Q4_K
+
+
 def write_gguf(path, model, arch, type_name):
     """The model as a GGUF whose matrices are of `type_name` (norms and biases F32); returns the dequantized weights
     under HF's names (what the file holds)."""
     c = model.config
-    qtype = gguf.GGMLQuantizationType[type_name]
     name = arch if arch in ("qwen2", "gemma2") else "llama"
     w = gguf.GGUFWriter(str(path), name)
     if arch == "gemma2":
@@ -107,6 +116,7 @@ def write_gguf(path, model, arch, type_name):
             t = llama_permute(t, heads)
         if arch == "gemma2" and "norm" in hf_name:
             t = t + 1.0  # llama.cpp stores Gemma's RMSNorm gains as 1 + w
+        qtype = tensor_type(type_name, g_name)
         if t.ndim == 2 and type_name in K_TYPES:  # random blocks (gguf-py cannot quantize K-quants)
             data = k_blocks(np.random.default_rng(len(held) + 7), qtype, *t.shape)
             back = gguf.quants.dequantize(data, qtype).reshape(t.shape)
@@ -131,7 +141,7 @@ def write_gguf(path, model, arch, type_name):
     return held
 
 
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 # Per K-quant type: where its fp16 super-block scales sit, and a size for them that keeps the weights near 0.05.
 K_SCALES = {"Q4_K": ((0, 2), 6e-5), "Q5_K": ((0, 2), 3e-5), "Q6_K": ((208,), 1.5e-5)}
 
@@ -192,10 +202,10 @@ def test_tiny_gguf_gives_the_logits_of_its_weights(tmp_path, arch, type_name, q8
     stored = qkv.CausalLM.from_pretrained(path).logits(IDS)
     assert np.isfinite(stored).all()
     err = rms(stored - want)
-    if type_name in ("F32", "F16") or wide:  # no integer product (yet): dequantized float32 rows
+    if type_name in ("F32", "F16"):  # no integer product: dequantized float32 rows
         assert err <= 1e-4 * float(np.abs(want).max()), err
     else:  # int8 activations per 32: the same rounding as Q8_0 weights, applied to the activations
-        assert 0 < err <= 3.0 * q8_error[arch, False], (err, q8_error[arch, False])  # > 0: the integer product ran
+        assert 0 < err <= 3.0 * q8_error[arch, wide], (err, q8_error[arch, wide])  # > 0: the integer product ran
 
 
 def test_gguf_tensor_without_a_place_is_refused_naming_it(tmp_path):
