@@ -1,12 +1,14 @@
 // output_attentions / output_hidden_states of the encoder and encoder-decoder models (HF's BaseModelOutput and
 // Seq2SeqLMOutput) and of the GPT-style decoder: shapes, rows that are distributions, 0 at masked keys, the last
 // hidden state the output itself, outputs unchanged by recording, attention_layers and the error paths.
+// The experiments' Tagger reads its per-layer maps from the same encoder records (TaggerRun::attention).
 // Llama's are in llama_outputs_test.cpp; transformers parity of BERT's in tests/python/test_model_outputs.py.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "../../src/experiments/tagger.h"
 #include "ops_testing.h"
 #include "qkv/models/bert.h"
 #include "qkv/models/outputs.h"
@@ -296,6 +298,28 @@ TEST(DecoderOnlyOutputs, CausalAttentionsAndHiddenStatesEndingAfterTheFinalNorm)
   o.output_attentions = true;
   o.attention_layers = {-1};
   expect_throw_with([&] { model.forward(ids, o); }, "[DecoderOnlyTransformer] attention layer -1 is outside [0, 2)");
+}
+
+// --- the experiments' Tagger: its head maps are the encoder stack's records ---------------------------------------
+
+TEST(TaggerOutputs, HeadMapsAreEachLayersDistributionsWithZeroAtPaddedKeys) {
+  experiments::TaggerConfig c;
+  c.vocab_in = c.vocab_out = 12;
+  Rng rng(12);
+  const experiments::Tagger m(c, rng);
+  const Ids ids{{4, 5, 6, 7, 8, 3, 2, 9, 0, 0}, {2, 5}};
+  std::vector<Tensor> maps;
+  experiments::TaggerRun run;
+  run.key_padding = Tensor::from_vector({2, 5}, {0, 0, 0, 0, 0, 0, 0, 0, 1, 1});
+  const Tensor plain = experiments::tagger_logits(m, ids, run);
+  run.attention = &maps;
+  const Tensor logits = experiments::tagger_logits(m, ids, run);
+  EXPECT_TRUE(AllClose(logits, plain, kRecordingTol));
+  ASSERT_EQ(maps.size(), 2u);
+  for (const Tensor& a : maps) {
+    ASSERT_EQ(a.shape(), (Shape{2, 4, 5, 5}));
+    expect_distributions(a, [](int64_t b, int64_t, int64_t j) { return b == 1 && j >= 3; }, "tagger");
+  }
 }
 
 }  // namespace
