@@ -126,122 +126,48 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   }
 }
 
-// Q6_K's top 2 bits of group h (bits 2h, 2h + 1 of each byte) at bits 4, 5 (as the avx512vnni build's top_bits).
-inline __m256i top_bits(__m256i v, int h) {
-  switch (h) {
-    case 0: return _mm256_slli_epi16(v, 4);
-    case 1: return _mm256_slli_epi16(v, 2);
-    case 2: return v;
-    default: return _mm256_srli_epi16(v, 2);
+// The avx2 build's lane traits for the K-quants' kernel (quant_gemm_simd.h rows_k): 8 rows per vector, half of a
+// repacked 16-row tile. vpmaddubsw never saturates there: 2 · 63 · 127 < 32767.
+struct V256 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static I zero() { return _mm256_setzero_si256(); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static I load(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I low_nibbles(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+  static I high_nibbles(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+  static I with_fifth_bits(I v, const uint8_t* mask) { return _mm256_or_si256(v, fifth_bits(mask)); }
+  static I with_top_bits(I v, I top, int h) {  // as the avx512vnni build's
+    const I s = h == 0 ? _mm256_slli_epi16(top, 4) : h == 1 ? _mm256_slli_epi16(top, 2)
+                : h == 2 ? top : _mm256_srli_epi16(top, 2);
+    return _mm256_or_si256(v, _mm256_and_si256(s, _mm256_set1_epi8(0x30)));
   }
-}
-
-// The K-quants on one half (8 rows) of a repacked 16-row tile (quant_gemm_impl.h k_tile_layout): the 32-bit lanes
-// of the half's 32 bytes are its 8 rows, so vpmaddubsw / vpmaddwd against the activations' broadcast 4-byte groups
-// leave the rows' sums in lanes (elements 0..15 and 16..31 apart), then quant_gemm_impl.h's k_term / k6_term in 8
-// lanes. vpmaddubsw never saturates: 2 · 63 · 127 < 32767.
-template <int kKind, int R>
-void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int half) {
-  const QuantActivations& a = *t.a;
-  const int64_t nb = a.blocks;
-  const KTileLayout l = k_tile_layout(kKind, nb);
-  const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
-  const int8_t* xq[R];
-  for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  __m256 d = _mm256_setzero_ps(), dmin = _mm256_setzero_ps();
-  const auto fp16x8 = [](const uint8_t* p) {
+  static I dot(I acc, I w, int32_t group) {
+    const I pairs = _mm256_maddubs_epi16(w, _mm256_set1_epi32(group));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub_i(I a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F scales_u8(const uint8_t* p) {
+    return cvt(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F scales_s8(const uint8_t* p) {
+    return cvt(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F fp16(const uint8_t* p) {
     return fp16_lanes_to_float(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  };
-  for (int64_t b = 0; b < nb; ++b) {
-    if (b % 8 == 0) {
-      const uint8_t* dp = tile + l.d + b / 8 * (kKind == 7 ? 32 : 64) + 16 * half;
-      d = fp16x8(dp);
-      if constexpr (kKind != 7) dmin = fp16x8(dp + 32);
-    }
-    const uint8_t* v = tile + b * 256 + 32 * half;
-    __m256i top_lo = _mm256_setzero_si256(), top_hi = _mm256_setzero_si256();
-    if constexpr (kKind == 7) {
-      top_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + l.hi + b * 128 + 32 * half));
-      top_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + l.hi + b * 128 + 64 + 32 * half));
-    }
-    __m256i s0[R], s1[R];
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
-    for (int h = 0; h < 4; ++h) {
-      const __m256i pv = _mm256_load_si256(reinterpret_cast<const __m256i*>(v + h * 64));
-      __m256i lo = _mm256_and_si256(pv, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(pv, 4), nibble);
-      if constexpr (kKind == 6) {  // the masks' bits 32 half .. of groups h and h + 4
-        lo = _mm256_or_si256(lo, fifth_bits(tile + l.hi + b * 64 + h * 8 + 4 * half));
-        hi = _mm256_or_si256(hi, fifth_bits(tile + l.hi + b * 64 + (h + 4) * 8 + 4 * half));
-      }
-      if constexpr (kKind == 7) {
-        lo = _mm256_or_si256(lo, _mm256_and_si256(top_bits(top_lo, h), top));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(top_bits(top_hi, h), top));
-      }
-      for (int r = 0; r < R; ++r) {
-        int32_t gl, gh;
-        std::memcpy(&gl, xq[r] + b * kQK + 4 * h, 4);
-        std::memcpy(&gh, xq[r] + b * kQK + 16 + 4 * h, 4);
-        s0[r] = _mm256_add_epi32(s0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(gl)), ones));
-        s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(gh)), ones));
-      }
-    }
-    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tile + l.sc + b * 32 + 8 * half));
-    const __m128i sc2 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tile + l.sc + b * 32 + 16 + 8 * half));
-    for (int r = 0; r < R; ++r) {
-      const size_t o = static_cast<size_t>((i0 + r) * a.blocks + b);
-      const __m256 dx = _mm256_set1_ps(a.d[o]);
-      __m256 term;
-      if constexpr (kKind == 7) {  // k6_term
-        const __m256 dsc_lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-        const __m256 dsc_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2)));
-        const __m256i lo = _mm256_sub_epi32(s0[r], _mm256_set1_epi32(32 * a.sum_lo[o]));
-        const __m256i hi = _mm256_sub_epi32(s1[r], _mm256_set1_epi32(32 * (a.sum[o] - a.sum_lo[o])));
-        term = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(dsc_lo, dx)),
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dsc_hi, dx)));
-      } else {  // k_term
-        const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
-        const __m256 mm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc2)));
-        term = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0[r], s1[r])), _mm256_mul_ps(dsc, dx));
-        term = _mm256_sub_ps(term, _mm256_mul_ps(mm, _mm256_set1_ps(a.d[o] * static_cast<float>(a.sum[o]))));
-      }
-      acc[r] = _mm256_add_ps(acc[r], term);
-    }
   }
-  for (int r = 0; r < R; ++r) {
-    __m256 y = acc[r];
-    if (t.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(t.bias + j0));
-    _mm256_storeu_ps(t.y + (i0 + r) * t.ldy + j0, y);
+  static void prefetch(const uint8_t*, int64_t, int64_t, int64_t) {}
+  static void store(float* y, F v, const float* bias) {
+    _mm256_storeu_ps(y, bias ? _mm256_add_ps(v, _mm256_loadu_ps(bias)) : v);
   }
-}
-
-// A K-quant tile of 8 columns: its half of the matrix's repacked 16-row tile, or (no repacked copy) its 8 rows
-// packed into scratch first.
-template <int kKind>
-void tile_k(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  const QuantMatrix& w = *t.w;
-  const uint8_t* tile = nullptr;
-  int half = 0;
-  if (w.packed && j0 / kPackRows < w.rows / kPackRows) {  // rows past the last whole 16-row tile have none
-    tile = w.packed + j0 / kPackRows * w.packed_stride;
-    half = static_cast<int>(j0 / kTile % 2);
-  } else {
-    const int64_t bytes = packed_tile_bytes(w.type, w.cols);
-    if (scratch.size() < static_cast<size_t>(bytes + 64)) scratch.resize(static_cast<size_t>(bytes + 64));
-    uint8_t* base = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
-    pack_tile(w.type, w.data + j0 * w.row_bytes, w.row_bytes, kTile, w.cols, base);
-    tile = base;
-  }
-  int64_t i = 0;
-  for (; i + 4 <= t.a->rows; i += 4) rows_k<kKind, 4>(t, j0, i, tile, half);
-  switch (t.a->rows - i) {
-    case 3: return rows_k<kKind, 3>(t, j0, i, tile, half);
-    case 2: return rows_k<kKind, 2>(t, j0, i, tile, half);
-    case 1: return rows_k<kKind, 1>(t, j0, i, tile, half);
-    default: return;
-  }
-}
+};
 
 }  // namespace
 
@@ -252,9 +178,9 @@ void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     case 2: return tile_kind<2>(t, j0, scratch);
     case 3: return tile_kind<3>(t, j0, scratch);
     case 4: return tile_kind<4>(t, j0, scratch);
-    case 5: return tile_k<5>(t, j0, scratch);
-    case 6: return tile_k<6>(t, j0, scratch);
-    default: return tile_k<7>(t, j0, scratch);
+    case 5: return tile_k<V256, 5>(t, j0, scratch);
+    case 6: return tile_k<V256, 6>(t, j0, scratch);
+    default: return tile_k<V256, 7>(t, j0, scratch);
   }
 }
 

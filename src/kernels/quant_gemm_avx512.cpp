@@ -5,7 +5,6 @@
 // once column-interleaved), and quant_gemm_impl.h's float epilogue in 16 lanes. The K-quants always run on
 // repacked tiles (the matrix's copy, or one packed into scratch), with sums per 16-element half.
 #include <limits>
-#include <type_traits>
 
 #include "qkv/core/half.h"
 #include "quant_gemm_simd.h"
@@ -118,19 +117,6 @@ struct TileRows {
 
 inline __m512 head_d(__m512i head) { return fp16_lanes_to_float512(head); }
 inline __m512 head_m(__m512i head) { return fp16_lanes_to_float512(_mm512_srli_epi32(head, 16)); }
-
-// f(std::integral_constant<int, R>, i0) over the activation rows in groups of R = 4, then the 1..3 left.
-template <class F>
-inline void row_groups(int64_t rows, F&& f) {
-  int64_t i = 0;
-  for (; i + 4 <= rows; i += 4) f(std::integral_constant<int, 4>{}, i);
-  switch (rows - i) {
-    case 3: return f(std::integral_constant<int, 3>{}, i);
-    case 2: return f(std::integral_constant<int, 2>{}, i);
-    case 1: return f(std::integral_constant<int, 1>{}, i);
-    default: return;
-  }
-}
 
 // Up to 4 activation rows (decode, small batches): each block's operands built in registers and used at once.
 template <int kKind, int R>
@@ -296,112 +282,52 @@ void tile_packed(const TileArgs& t, int64_t j0) {
   row_groups(t.a->rows, [&](auto r, int64_t i) { rows_packed<kKind, decltype(r)::value>(t, j0, i, tile); });
 }
 
-// Q6_K's top 2 bits of group h (h = 0..3, at bits 2h, 2h + 1 of each byte) moved to bits 4, 5 (other bits: don't
-// care; the 16-bit shifts move bits across bytes only below bit 4 or above bit 5).
-inline __m512i top_bits(__m512i v, int h) {
-  switch (h) {
-    case 0: return _mm512_slli_epi16(v, 4);
-    case 1: return _mm512_slli_epi16(v, 2);
-    case 2: return v;
-    default: return _mm512_srli_epi16(v, 2);
+// The avx512vnni build's lane traits for the K-quants' kernel (quant_gemm_simd.h rows_k): 16 rows per vector.
+struct V512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static I zero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static I load(const uint8_t* p) { return _mm512_load_si512(p); }
+  static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static I with_fifth_bits(I v, const uint8_t* mask) {
+    uint64_t m;
+    std::memcpy(&m, mask, 8);
+    return _mm512_or_si512(v, _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
   }
-}
-
-// The K-quants on a repacked tile (quant_gemm_impl.h k_tile_layout): per block of 32 the nibble vectors with their
-// high bits, vpdpbusd against the activations' broadcast 4-byte groups with elements 0..15 (low nibbles) and
-// 16..31 (high nibbles) summed apart, and quant_gemm_impl.h's k_term / k6_term in 16 lanes; R <= 4 activation
-// rows share each load of the weights.
-template <int kKind, int R>
-void rows_packed_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride) {
-  const QuantActivations& a = *t.a;
-  const int64_t nb = a.blocks, lines = stride / 64;
-  const KTileLayout l = k_tile_layout(kKind, nb);
-  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-  const int8_t* xq[R];
-  for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  // Q6_K: v | the top 2 bits of group h (bits 2h, 2h + 1 of each byte of top) at bits 4, 5. The 16-bit shifts move
+  // bits across bytes only below bit 4 or above bit 5.
+  static I with_top_bits(I v, I top, int h) {
+    const I s = h == 0 ? _mm512_slli_epi16(top, 4) : h == 1 ? _mm512_slli_epi16(top, 2)
+                : h == 2 ? top : _mm512_srli_epi16(top, 2);
+    return _mm512_ternarylogic_epi32(v, s, _mm512_set1_epi8(0x30), 0xF8);  // v | (s & 0x30)
+  }
+  static I dot(I acc, I w, int32_t group) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(group)); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub_i(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F scales_u8(const uint8_t* p) {
+    return cvt(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F scales_s8(const uint8_t* p) {
+    return cvt(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F fp16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
+  static void prefetch(const uint8_t* tile, int64_t stride, int64_t b, int64_t nb) {  // as rows_packed
+    const int64_t lines = stride / 64;
     for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
       _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
-    if (b % 8 == 0) {
-      const uint8_t* dp = tile + l.d + b / 8 * (kKind == 7 ? 32 : 64);
-      d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(dp)));
-      if constexpr (kKind != 7) dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(dp + 32)));
-    }
-    const uint8_t* v = tile + b * 256;
-    __m512i top_lo = _mm512_setzero_si512(), top_hi = _mm512_setzero_si512();
-    if constexpr (kKind == 7) {
-      top_lo = _mm512_load_si512(tile + l.hi + b * 128);
-      top_hi = _mm512_load_si512(tile + l.hi + b * 128 + 64);
-    }
-    __m512i s0[R], s1[R];
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_si512();
-    for (int h = 0; h < 4; ++h) {
-      const __m512i pv = _mm512_load_si512(v + h * 64);
-      __m512i lo = _mm512_and_si512(pv, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(pv, 4), nibble);
-      if constexpr (kKind == 6) {
-        uint64_t mlo, mhi;
-        std::memcpy(&mlo, tile + l.hi + b * 64 + h * 8, 8);
-        std::memcpy(&mhi, tile + l.hi + b * 64 + (h + 4) * 8, 8);
-        lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(mlo, _mm512_set1_epi8(0x10)));
-        hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mhi, _mm512_set1_epi8(0x10)));
-      }
-      if constexpr (kKind == 7) {  // lo | (top & 0x30)
-        lo = _mm512_ternarylogic_epi32(lo, top_bits(top_lo, h), top, 0xF8);
-        hi = _mm512_ternarylogic_epi32(hi, top_bits(top_hi, h), top, 0xF8);
-      }
-      for (int r = 0; r < R; ++r) {
-        int32_t gl, gh;
-        std::memcpy(&gl, xq[r] + b * kQK + 4 * h, 4);
-        std::memcpy(&gh, xq[r] + b * kQK + 16 + 4 * h, 4);
-        s0[r] = _mm512_dpbusd_epi32(s0[r], lo, _mm512_set1_epi32(gl));
-        s1[r] = _mm512_dpbusd_epi32(s1[r], hi, _mm512_set1_epi32(gh));
-      }
-    }
-    const __m128i sc = _mm_load_si128(reinterpret_cast<const __m128i*>(tile + l.sc + b * 32));
-    const __m128i sc2 = _mm_load_si128(reinterpret_cast<const __m128i*>(tile + l.sc + b * 32 + 16));
-    for (int r = 0; r < R; ++r) {
-      const size_t o = static_cast<size_t>((i0 + r) * a.blocks + b);
-      const __m512 dx = _mm512_set1_ps(a.d[o]);
-      __m512 term;
-      if constexpr (kKind == 7) {  // k6_term: the unsigned values' sums less 32 · Σq of their half
-        const __m512 dsc_lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-        const __m512 dsc_hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc2)));
-        const __m512i lo = _mm512_sub_epi32(s0[r], _mm512_set1_epi32(32 * a.sum_lo[o]));
-        const __m512i hi = _mm512_sub_epi32(s1[r], _mm512_set1_epi32(32 * (a.sum[o] - a.sum_lo[o])));
-        term = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dsc_lo, dx)),
-                             _mm512_mul_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(dsc_hi, dx)));
-      } else {  // k_term
-        const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
-        const __m512 mm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc2)));
-        term = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[r], s1[r])), _mm512_mul_ps(dsc, dx));
-        term = _mm512_sub_ps(term, _mm512_mul_ps(mm, _mm512_set1_ps(a.d[o] * static_cast<float>(a.sum[o]))));
-      }
-      acc[r] = _mm512_add_ps(acc[r], term);
-    }
   }
-  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
-}
-
-// A K-quant tile: the matrix's repacked copy, or (a matrix without one) its rows packed into scratch first.
-template <int kKind>
-void tile_k(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  const QuantMatrix& w = *t.w;
-  const uint8_t* tile = nullptr;
-  int64_t stride = w.packed_stride;
-  if (w.packed) {
-    tile = w.packed + j0 / kTile * stride;
-  } else {
-    stride = (packed_tile_bytes(w.type, w.cols) + 63) / 64 * 64;
-    if (scratch.size() < static_cast<size_t>(stride + 64)) scratch.resize(static_cast<size_t>(stride + 64));
-    uint8_t* base = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
-    pack_tile(w.type, w.data + j0 * w.row_bytes, w.row_bytes, kTile, w.cols, base);
-    tile = base;
+  static void store(float* y, F v, const float* bias) {
+    _mm512_storeu_ps(y, bias ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v);
   }
-  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_packed_k<kKind, decltype(r)::value>(t, j0, i, tile, stride); });
-}
+};
 
 template <int kKind>
 void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
@@ -460,9 +386,9 @@ void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     case 2: return tile_kind<2>(t, j0, scratch);
     case 3: return tile_kind<3>(t, j0, scratch);
     case 4: return tile_kind<4>(t, j0, scratch);
-    case 5: return tile_k<5>(t, j0, scratch);
-    case 6: return tile_k<6>(t, j0, scratch);
-    default: return tile_k<7>(t, j0, scratch);
+    case 5: return tile_k<V512, 5>(t, j0, scratch);
+    case 6: return tile_k<V512, 6>(t, j0, scratch);
+    default: return tile_k<V512, 7>(t, j0, scratch);
   }
 }
 

@@ -1,12 +1,14 @@
-// 256-bit helpers of the quantized product's SIMD builds: a block's 32 integer values as int8 lanes, and 8 fp16
-// scales to float32 exactly. Included by quant_gemm_avx2.cpp and quant_gemm_avx512.cpp only, each compiling its own
-// copy (internal linkage) with its own flags.
+// Shared by the quantized product's SIMD builds: 256-bit helpers (a block's 32 integer values as int8 lanes, 8 fp16
+// scales to float32 exactly) and the K-quants' kernel written once over lane traits. Included by
+// quant_gemm_avx2.cpp and quant_gemm_avx512.cpp only, each compiling its own copy (internal linkage) with its flags.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "quant_gemm_impl.h"
 
@@ -59,6 +61,111 @@ inline __m256 fp16_lanes_to_float(__m256i v) {
   __m256i bits = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x400), em));
   bits = _mm256_blendv_epi8(bits, special, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF)));
   return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
+}
+
+// f(std::integral_constant<int, R>, i0) over the activation rows in groups of R = 4, then the 1..3 left.
+template <class F>
+inline void row_groups(int64_t rows, F&& f) {
+  int64_t i = 0;
+  for (; i + 4 <= rows; i += 4) f(std::integral_constant<int, 4>{}, i);
+  switch (rows - i) {
+    case 3: return f(std::integral_constant<int, 3>{}, i);
+    case 2: return f(std::integral_constant<int, 2>{}, i);
+    case 1: return f(std::integral_constant<int, 1>{}, i);
+    default: return;
+  }
+}
+
+// The K-quants on a repacked 16-row tile (quant_gemm_impl.h k_tile_layout), written once over the vector width.
+// V, the lane traits of a build, holds V::kLanes weight rows in the 32-bit lanes of a vector (part `part` of the
+// tile: rows kLanes · part ..): per block of 32 the nibble vectors with their high bits, the exact sums of
+// elements 0..15 (low nibbles) and 16..31 (high nibbles) apart against the activations' broadcast 4-byte groups
+// (V::dot), and quant_gemm_impl.h's k_term / k6_term in lanes; R <= 4 activation rows share each load.
+template <class V, int kKind, int R>
+void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride, int part) {
+  using I = typename V::I;
+  using F = typename V::F;
+  const QuantActivations& a = *t.a;
+  const int64_t nb = a.blocks;
+  const KTileLayout l = k_tile_layout(kKind, nb);
+  const int64_t at = part * V::kLanes * 4;  // this part's bytes in a 64-byte vector of the tile
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
+  F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::fzero();
+  F d = V::fzero(), dmin = V::fzero();
+  for (int64_t b = 0; b < nb; ++b) {
+    V::prefetch(tile, stride, b, nb);
+    if (b % 8 == 0) {
+      const uint8_t* dp = tile + l.d + b / 8 * (kKind == 7 ? 32 : 64) + at / 2;
+      d = V::fp16(dp);
+      if constexpr (kKind != 7) dmin = V::fp16(dp + 32);
+    }
+    I top_lo = V::zero(), top_hi = V::zero();
+    if constexpr (kKind == 7) {
+      top_lo = V::load(tile + l.hi + b * 128 + at);
+      top_hi = V::load(tile + l.hi + b * 128 + 64 + at);
+    }
+    I s0[R], s1[R];
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = V::zero();
+    for (int h = 0; h < 4; ++h) {
+      const I pv = V::load(tile + b * 256 + h * 64 + at);
+      I lo = V::low_nibbles(pv), hi = V::high_nibbles(pv);
+      if constexpr (kKind == 6) {  // the masks' bits of this part, groups h and h + 4
+        lo = V::with_fifth_bits(lo, tile + l.hi + b * 64 + h * 8 + at / 8);
+        hi = V::with_fifth_bits(hi, tile + l.hi + b * 64 + (h + 4) * 8 + at / 8);
+      }
+      if constexpr (kKind == 7) {
+        lo = V::with_top_bits(lo, top_lo, h);
+        hi = V::with_top_bits(hi, top_hi, h);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t gl, gh;
+        std::memcpy(&gl, xq[r] + b * kQK + 4 * h, 4);
+        std::memcpy(&gh, xq[r] + b * kQK + 16 + 4 * h, 4);
+        s0[r] = V::dot(s0[r], lo, gl);
+        s1[r] = V::dot(s1[r], hi, gh);
+      }
+    }
+    const uint8_t* sc = tile + l.sc + b * 32 + at / 4;
+    for (int r = 0; r < R; ++r) {
+      const size_t o = static_cast<size_t>((i0 + r) * a.blocks + b);
+      const F dx = V::set1(a.d[o]);
+      F term;
+      if constexpr (kKind == 7) {  // k6_term: the unsigned values' sums less 32 · Σq of their half
+        const F dsc_lo = V::mul(d, V::scales_s8(sc)), dsc_hi = V::mul(d, V::scales_s8(sc + 16));
+        const I lo = V::sub_i(s0[r], 32 * a.sum_lo[o]), hi = V::sub_i(s1[r], 32 * (a.sum[o] - a.sum_lo[o]));
+        term = V::add(V::mul(V::cvt(lo), V::mul(dsc_lo, dx)), V::mul(V::cvt(hi), V::mul(dsc_hi, dx)));
+      } else {  // k_term
+        const F dsc = V::mul(d, V::scales_u8(sc)), mm = V::mul(dmin, V::scales_u8(sc + 16));
+        term = V::mul(V::cvt(V::add_i(s0[r], s1[r])), V::mul(dsc, dx));
+        term = V::sub(term, V::mul(mm, V::set1(a.d[o] * static_cast<float>(a.sum[o]))));
+      }
+      acc[r] = V::add(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
+}
+
+// The V::kLanes columns from j0 of a K-quant matrix: their part of its repacked 16-row tile, or (rows without one)
+// those rows packed into scratch first.
+template <class V, int kKind>
+void tile_k(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  const QuantMatrix& w = *t.w;
+  const uint8_t* tile = nullptr;
+  int64_t stride = w.packed_stride;
+  int part = 0;
+  if (w.packed && j0 / kPackRows < w.rows / kPackRows) {
+    tile = w.packed + j0 / kPackRows * stride;
+    part = static_cast<int>(j0 % kPackRows / V::kLanes);
+  } else {
+    stride = (packed_tile_bytes(w.type, w.cols) + 63) / 64 * 64;
+    if (scratch.size() < static_cast<size_t>(stride + 64)) scratch.resize(static_cast<size_t>(stride + 64));
+    uint8_t* base = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
+    pack_tile(w.type, w.data + j0 * w.row_bytes, w.row_bytes, V::kLanes, w.cols, base);
+    tile = base;
+  }
+  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_k<V, kKind, decltype(r)::value>(t, j0, i, tile, stride, part); });
 }
 
 }  // namespace
