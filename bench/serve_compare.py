@@ -21,7 +21,7 @@ Peers: `llama-server` (llama.cpp's own server, `bench/build_llama_server.sh` bui
 llama-cpp-python's source package; `-t/-tb THREADS -np PARALLEL -c PARALLEL*CTX`, continuous batching) and
 `llama-cpp-python` (`python -m llama_cpp.server`, `--n_threads/--n_threads_batch THREADS`; it answers one request
 at a time behind a lock, and by default a new request interrupts the running stream: `--interrupt_requests False`
-keeps them all). The peer's thread count is read back from its log (llama-server's system_info line).
+keeps them all). llama-server's thread count and slots are read back from its log.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/serve_compare.py --qkv build-bench/qkv \\
         --llama-server build-bench/llama-server/build/bin/llama-server [--threads 2] [--repeats 3] [--json out.json]
@@ -165,11 +165,15 @@ def start(name, a, gguf, parallel):
                 "--interrupt_requests", "False"]
     s = Server(name, argv, env, port)
     if name == "llama-server":
-        m = re.search(r"n_threads = (\d+) \(n_threads_batch = (\d+)\)", s.log())
-        if not m or int(m.group(1)) != a.threads or int(m.group(2)) != a.threads:
+        # Its log: "llama threadpool init, n_threads = T" per thread pool, "n_slots = P, n_ctx_slot = C".
+        log = s.log()
+        threads = [int(t) for t in re.findall(r"threadpool init, n_threads = (\d+)", log)]
+        slots = re.search(r"n_slots = (\d+), n_ctx_slot = (\d+)", log)
+        if not threads or set(threads) != {a.threads} or not slots or \
+                (int(slots.group(1)), int(slots.group(2))) != (parallel, a.ctx):
             s.stop()
-            raise RuntimeError(f"[serve_compare] llama-server does not report n_threads = {a.threads}: "
-                               f"{m.group(0) if m else 'no system_info line'}")
+            raise RuntimeError(f"[serve_compare] llama-server does not report {a.threads} threads and {parallel} slots "
+                               f"of {a.ctx} tokens: threads {threads}, {slots.group(0) if slots else 'no slot line'}")
     return s
 
 
@@ -178,7 +182,7 @@ def versions(a, peers):
     out["qkv"] = subprocess.run([a.qkv, "--version"], capture_output=True, text=True).stdout.strip() or "qkv"
     if "llama-server" in peers:
         r = subprocess.run([a.llama_server, "--version"], capture_output=True, text=True)
-        m = re.search(r"version: (\S+ \(\w+\))", r.stdout + r.stderr)
+        m = re.search(r"version: (.+)", r.stdout + r.stderr)
         out["llama-server"] = "llama-server " + (m.group(1) if m else "unknown")
     if "llama-cpp-python" in peers:
         import llama_cpp
