@@ -150,10 +150,66 @@ std::string byte_token_name(uint8_t b) {
   return std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
 }
 
-struct PairHash {
-  size_t operator()(const std::pair<int64_t, int64_t>& p) const {
-    return std::hash<int64_t>()(p.first * 1000003 + p.second);
+class BpeTokenizer;
+
+// Token string -> vocabulary id: open addressing over the ids alone (the strings stay in the tokenizer's one token
+// list), linear probing, at most half full. The first id of a string wins, as HF's vocab map.
+class VocabIndex {
+ public:
+  void build(size_t n, const BpeTokenizer& owner);
+  int64_t find(std::string_view key, const BpeTokenizer& owner) const;
+
+ private:
+  std::vector<int32_t> slots_;  // -1: empty
+  size_t mask_ = 0;
+};
+
+// (left id, right id) -> (rank, merged id): open addressing, linear probing, at most half full.
+class MergeTable {
+ public:
+  struct Entry {
+    uint64_t key = kEmpty;
+    int32_t rank = 0, id = 0;
+  };
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    slots_.assign(cap, Entry{});
+    mask_ = cap - 1;
+    shift_ = 64;
+    for (size_t c = cap; c > 1; c >>= 1) --shift_;
   }
+  // Keeps the first entry of a pair (HF keeps the lowest rank).
+  void insert(int32_t a, int32_t b, int32_t rank, int32_t id) {
+    const uint64_t key = pack(a, b);
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return;
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = {key, rank, id};
+        return;
+      }
+    }
+  }
+  const Entry* find(int64_t a, int64_t b) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t key = pack(static_cast<int32_t>(a), static_cast<int32_t>(b));
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i];
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static uint64_t pack(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  size_t slot(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+
+  std::vector<Entry> slots_;
+  size_t mask_ = 0;
+  int shift_ = 64;
 };
 
 class BpeTokenizer final : public Tokenizer {
@@ -178,8 +234,7 @@ class BpeTokenizer final : public Tokenizer {
   int64_t id(std::string_view token) const override {
     auto it = added_ids_.find(std::string(token));
     if (it != added_ids_.end()) return it->second;
-    auto jt = vocab_ids_.find(std::string(token));
-    return jt == vocab_ids_.end() ? -1 : jt->second;
+    return vocab_id(token);
   }
   int64_t bos_token_id() const override { return spec_.bos_id; }
   int64_t eos_token_id() const override { return spec_.eos_id; }
@@ -193,28 +248,74 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<Piece> pre_tokenize(Piece piece) const;
   std::string run_decoder(const std::vector<int64_t>& ids, bool skip_special, bool lossy) const;
 
-  TokenizerSpec spec_;
+  // The model vocabulary's id of a token string, -1 when absent.
+  int64_t vocab_id(std::string_view token) const { return vocab_index_.find(token, *this); }
+  // The model vocabulary's string of id (what vocab_index_ keys on): tokens_[id] unless an added token took the id
+  // with other content.
+  const std::string& vocab_string(int32_t id) const {
+    if (!shadowed_.empty()) {
+      auto it = shadowed_.find(id);
+      if (it != shadowed_.end()) return it->second;
+    }
+    return tokens_[static_cast<size_t>(id)];
+  }
+  friend class VocabIndex;
+
+  TokenizerSpec spec_;  // everything but vocab (moved into tokens_) and merges (in merges_), released when built
   std::vector<std::string> tokens_;  // id -> string (added tokens' content where they have the id)
+  std::unordered_map<int32_t, std::string> shadowed_;  // id -> its vocab string, where an added token replaced it
   std::vector<char> special_;
   std::vector<int64_t> special_ids_;
-  std::unordered_map<std::string, int64_t> vocab_ids_, added_ids_;
-  std::unordered_map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>, PairHash> merges_;  // -> rank, id
+  std::unordered_map<std::string, int64_t> added_ids_;
+  VocabIndex vocab_index_;
+  MergeTable merges_;
   std::array<int64_t, 256> byte_ids_{};  // <0xAB> token ids (-1 when absent)
   std::vector<std::unique_ptr<detail::Regex>> regexes_;  // one per kSplit / kByteLevel(use_regex) step
 };
 
+void VocabIndex::build(size_t n, const BpeTokenizer& owner) {
+  size_t cap = 16;
+  while (cap < 2 * n) cap *= 2;
+  slots_.assign(cap, -1);
+  mask_ = cap - 1;
+  for (size_t id = 0; id < n; ++id) {
+    const std::string& key = owner.vocab_string(static_cast<int32_t>(id));
+    if (key.empty()) continue;  // an id only an added token has
+    for (size_t i = std::hash<std::string_view>()(key) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i] < 0) {
+        slots_[i] = static_cast<int32_t>(id);
+        break;
+      }
+      if (owner.vocab_string(slots_[i]) == key) break;  // the first id wins
+    }
+  }
+}
+
+int64_t VocabIndex::find(std::string_view key, const BpeTokenizer& owner) const {
+  if (slots_.empty() || key.empty()) return -1;
+  for (size_t i = std::hash<std::string_view>()(key) & mask_;; i = (i + 1) & mask_) {
+    const int32_t id = slots_[i];
+    if (id < 0) return -1;
+    if (owner.vocab_string(id) == key) return id;
+  }
+}
+
 BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   const std::string& src = spec_.source;
-  for (size_t i = 0; i < spec_.vocab.size(); ++i) {
+  const size_t n_vocab = spec_.vocab.size();
+  QKV_CHECK_ARG(n_vocab < static_cast<size_t>(INT32_MAX), "[tokenizer] ", src, ": ", n_vocab,
+                " tokens (at most 2^31 - 2)");
+  for (size_t i = 0; i < n_vocab; ++i) {
     const std::string& t = spec_.vocab[i];
     if (t.empty()) continue;
     QKV_CHECK_ARG(json::first_invalid_utf8(t) == std::string::npos, "[tokenizer] ", src, ": token ", i,
                   " is not valid UTF-8");
-    vocab_ids_.emplace(t, static_cast<int64_t>(i));  // the first id wins on a duplicate, as HF's vocab map
   }
-  int64_t size = static_cast<int64_t>(spec_.vocab.size());
+  int64_t size = static_cast<int64_t>(n_vocab);
   for (const auto& a : spec_.added) {
     QKV_CHECK_ARG(a.id >= 0, "[tokenizer] ", src, ": added token '", a.content, "' has id ", a.id);
+    QKV_CHECK_ARG(a.id < INT32_MAX, "[tokenizer] ", src, ": added token '", a.content, "' has id ", a.id,
+                  " (at most 2^31 - 2)");
     QKV_CHECK_ARG(!a.content.empty(), "[tokenizer] ", src, ": added token ", a.id, " is empty");
     QKV_CHECK_RUNTIME(!a.single_word, "[tokenizer] ", src, ": added token '", a.content,
                       "' has single_word = true, which this reader does not implement");
@@ -222,29 +323,39 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
                       a.content, "' has normalized = true beside a normalizer, which this reader does not implement");
     size = std::max(size, a.id + 1);
   }
-  tokens_.assign(static_cast<size_t>(size), std::string());
+  // The vocabulary moves into tokens_ (one copy of every string); an added token's content replaces the string of
+  // its id there, and the vocab string it replaced, when different, stays in shadowed_ for the vocab index.
+  tokens_ = std::move(spec_.vocab);
+  std::vector<std::string>().swap(spec_.vocab);
+  tokens_.resize(static_cast<size_t>(size));
+  vocab_index_.build(n_vocab, *this);  // keys: the vocab strings, before any added token replaces one
   special_.assign(static_cast<size_t>(size), 0);
-  for (size_t i = 0; i < spec_.vocab.size(); ++i) tokens_[i] = spec_.vocab[i];
   for (const auto& a : spec_.added) {
-    tokens_[static_cast<size_t>(a.id)] = a.content;
+    std::string& t = tokens_[static_cast<size_t>(a.id)];
+    if (static_cast<size_t>(a.id) < n_vocab && !t.empty() && t != a.content)
+      shadowed_.try_emplace(static_cast<int32_t>(a.id), std::move(t));
+    t = a.content;
     added_ids_[a.content] = a.id;
     if (a.special) special_[static_cast<size_t>(a.id)] = 1;
   }
   for (int64_t i = 0; i < size; ++i)
     if (special_[static_cast<size_t>(i)]) special_ids_.push_back(i);
+  merges_.reserve(spec_.merges.size());
+  std::string joined;
   for (size_t r = 0; r < spec_.merges.size(); ++r) {
     const auto& [l, rt] = spec_.merges[r];
-    auto a = vocab_ids_.find(l), b = vocab_ids_.find(rt), c = vocab_ids_.find(l + rt);
-    QKV_CHECK_ARG(a != vocab_ids_.end() && b != vocab_ids_.end(), "[tokenizer] ", src, ": merge ", r, " ('", l,
-                  "' '", rt, "') names a token missing from the vocabulary");
-    QKV_CHECK_ARG(c != vocab_ids_.end(), "[tokenizer] ", src, ": merge ", r, " ('", l, "' '", rt,
+    joined.assign(l).append(rt);
+    const int64_t a = vocab_id(l), b = vocab_id(rt), c = vocab_id(joined);
+    QKV_CHECK_ARG(a >= 0 && b >= 0, "[tokenizer] ", src, ": merge ", r, " ('", l, "' '", rt,
+                  "') names a token missing from the vocabulary");
+    QKV_CHECK_ARG(c >= 0, "[tokenizer] ", src, ": merge ", r, " ('", l, "' '", rt,
                   "') gives a token missing from the vocabulary");
-    merges_.emplace(std::make_pair(a->second, b->second), std::make_pair(static_cast<int64_t>(r), c->second));
+    QKV_CHECK_ARG(r < static_cast<size_t>(INT32_MAX), "[tokenizer] ", src, ": more than 2^31 - 1 merges");
+    merges_.insert(static_cast<int32_t>(a), static_cast<int32_t>(b), static_cast<int32_t>(r),
+                   static_cast<int32_t>(c));
   }
-  for (int b = 0; b < 256; ++b) {
-    auto it = vocab_ids_.find(byte_token_name(static_cast<uint8_t>(b)));
-    byte_ids_[b] = it == vocab_ids_.end() ? -1 : it->second;
-  }
+  std::vector<std::pair<std::string, std::string>>().swap(spec_.merges);  // in merges_ now
+  for (int b = 0; b < 256; ++b) byte_ids_[b] = vocab_id(byte_token_name(static_cast<uint8_t>(b)));
   auto check_id = [&](int64_t id, const char* what) {
     QKV_CHECK_ARG(id >= -1 && id < size, "[tokenizer] ", src, ": ", what, " id ", id, " is outside [0, ", size,
                   ")");
@@ -346,9 +457,9 @@ std::vector<Piece> BpeTokenizer::pre_tokenize(Piece piece) const {
 // lowest-rank pair first (leftmost among equal ranks) through a heap, stale entries skipped.
 void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   if (spec_.ignore_merges) {
-    auto it = vocab_ids_.find(word);
-    if (it != vocab_ids_.end()) {
-      out.push_back(it->second);
+    const int64_t whole = vocab_id(word);
+    if (whole >= 0) {
+      out.push_back(whole);
       return;
     }
   }
@@ -357,10 +468,10 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
   auto add = [&](int64_t id) { sym.push_back({id, static_cast<int64_t>(sym.size()) - 1, -1, true}); };
   bool pending_unk = false;
   for (const auto& [pos, len] : chars_of(word)) {
-    auto it = vocab_ids_.find(word.substr(pos, len));
-    if (it != vocab_ids_.end()) {
+    const int64_t cid = vocab_id(std::string_view(word).substr(pos, len));
+    if (cid >= 0) {
       if (pending_unk) add(spec_.unk_id), pending_unk = false;
-      add(it->second);
+      add(cid);
       continue;
     }
     if (spec_.byte_fallback) {
@@ -382,12 +493,9 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
   struct Merge { int64_t pos, rank, id; };
   auto later = [](const Merge& a, const Merge& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
   std::priority_queue<Merge, std::vector<Merge>, decltype(later)> queue(later);
-  auto lookup = [&](int64_t a, int64_t b) -> const std::pair<int64_t, int64_t>* {
-    auto it = merges_.find({a, b});
-    return it == merges_.end() ? nullptr : &it->second;
-  };
+  auto lookup = [&](int64_t a, int64_t b) { return merges_.find(a, b); };
   for (size_t i = 0; i + 1 < sym.size(); ++i)
-    if (auto m = lookup(sym[i].id, sym[i + 1].id)) queue.push({static_cast<int64_t>(i), m->first, m->second});
+    if (auto m = lookup(sym[i].id, sym[i + 1].id)) queue.push({static_cast<int64_t>(i), m->rank, m->id});
   while (!queue.empty()) {
     const Merge top = queue.top();
     queue.pop();
@@ -395,15 +503,15 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
     if (!cur.alive || cur.next < 0) continue;
     Symbol& right = sym[static_cast<size_t>(cur.next)];
     auto m = lookup(cur.id, right.id);
-    if (!m || m->second != top.id) continue;
+    if (!m || m->id != top.id) continue;
     cur.id = top.id;
     right.alive = false;
     cur.next = right.next;
     if (cur.next >= 0) sym[static_cast<size_t>(cur.next)].prev = top.pos;
     if (cur.prev >= 0)
-      if (auto p = lookup(sym[static_cast<size_t>(cur.prev)].id, cur.id)) queue.push({cur.prev, p->first, p->second});
+      if (auto p = lookup(sym[static_cast<size_t>(cur.prev)].id, cur.id)) queue.push({cur.prev, p->rank, p->id});
     if (cur.next >= 0)
-      if (auto n = lookup(cur.id, sym[static_cast<size_t>(cur.next)].id)) queue.push({top.pos, n->first, n->second});
+      if (auto n = lookup(cur.id, sym[static_cast<size_t>(cur.next)].id)) queue.push({top.pos, n->rank, n->id});
   }
   for (const auto& s : sym)
     if (s.alive) out.push_back(s.id);
