@@ -115,7 +115,7 @@ std::vector<std::pair<std::string, std::string>> merges_from_scores(const std::v
 
 }  // namespace
 
-TokenizerSpec spec_from_gguf(const GgufTokenizerData& d) {
+TokenizerSpec spec_from_gguf(GgufTokenizerData d) {
   const std::string& src = d.source;
   TokenizerSpec spec;
   spec.source = src;
@@ -130,7 +130,6 @@ TokenizerSpec spec_from_gguf(const GgufTokenizerData& d) {
                          {d.unk_id, "unknown_token_id"}, {d.pad_id, "padding_token_id"}})
     QKV_CHECK_ARG(id >= -1 && id < n, "[tokenizer] ", src, ": tokenizer.ggml.", key, " ", id,
                   " is outside the vocabulary [0, ", n, ")");
-  spec.vocab = d.tokens;
   spec.bos_id = d.bos_id;
   spec.eos_id = d.eos_id;
   spec.pad_id = d.pad_id;
@@ -155,6 +154,7 @@ TokenizerSpec spec_from_gguf(const GgufTokenizerData& d) {
                     "[tokenizer] ", src, ": tokenizer.ggml.merges[", i, "] '", m, "' is not two tokens and a space");
       spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
     }
+    std::vector<std::string>().swap(d.merges);  // parsed: freed before the tokenizer is built
     PreTokenizerStep bl;
     bl.kind = PreTokenizerStep::Kind::kByteLevel;
     const std::string& pre = d.pre;
@@ -182,6 +182,7 @@ TokenizerSpec spec_from_gguf(const GgufTokenizerData& d) {
     spec.decoder.push_back(dec);
     if (d.add_bos == 1 && d.bos_id >= 0) spec.prefix.push_back(d.bos_id);
     if (d.add_eos == 1 && d.eos_id >= 0) spec.suffix.push_back(d.eos_id);
+    spec.vocab = std::move(d.tokens);
     return spec;
   }
   // llama: SentencePiece BPE. transformers' LlamaTokenizer: merges rebuilt from the scores, byte fallback, fused
@@ -197,6 +198,7 @@ TokenizerSpec spec_from_gguf(const GgufTokenizerData& d) {
                   "' is not two tokens and a space");
     spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
   }
+  std::vector<std::string>().swap(d.merges);
   spec.byte_fallback = true;
   spec.fuse_unk = true;
   spec.unk_id = d.unk_id;
@@ -220,6 +222,7 @@ TokenizerSpec spec_from_gguf(const GgufTokenizerData& d) {
   if (prefix_space) spec.decoder.push_back(strip);
   if (d.add_bos != 0 && d.bos_id >= 0) spec.prefix.push_back(d.bos_id);
   if (d.add_eos == 1 && d.eos_id >= 0) spec.suffix.push_back(d.eos_id);
+  spec.vocab = std::move(d.tokens);
   return spec;
 }
 

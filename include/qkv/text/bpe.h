@@ -113,7 +113,8 @@ struct GgufTokenizerData {
 
 // The spec HF builds for these metadata (transformers' GGUF converter), or std::runtime_error
 // "[tokenizer] <file>: tokenizer.ggml.<key> ..." for a model or pre-tokenizer this reader does not implement.
-TokenizerSpec spec_from_gguf(const GgufTokenizerData& data);
+// Taken by value: the tokens move into the spec (pass std::move(data) to hold the vocabulary once).
+TokenizerSpec spec_from_gguf(GgufTokenizerData data);
 
 // Splits text by the added tokens (leftmost match, longest at a position; lstrip/rstrip take the whitespace
 // beside): pieces in order, each (id, text), id -1 for plain text. No added token matches across or inside the
