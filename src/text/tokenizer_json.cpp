@@ -1,8 +1,9 @@
 // tokenizer.json (HF tokenizers' serialization) -> TokenizerSpec. Every component this reader does not implement is
 // refused with one line naming the file and the key; nothing is approximated.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <optional>
 
 #include "qkv/core/error.h"
 #include "qkv/core/json.h"
@@ -14,12 +15,15 @@ namespace {
 using json::Value;
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   QKV_CHECK_RUNTIME(f.good(), "[tokenizer] ", path, ": cannot open");
-  std::ostringstream os;
-  os << f.rdbuf();
-  QKV_CHECK_RUNTIME(!f.bad(), "[tokenizer] ", path, ": read failed");
-  return os.str();
+  const std::streamoff size = f.tellg();
+  QKV_CHECK_RUNTIME(size >= 0, "[tokenizer] ", path, ": read failed");
+  std::string text(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  f.read(text.data(), size);
+  QKV_CHECK_RUNTIME(!f.bad() && f.gcount() == size, "[tokenizer] ", path, ": read failed");
+  return text;
 }
 
 struct Ctx {
@@ -206,7 +210,10 @@ void read_post_processor(const Ctx& c, const Value& v, const std::string& path, 
   }
 }
 
-void read_model(const Ctx& c, const Value& m, TokenizerSpec& spec) {
+void read_vocab_and_merges(const Ctx& c, const Value& m, TokenizerSpec& spec);
+
+// vocab_read: model.vocab and model.merges are in spec already (read_streaming), and absent from m.
+void read_model(const Ctx& c, const Value& m, TokenizerSpec& spec, bool vocab_read) {
   const std::string t = c.type(m, "model");
   if (t != "BPE") c.unsupported("model.type", "'" + t + "'");
   if (const Value* d = m.find("dropout"); d && !d->is_null() && !(d->is_number() && d->as_number() == 0.0))
@@ -217,6 +224,16 @@ void read_model(const Ctx& c, const Value& m, TokenizerSpec& spec) {
   spec.byte_fallback = c.flag(m, "byte_fallback", "model", false);
   spec.ignore_merges = c.flag(m, "ignore_merges", "model", false);
   spec.fuse_unk = c.flag(m, "fuse_unk", "model", false);
+  if (!vocab_read) read_vocab_and_merges(c, m, spec);
+  if (const Value* u = m.find("unk_token"); u && u->is_string()) {
+    const std::string& unk = u->as_string();
+    for (size_t i = 0; i < spec.vocab.size(); ++i)
+      if (spec.vocab[i] == unk) spec.unk_id = static_cast<int64_t>(i);
+    if (spec.unk_id < 0) c.bad("model.unk_token", "'" + unk + "' is not in the vocabulary");
+  }
+}
+
+void read_vocab_and_merges(const Ctx& c, const Value& m, TokenizerSpec& spec) {
   const Value& vocab = c.member(m, "vocab", "model");
   if (!vocab.is_object()) c.bad("model.vocab", "must be an object");
   for (const auto& [tok, id] : vocab.members()) {
@@ -243,12 +260,142 @@ void read_model(const Ctx& c, const Value& m, TokenizerSpec& spec) {
       c.bad(p, "must be a string 'a b' or a pair of strings");
     }
   }
-  if (const Value* u = m.find("unk_token"); u && u->is_string()) {
-    const std::string& unk = u->as_string();
-    for (size_t i = 0; i < spec.vocab.size(); ++i)
-      if (spec.vocab[i] == unk) spec.unk_id = static_cast<int64_t>(i);
-    if (spec.unk_id < 0) c.bad("model.unk_token", "'" + unk + "' is not in the vocabulary");
+}
+
+// The streaming read of a tokenizer.json: model.vocab and model.merges (nearly all of the file) go from the text
+// straight into the spec through a json::Reader, and only the rest (a few KB) becomes a json::Value tree, so that
+// no tree of the whole vocabulary is ever held (SmolLM2's 2 MB file parsed as a tree peaks at about 25 MB). It
+// reads only documents that read_vocab_and_merges accepts: anything else (a malformed or unusual vocab or merges,
+// a duplicate key, invalid JSON) gives nullopt, and the caller parses the whole document as a tree instead, which
+// reports the error exactly as before.
+struct NotStreamable {};
+
+void skip_value(json::Reader& r) {  // one value of any kind, nesting bounded as Value::parse bounds it
+  std::vector<bool> stack;          // true: an object
+  std::string key;
+  for (;;) {
+    switch (r.peek_kind()) {
+      case json::Kind::Object: r.begin_object(), stack.push_back(true); break;
+      case json::Kind::Array: r.begin_array(), stack.push_back(false); break;
+      case json::Kind::String: r.read_string(); break;
+      case json::Kind::Number: r.read_number_text(); break;
+      case json::Kind::True: case json::Kind::False: case json::Kind::Null: r.read_literal(); break;
+      default: throw NotStreamable{};
+    }
+    if (stack.size() > 64) throw NotStreamable{};
+    for (;;) {
+      if (stack.empty()) return;
+      if (stack.back() ? r.next_key(key) : r.next_element()) break;
+      stack.pop_back();
+    }
   }
+}
+
+// The text of one value, skipped.
+std::string_view value_text(json::Reader& r) {
+  r.skip_ws();
+  const size_t start = r.pos();
+  const std::string_view rest = r.rest();
+  skip_value(r);
+  return rest.substr(0, r.pos() - start);
+}
+
+void stream_vocab(json::Reader& r, std::vector<std::string>& vocab) {
+  if (r.peek_kind() != json::Kind::Object) throw NotStreamable{};
+  r.begin_object();
+  std::string tok;
+  while (r.next_key(tok)) {
+    if (r.peek_kind() != json::Kind::Number) throw NotStreamable{};
+    const uint64_t id = r.read_uint64("id");
+    if (id > (uint64_t{1} << 31) || tok.empty()) throw NotStreamable{};
+    const auto i = static_cast<size_t>(id);
+    if (vocab.size() <= i) vocab.resize(i + 1);
+    if (!vocab[i].empty()) throw NotStreamable{};
+    vocab[i] = std::move(tok);
+    tok.clear();
+  }
+  // A token twice (a duplicate object key) is an error of the tree parser's.
+  std::vector<int32_t> order;
+  order.reserve(vocab.size());
+  for (size_t i = 0; i < vocab.size(); ++i)
+    if (!vocab[i].empty()) order.push_back(static_cast<int32_t>(i));
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return vocab[a] < vocab[b]; });
+  for (size_t k = 1; k < order.size(); ++k)
+    if (vocab[order[k - 1]] == vocab[order[k]]) throw NotStreamable{};
+}
+
+void stream_merges(json::Reader& r, std::vector<std::pair<std::string, std::string>>& merges) {
+  if (r.peek_kind() != json::Kind::Array) throw NotStreamable{};
+  r.begin_array();
+  while (r.next_element()) {
+    const json::Kind k = r.peek_kind();
+    if (k == json::Kind::String) {
+      const std::string s = r.read_string();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) throw NotStreamable{};
+      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else if (k == json::Kind::Array) {
+      r.begin_array();
+      std::string pair[2];
+      for (auto& part : pair) {
+        if (!r.next_element() || r.peek_kind() != json::Kind::String) throw NotStreamable{};
+        part = r.read_string();
+      }
+      if (r.next_element()) throw NotStreamable{};
+      merges.emplace_back(std::move(pair[0]), std::move(pair[1]));
+    } else {
+      throw NotStreamable{};
+    }
+  }
+}
+
+// spec.vocab and spec.merges from the text, and the document without them (model keeps its other members).
+std::optional<Value> read_streaming(const std::string& text, const std::string& path, TokenizerSpec& spec) {
+  try {
+    json::Reader r(text, "[tokenizer] " + path);
+    if (r.peek_kind() != json::Kind::Object) return std::nullopt;
+    std::string rest = "{", key;
+    bool model_seen = false;
+    r.begin_object();
+    while (r.next_key(key)) {
+      if (rest.size() > 1) rest += ',';
+      json::append_quoted(rest, key);
+      rest += ':';
+      if (key != "model") {
+        rest += value_text(r);
+        continue;
+      }
+      if (model_seen || r.peek_kind() != json::Kind::Object) return std::nullopt;
+      model_seen = true;
+      bool vocab_seen = false, merges_seen = false;
+      std::string model = "{", mkey;
+      r.begin_object();
+      while (r.next_key(mkey)) {
+        if (mkey == "vocab" || mkey == "merges") {
+          bool& seen = mkey == "vocab" ? vocab_seen : merges_seen;
+          if (seen) return std::nullopt;
+          seen = true;
+          if (mkey == "vocab") stream_vocab(r, spec.vocab);
+          else stream_merges(r, spec.merges);
+          continue;
+        }
+        if (model.size() > 1) model += ',';
+        json::append_quoted(model, mkey);
+        model += ':';
+        model += value_text(r);
+      }
+      if (!vocab_seen || !merges_seen) return std::nullopt;
+      rest += model;
+      rest += '}';
+    }
+    r.expect_end();
+    if (!model_seen) return std::nullopt;
+    rest += '}';
+    return Value::parse(rest, "[tokenizer] " + path);
+  } catch (const NotStreamable&) {
+  } catch (const std::exception&) {  // invalid JSON: the tree parser names it (and its byte) below
+  }
+  return std::nullopt;
 }
 
 // tokenizer_config.json / special_tokens_map.json: "bos_token": "<s>" or {"content": "<s>", ...}.
@@ -263,15 +410,28 @@ std::string config_token(const Value& cfg, const char* key) {
 
 }  // namespace
 
-TokenizerSpec read_tokenizer_json(const std::string& path) {
-  const Value doc = Value::parse(read_text(path), "[tokenizer] " + path);
+TokenizerSpec read_tokenizer_json(const std::string& path, bool stream) {
+  TokenizerSpec spec;
+  Value doc;
+  bool vocab_read = false;
+  {
+    const std::string text = read_text(path);
+    std::optional<Value> rest;
+    if (stream) rest = read_streaming(text, path, spec);
+    if (rest) {
+      doc = std::move(*rest);
+      vocab_read = true;
+    } else {
+      spec = TokenizerSpec{};
+      doc = Value::parse(text, "[tokenizer] " + path);
+    }
+  }
   const Ctx c{path};
   if (!doc.is_object()) c.bad("the document", "must be an object");
-  TokenizerSpec spec;
   spec.source = path;
   for (const char* key : {"truncation", "padding"})
     if (const Value* v = doc.find(key); v && !v->is_null()) c.unsupported(key, "(not null)");
-  read_model(c, c.member(doc, "model", "tokenizer.json"), spec);
+  read_model(c, c.member(doc, "model", "tokenizer.json"), spec, vocab_read);
   if (const Value* added = doc.find("added_tokens"); added && !added->is_null()) {
     for (size_t i = 0; i < added->items().size(); ++i) {
       const Value& a = added->items()[i];

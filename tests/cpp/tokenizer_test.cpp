@@ -360,6 +360,76 @@ TEST(TokenizerJson, ReadsTheComponentsAndRefusesOthersNamingFileAndKey) {
   EXPECT_THROW(load_tokenizer_json(dir.file("missing.json")), std::runtime_error);
 }
 
+// The streaming tokenizer.json reader (vocab and merges straight from the text) against the whole-document tree:
+// the same spec where it reads the document, the tree reader's error where it gives the document to it.
+TEST(TokenizerJson, StreamedVocabAndMergesGiveTheTreeReadersSpecAndErrors) {
+  TempDir dir;
+  auto both = [&](const std::string& doc) {
+    dir.write("tokenizer.json", doc);
+    std::pair<std::string, std::string> errors;
+    try {
+      const TokenizerSpec s = read_tokenizer_json(dir.file("tokenizer.json"), true);
+      const TokenizerSpec t = read_tokenizer_json(dir.file("tokenizer.json"), false);
+      EXPECT_EQ(s.vocab, t.vocab);
+      EXPECT_EQ(s.merges, t.merges);
+      EXPECT_EQ(s.unk_id, t.unk_id);
+      EXPECT_EQ(s.byte_fallback, t.byte_fallback);
+      EXPECT_EQ(s.added.size(), t.added.size());
+      EXPECT_EQ(s.pre_tokenizer.size(), t.pre_tokenizer.size());
+      EXPECT_EQ(s.decoder.size(), t.decoder.size());
+      EXPECT_EQ(s.prefix, t.prefix);
+      EXPECT_EQ(s.suffix, t.suffix);
+      return errors;
+    } catch (const std::exception& e) {
+      errors.first = e.what();
+    }
+    try {
+      read_tokenizer_json(dir.file("tokenizer.json"), false);
+    } catch (const std::exception& e) {
+      errors.second = e.what();
+    }
+    return errors;
+  };
+  // Read by both: escapes in tokens, both merge forms, model members after vocab and merges, keys after model.
+  const std::string good = R"({"version": "1.0", "added_tokens": [{"id": 5, "content": "<|e|>", "special": true}],
+    "model": {"type": "BPE", "vocab": {"a": 0, "\u0120b": 1, "\"": 2, "a\u0120b": 3, "<u>": 4},
+              "merges": ["a \u0120b", ["a", "\""]], "unk_token": "<u>", "byte_fallback": true},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]},
+    "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|e|>", "type_id": 0}},
+      {"Sequence": {"id": "A", "type_id": 0}}], "pair": [],
+      "special_tokens": {"<|e|>": {"id": "<|e|>", "ids": [5], "tokens": ["<|e|>"]}}},
+    "decoder": {"type": "ByteLevel"}})";
+  EXPECT_EQ(both(good), (std::pair<std::string, std::string>{}));
+  dir.write("tokenizer.json", good);
+  const TokenizerSpec s = read_tokenizer_json(dir.file("tokenizer.json"));
+  EXPECT_EQ(s.vocab, (std::vector<std::string>{"a", "\xC4\xA0" "b", "\"", "a\xC4\xA0" "b", "<u>"}));
+  EXPECT_EQ(s.merges.size(), 2u);
+  EXPECT_EQ(s.unk_id, 4);
+  EXPECT_EQ(s.prefix, (std::vector<int64_t>{5}));
+  // Given to the tree reader: each gives its error, the same with and without streaming.
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string doc = good;
+    return doc.replace(doc.find(from), from.size(), to);
+  };
+  for (const std::string& doc :
+       {with("\"<u>\": 4", "\"a\": 4"),                  // a token twice (duplicate key)
+        with("\"<u>\": 4", "\"<u>\": 4.0"),              // not an integer
+        with("\"<u>\": 4", "\"<u>\": -4"), with("\"<u>\": 4", "\"\": 4"),
+        with("\"<u>\": 4", "\"<u>\": 1"),                // an id twice
+        with("\"a \\u0120b\"", "\"a\\u0120b\""),        // not 'a b'
+        with("[\"a\", \"\\\"\"]", "[\"a\", \"\\\"\", \"a\"]"),  // a triple
+        with("\"merges\": [", "\"merges\": [], \"merges\": ["),  // merges twice
+        with("\"vocab\": {", "\"vocab\": [], \"x\": {"),     // vocab not an object, no vocab
+        with("\"type\": \"BPE\"", "\"type\": \"Unigram\""),
+        with("\"decoder\": {", "\"decoder\": {{"),          // malformed JSON after the model
+        with("\"version\": \"1.0\"", "\"model\": {}")}) {  // model twice
+    const auto [streamed, tree] = both(doc);
+    EXPECT_FALSE(tree.empty()) << doc;
+    EXPECT_EQ(streamed, tree) << doc;
+  }
+}
+
 TEST(TokenizerLoad, PathsThatAreNotATokenizer) {
   TempDir dir;
   EXPECT_THROW(load_tokenizer(dir.file("nothing")), std::runtime_error);

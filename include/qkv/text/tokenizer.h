@@ -65,7 +65,11 @@ std::unique_ptr<Tokenizer> make_tokenizer(TokenizerSpec spec);
 // pre-tokenizer, post-processor or decoder this reader does not implement.
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path);
 // The parsed tokenizer.json as a spec (load_tokenizer_json = make_tokenizer(read_tokenizer_json(path))).
-TokenizerSpec read_tokenizer_json(const std::string& path);
+// stream: model.vocab and model.merges read from the text straight into the spec and only the rest of the document
+// as a json::Value tree (a few MB at most, where the whole tree of a 50 K-token vocabulary takes about 25 MB);
+// documents it does not read exactly as the tree reader does go to the tree reader, so the spec and every error
+// are those of stream = false (the whole document as one tree: the reference the tests compare with).
+TokenizerSpec read_tokenizer_json(const std::string& path, bool stream = true);
 
 // The language-model tokenizer of a GGUF file's metadata: tokenizer.ggml.model "gpt2" (byte-level BPE; pre
 // "smollm", "llama-bpe", "qwen2", "gpt2", "default") or "llama" (SentencePiece BPE with byte fallback, merged by
