@@ -188,7 +188,7 @@ void pack_tile(gguf::Type type, const uint8_t* src, int64_t row_bytes, int64_t r
 
 QuantMatrix QuantMatrix::repacked() const {
   constexpr int64_t kRows = quant_detail::kPackRows;
-  if (!quant_gemm_integer(type) || rows < kRows || cols == 0) return *this;
+  if (packed || !quant_gemm_integer(type) || rows < kRows || cols == 0) return *this;
   const int64_t tiles = rows / kRows;
   const int64_t stride = (quant_detail::packed_tile_bytes(type, cols) + 63) / 64 * 64;
   auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tiles * stride + 64));
@@ -208,6 +208,16 @@ QuantMatrix QuantMatrix::repacked() const {
 QuantMatrix QuantMatrix::for_products() const {
   const bool k_quant = block_layout(type).kind >= 5 && quant_gemm_integer(type);
   return active_isa() >= Isa::kAvx512Vnni || (k_quant && active_isa() >= Isa::kAvx2) ? repacked() : *this;
+}
+
+QuantMatrix QuantMatrix::packed_only() const {
+  QuantMatrix m = for_products();
+  if (!m.packed || m.rows % quant_detail::kPackRows != 0) return m;
+  const bool k_quant = block_layout(type).kind >= 5;
+  if (!(active_isa() >= Isa::kAvx512Vnni || (k_quant && active_isa() >= Isa::kAvx2))) return m;
+  m.data = nullptr;
+  m.owner.reset();
+  return m;
 }
 
 bool quant_gemm_integer(gguf::Type type) {
@@ -462,9 +472,19 @@ void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, c
   }
 }
 
+// A matrix kept as its repacked tiles only (QuantMatrix::packed_only) is read by the builds that read only them.
+void check_rows_kept(const QuantMatrix& w, const Tiles& b, const char* op) {
+  if (w.data != nullptr || w.rows * w.cols == 0) return;
+  const bool tiles_only = b.fn && w.packed && w.rows % quant_detail::kPackRows == 0 &&
+                          (b.tile == quant_detail::kPackRows || block_layout(w.type).kind >= 5);
+  QKV_CHECK_RUNTIME(tiles_only, op, " the ", gguf::type_name(w.type), " weight (n, k) = (", w.rows, ", ", w.cols,
+                    ") was kept as repacked tiles only (packed_only), which this build does not read");
+}
+
 void run(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y, int64_t ldy,
          const Tiles& b) {
   check_args(x, m, ldx, w, y, ldy);
+  check_rows_kept(w, b, kOp);
   if (m == 0 || w.rows == 0) return;
   if (!quant_gemm_integer(w.type)) return float_path(x, m, ldx, w, bias, y, ldy);
   run_integer(x, m, ldx, w, bias, y, ldy, b);
@@ -568,6 +588,7 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
   check_mlp(x, m, ldx, gate, up, down, y, ldy);
   if (m == 0) return;
   const Tiles b = active_tiles();
+  for (const QuantMatrix* w : {&gate, &up, &down}) check_rows_kept(*w, b, kMlpOp);
   // silu_forward's own build, called here without its OpenMP loop (a nested region per call): the rule of its
   // dispatch (activations.cpp), so h has the bits of silu_forward over all of it.
   const auto silu = active_isa() >= Isa::kAvx2 ? avx2::silu_forward : portable::silu_forward;
@@ -644,6 +665,8 @@ void embedding_rows(const QuantMatrix& w, const int64_t* ids, int64_t count, flo
     QKV_CHECK_ARG(ids[i] >= 0 && ids[i] < w.rows, "[embedding_rows] id ", ids[i], " at position ", i,
                   " outside the table's ", w.rows, " rows (", gguf::type_name(w.type), " (", w.rows, ", ", w.cols,
                   "))");
+  QKV_CHECK_RUNTIME(w.data != nullptr || count == 0, "[embedding_rows] the ", gguf::type_name(w.type), " table (",
+                    w.rows, ", ", w.cols, ") was kept as repacked tiles only (packed_only)");
   for (int64_t i = 0; i < count; ++i) dequantize_row(w.type, w.data + ids[i] * w.row_bytes, out + i * w.cols, w.cols);
 }
 

@@ -162,7 +162,7 @@ std::vector<GgufTensorName> llama_gguf_names(const LlamaConfig& c) {
     add(hf + "self_attn.k_proj.weight", gg + "attn_k.weight", permute);
     add(hf + "self_attn.v_proj.weight", gg + "attn_v.weight");
     add(hf + "self_attn.o_proj.weight", gg + "attn_output.weight");
-    if (c.attention_bias || qwen && c.qkv_bias) {
+    if (c.attention_bias || (qwen && c.qkv_bias)) {
       add(hf + "self_attn.q_proj.bias", gg + "attn_q.bias", permute);
       add(hf + "self_attn.k_proj.bias", gg + "attn_k.bias", permute);
       add(hf + "self_attn.v_proj.bias", gg + "attn_v.bias");
@@ -243,7 +243,8 @@ kernels::QuantMatrix stored_matrix(const std::shared_ptr<const gguf::File>& file
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(bytes->data() + r * row_bytes, t.data + permuted_row(r, c.head_dim) * row_bytes,
                 static_cast<size_t>(row_bytes));
-  return kernels::QuantMatrix::view(t.type, rows, t.ne[0], bytes->data(), bytes);
+  // The copy is read once to repack where the products read only the tiles; then it need not stay.
+  return kernels::QuantMatrix::view(t.type, rows, t.ne[0], bytes->data(), bytes).packed_only();
 }
 
 }  // namespace

@@ -373,6 +373,31 @@ TEST(QuantGemm, RepackedHoldsWholeTilesAndSlicesKeepThemOnTileBoundaries) {
   EXPECT_EQ(f.packed != nullptr, kernels::active_isa() >= kernels::Isa::kAvx512Vnni);
 }
 
+TEST(QuantGemm, PackedOnlyDropsTheRowsWhereTheProductsReadOnlyTilesAndRefusesTheOthers) {
+  for (Type type : {Type::Q4_1, Type::Q8_0, Type::Q4_K}) {
+    const int64_t k = type == Type::Q4_K ? 256 : 96;
+    const std::vector<float> xk = random_floats(3 * k, 58, -2.0f, 2.0f);
+    const Weights w = random_weights(type, 32, k, 56);
+    const QuantMatrix p = w.w.packed_only();
+    const std::vector<float> ref = run(kernels::portable::gemm_quant, xk, 3, w.w, nullptr);
+    const bool k_quant = type == Type::Q4_K;
+    const bool tiles_only = kernels::active_isa() >= kernels::Isa::kAvx512Vnni ||
+                            (k_quant && kernels::active_isa() >= kernels::Isa::kAvx2);
+    EXPECT_EQ(p.data == nullptr, tiles_only) << gguf::type_name(type);
+    EXPECT_TRUE(p.defined());
+    // The dispatching product gives the stored rows' bits either way.
+    EXPECT_TRUE(SameBits(run(kernels::gemm_quant, xk, 3, p, nullptr), ref, gguf::type_name(type) + " packed_only"));
+    if (!tiles_only) continue;
+    float y[3 * 32];
+    EXPECT_THROW(kernels::portable::gemm_quant(xk.data(), 3, k, p, nullptr, y, 32), std::runtime_error);
+    const int64_t id = 3;
+    EXPECT_THROW(kernels::embedding_rows(p, &id, 1, y), std::runtime_error);
+    EXPECT_THROW(kernels::gemm_quant(xk.data(), 3, k, p.slice(5, 21), nullptr, y, 16), std::invalid_argument);
+  }
+  // Rows past the last whole tile keep the stored rows.
+  EXPECT_NE(random_weights(Type::Q4_1, 40, 96, 59).w.packed_only().data, nullptr);
+}
+
 TEST(QuantGemm, LinearWeightQuantizedRunsTheStoredBlocksAndSlicesRows) {
   const int64_t n = 48, k = 128, m = 3;
   const Weights w = quantized_weights(Type::Q4_1, n, k, 41);

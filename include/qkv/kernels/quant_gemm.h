@@ -54,7 +54,12 @@ struct QuantMatrix {
   // depend on it.
   QuantMatrix repacked() const;
   QuantMatrix for_products() const;
-  bool defined() const { return data != nullptr || rows * cols == 0; }
+  // for_products() without the stored rows where the products here read the repacked tiles only (every row in a
+  // whole tile, and the avx512vnni build, or the avx2 build on a K type): the rows' bytes (a permuted copy made at
+  // load) need not stay. Otherwise for_products() as it is. A product that would read the dropped rows (another
+  // build, the reference, embedding_rows, a slice off the tiles) throws std::runtime_error rather than read them.
+  QuantMatrix packed_only() const;
+  bool defined() const { return data != nullptr || packed != nullptr || rows * cols == 0; }
 };
 
 // True for the weight types with an integer product (activations quantized per 32, exact int32 sums per block):
