@@ -1,5 +1,5 @@
 // Transformer step models: cached incremental decoding (self-attention K/V appended per step, cross-attention
-// K/V projected once per source) and the full-recomputation references, for Seq2SeqTransformer and DecoderOnly.
+// K/V projected once per source), for Seq2SeqTransformer and DecoderOnly.
 #include "qkv/decode/transformer_step.h"
 
 #include <algorithm>
@@ -127,50 +127,6 @@ Tensor TransformerCachedStep::step(const std::vector<int64_t>& rows, const std::
   return model_->generator.forward(x).reshape({N, vocab_size()});
 }
 
-// --- TransformerRecomputeStep ------------------------------------------------------------------------------------
-
-TransformerRecomputeStep::TransformerRecomputeStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id)
-    : model_(&model) {
-  check_src(src, "TransformerRecomputeStep");
-  model.eval();
-  sources_ = src.shape[0];
-  src_block_ = models::padding_mask(src, pad_id);
-  nn::AttentionMasks src_masks;
-  src_masks.key_padding_mask = src_block_;
-  memory_ = model.encode(src, src_masks);
-}
-
-int64_t TransformerRecomputeStep::vocab_size() const { return model_->config().tgt_vocab; }
-
-void TransformerRecomputeStep::start() {
-  prefix_.assign(static_cast<size_t>(sources_), {});
-  row_source_.resize(static_cast<size_t>(sources_));
-  for (int64_t s = 0; s < sources_; ++s) row_source_[static_cast<size_t>(s)] = s;
-}
-
-Tensor TransformerRecomputeStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
-  QKV_CHECK_ARG(!row_source_.empty(), "[TransformerRecomputeStep] step before start");
-  check_step(rows, tokens, static_cast<int64_t>(row_source_.size()), vocab_size(), "TransformerRecomputeStep");
-  const int64_t N = static_cast<int64_t>(rows.size());
-  std::vector<std::vector<int64_t>> prefix(rows.size());
-  std::vector<int64_t> src(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    prefix[i] = prefix_[static_cast<size_t>(rows[i])];
-    prefix[i].push_back(tokens[i]);
-    src[i] = row_source_[static_cast<size_t>(rows[i])];
-  }
-  prefix_ = std::move(prefix);
-  row_source_ = std::move(src);
-  const int64_t T = static_cast<int64_t>(prefix_[0].size());
-  Ids ids{{}, {N, T}};
-  for (const auto& p : prefix_) ids.data.insert(ids.data.end(), p.begin(), p.end());
-  nn::AttentionMasks memory_masks;
-  memory_masks.key_padding_mask = gather_rows(src_block_, row_source_);
-  const Tensor logits = model_->decode(ids, gather_rows(memory_, row_source_),
-                                       models::Seq2SeqMasks::causal_self_attention(), memory_masks);
-  return logits.select(1, T - 1).contiguous();
-}
-
 // --- DecoderOnlyCachedStep ---------------------------------------------------------------------------------------
 
 namespace {
@@ -267,37 +223,6 @@ Tensor DecoderOnlyCachedStep::step(const std::vector<int64_t>& rows, const std::
   Tensor x = add(model_->tok_emb.forward(Ids{tokens, {N, 1}}), model_->pos_emb.forward(pos));
   x = run_layers(x);
   return model_->lm_head.forward(model_->norm.forward(x)).reshape({N, vocab_size()});
-}
-
-// --- DecoderOnlyRecomputeStep ------------------------------------------------------------------------------------
-
-DecoderOnlyRecomputeStep::DecoderOnlyRecomputeStep(models::DecoderOnlyTransformer& model,
-                                                   std::vector<std::vector<int64_t>> prompts)
-    : model_(&model), prompts_(std::move(prompts)) {
-  prompt_len_ = longest_prompt(model, prompts_, "DecoderOnlyRecomputeStep");
-  model.eval();
-}
-
-int64_t DecoderOnlyRecomputeStep::vocab_size() const { return model_->config().vocab; }
-int64_t DecoderOnlyRecomputeStep::capacity() const { return model_->config().max_len - prompt_len_; }
-
-void DecoderOnlyRecomputeStep::start() { seq_ = prompts_; }
-
-Tensor DecoderOnlyRecomputeStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
-  QKV_CHECK_ARG(!seq_.empty(), "[DecoderOnlyRecomputeStep] step before start");
-  check_step(rows, tokens, static_cast<int64_t>(seq_.size()), vocab_size(), "DecoderOnlyRecomputeStep");
-  std::vector<std::vector<int64_t>> seq(rows.size());
-  const int64_t N = static_cast<int64_t>(rows.size()), V = vocab_size();
-  Tensor out = Tensor::empty({N, V});
-  for (size_t i = 0; i < rows.size(); ++i) {
-    seq[i] = seq_[static_cast<size_t>(rows[i])];
-    seq[i].push_back(tokens[i]);
-    const int64_t T = static_cast<int64_t>(seq[i].size());
-    const Tensor logits = model_->forward(Ids{seq[i], {1, T}});  // (1, T, V)
-    out.select(0, static_cast<int64_t>(i)).copy_from(logits.select(0, 0).select(0, T - 1));
-  }
-  seq_ = std::move(seq);
-  return out;
 }
 
 }  // namespace qkv::decode

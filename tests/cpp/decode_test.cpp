@@ -14,6 +14,7 @@
 #include "qkv/nn/kv_cache.h"
 #include "qkv/decode/search.h"
 #include "qkv/decode/transformer_step.h"
+#include "recompute_steps.h"
 
 namespace qkv::decode {
 using nn::gather_rows;
@@ -22,6 +23,8 @@ using nn::KvCache;
 namespace {
 
 using qkv::testing::AllClose;
+using qkv::testing::DecoderOnlyRecomputeStep;
+using qkv::testing::TransformerRecomputeStep;
 using qkv::testing::ThrowsArg;
 using qkv::testing::Tol;
 

@@ -1,5 +1,6 @@
 // Step models for the Transformers: incremental decoding with a KV cache per layer (new query rows attend with
-// Causal::kBottomRight), and full recomputation of the whole prefix each step, the reference the cache must match.
+// Causal::kBottomRight). The references that recompute the whole prefix every step are the tests' oracles
+// (tests/cpp/recompute_steps.h).
 #pragma once
 
 #include <cstdint>
@@ -39,24 +40,6 @@ class TransformerCachedStep : public StepModel {
   Tensor attention_;
 };
 
-// The same model decoded by recomputing the decoder over the whole prefix every step (no cache).
-class TransformerRecomputeStep : public StepModel {
- public:
-  TransformerRecomputeStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id);
-  int64_t num_sources() const override { return sources_; }
-  int64_t vocab_size() const override;
-  void start() override;
-  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
-
- private:
-  models::Seq2SeqTransformer* model_;
-  int64_t sources_;
-  Tensor memory_;  // (S, Ts, E)
-  Tensor src_block_;
-  std::vector<std::vector<int64_t>> prefix_;
-  std::vector<int64_t> row_source_;
-};
-
 // models::DecoderOnlyTransformer continuing prompts. start() runs the prompts through the layers at once
 // (left-padded to the longest; padding is masked out as keys and the positions of each row start at its first
 // real token), filling the caches; every step() then appends one token per row.
@@ -83,23 +66,6 @@ class DecoderOnlyCachedStep : public StepModel {
   std::vector<nn::LayerCache> caches_;
   bool record_ = false;
   Tensor attention_;
-};
-
-// Reference: each step runs the model's forward over prompt + prefix, one row at a time (no padding, no cache).
-class DecoderOnlyRecomputeStep : public StepModel {
- public:
-  DecoderOnlyRecomputeStep(models::DecoderOnlyTransformer& model, std::vector<std::vector<int64_t>> prompts);
-  int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
-  int64_t vocab_size() const override;
-  int64_t capacity() const override;
-  void start() override;
-  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
-
- private:
-  models::DecoderOnlyTransformer* model_;
-  std::vector<std::vector<int64_t>> prompts_;
-  std::vector<std::vector<int64_t>> seq_;  // per row: prompt + tokens so far
-  int64_t prompt_len_ = 0;
 };
 
 }  // namespace qkv::decode
