@@ -12,6 +12,7 @@
 #include "qkv/core/json.h"
 #include "qkv/core/utf8.h"
 #include "qkv/text/tokenizer.h"
+#include "bpe_tables.h"
 #include "regex.h"
 
 namespace qkv::text {
@@ -150,68 +151,6 @@ std::string byte_token_name(uint8_t b) {
   return std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
 }
 
-class BpeTokenizer;
-
-// Token string -> vocabulary id: open addressing over the ids alone (the strings stay in the tokenizer's one token
-// list), linear probing, at most half full. The first id of a string wins, as HF's vocab map.
-class VocabIndex {
- public:
-  void build(size_t n, const BpeTokenizer& owner);
-  int64_t find(std::string_view key, const BpeTokenizer& owner) const;
-
- private:
-  std::vector<int32_t> slots_;  // -1: empty
-  size_t mask_ = 0;
-};
-
-// (left id, right id) -> (rank, merged id): open addressing, linear probing, at most half full.
-class MergeTable {
- public:
-  struct Entry {
-    uint64_t key = kEmpty;
-    int32_t rank = 0, id = 0;
-  };
-  static constexpr uint64_t kEmpty = ~uint64_t{0};
-
-  void reserve(size_t n) {
-    size_t cap = 16;
-    while (cap < 2 * n) cap *= 2;
-    slots_.assign(cap, Entry{});
-    mask_ = cap - 1;
-    shift_ = 64;
-    for (size_t c = cap; c > 1; c >>= 1) --shift_;
-  }
-  // Keeps the first entry of a pair (HF keeps the lowest rank).
-  void insert(int32_t a, int32_t b, int32_t rank, int32_t id) {
-    const uint64_t key = pack(a, b);
-    for (size_t i = slot(key);; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) return;
-      if (slots_[i].key == kEmpty) {
-        slots_[i] = {key, rank, id};
-        return;
-      }
-    }
-  }
-  const Entry* find(int64_t a, int64_t b) const {
-    if (slots_.empty()) return nullptr;
-    const uint64_t key = pack(static_cast<int32_t>(a), static_cast<int32_t>(b));
-    for (size_t i = slot(key);; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) return &slots_[i];
-      if (slots_[i].key == kEmpty) return nullptr;
-    }
-  }
-
- private:
-  static uint64_t pack(int32_t a, int32_t b) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  }
-  size_t slot(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
-
-  std::vector<Entry> slots_;
-  size_t mask_ = 0;
-  int shift_ = 64;
-};
-
 class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(TokenizerSpec spec);
@@ -249,7 +188,9 @@ class BpeTokenizer final : public Tokenizer {
   std::string run_decoder(const std::vector<int64_t>& ids, bool skip_special, bool lossy) const;
 
   // The model vocabulary's id of a token string, -1 when absent.
-  int64_t vocab_id(std::string_view token) const { return vocab_index_.find(token, *this); }
+  int64_t vocab_id(std::string_view token) const {
+    return vocab_index_.find(token, [this](int32_t id) -> const std::string& { return vocab_string(id); });
+  }
   // The model vocabulary's string of id (what vocab_index_ keys on): tokens_[id] unless an added token took the id
   // with other content.
   const std::string& vocab_string(int32_t id) const {
@@ -259,7 +200,6 @@ class BpeTokenizer final : public Tokenizer {
     }
     return tokens_[static_cast<size_t>(id)];
   }
-  friend class VocabIndex;
 
   TokenizerSpec spec_;  // everything but vocab (moved into tokens_) and merges (in merges_), released when built
   std::vector<std::string> tokens_;  // id -> string (added tokens' content where they have the id)
@@ -267,38 +207,11 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<char> special_;
   std::vector<int64_t> special_ids_;
   std::unordered_map<std::string, int64_t> added_ids_;
-  VocabIndex vocab_index_;
-  MergeTable merges_;
+  detail::VocabIndex vocab_index_;
+  detail::MergeTable merges_;
   std::array<int64_t, 256> byte_ids_{};  // <0xAB> token ids (-1 when absent)
   std::vector<std::unique_ptr<detail::Regex>> regexes_;  // one per kSplit / kByteLevel(use_regex) step
 };
-
-void VocabIndex::build(size_t n, const BpeTokenizer& owner) {
-  size_t cap = 16;
-  while (cap < 2 * n) cap *= 2;
-  slots_.assign(cap, -1);
-  mask_ = cap - 1;
-  for (size_t id = 0; id < n; ++id) {
-    const std::string& key = owner.vocab_string(static_cast<int32_t>(id));
-    if (key.empty()) continue;  // an id only an added token has
-    for (size_t i = std::hash<std::string_view>()(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i] < 0) {
-        slots_[i] = static_cast<int32_t>(id);
-        break;
-      }
-      if (owner.vocab_string(slots_[i]) == key) break;  // the first id wins
-    }
-  }
-}
-
-int64_t VocabIndex::find(std::string_view key, const BpeTokenizer& owner) const {
-  if (slots_.empty() || key.empty()) return -1;
-  for (size_t i = std::hash<std::string_view>()(key) & mask_;; i = (i + 1) & mask_) {
-    const int32_t id = slots_[i];
-    if (id < 0) return -1;
-    if (owner.vocab_string(id) == key) return id;
-  }
-}
 
 BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   const std::string& src = spec_.source;
@@ -328,7 +241,8 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   tokens_ = std::move(spec_.vocab);
   std::vector<std::string>().swap(spec_.vocab);
   tokens_.resize(static_cast<size_t>(size));
-  vocab_index_.build(n_vocab, *this);  // keys: the vocab strings, before any added token replaces one
+  // Keys: the vocab strings, before any added token replaces one.
+  vocab_index_.build(n_vocab, [this](int32_t id) -> const std::string& { return vocab_string(id); });
   special_.assign(static_cast<size_t>(size), 0);
   for (const auto& a : spec_.added) {
     std::string& t = tokens_[static_cast<size_t>(a.id)];
