@@ -369,10 +369,14 @@ void quantize_blocks(const float* x, int64_t nb, int8_t* q, float* d, float* s, 
       return _mm512_cvtps_epi32(_mm512_mask_add_ps(t, up, t, one));
     };
     const __m512i q0 = round_away(_mm512_mul_ps(x0, id)), q1 = round_away(_mm512_mul_ps(x1, id));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQK), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQK + 16), _mm512_cvtepi32_epi8(q1));
-    const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    sum_lo[b] = _mm512_reduce_add_epi32(q0);
+    const __m128i n0 = _mm512_cvtepi32_epi8(q0), n1 = _mm512_cvtepi32_epi8(q1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQK), n0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQK + 16), n1);
+    // The sums of the stored int8 values, as quantize_block sums q[j] (a value past int8, from a block whose 1 / d
+    // overflows, is stored truncated as the plain loop's cast stores it, and summed so: no int32 overflow).
+    const __m512i w0 = _mm512_cvtepi8_epi32(n0), w1 = _mm512_cvtepi8_epi32(n1);
+    const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(w0, w1));
+    sum_lo[b] = _mm512_reduce_add_epi32(w0);
     d[b] = fp16_to_float(fp16_from_float(dv));
     s[b] = fp16_to_float(fp16_from_float(static_cast<float>(total) * dv));
     sum[b] = total;

@@ -41,6 +41,12 @@ TEST(GgufMemory, PeakOfALoadedModelIsWithinTheFileTimes1_3PlusTheKvCache) {
   o.max_new_tokens = 32;  // no stop ids: all 32 come
   const decode::Generation g = decode::generate(*model, prompt, o);
   ASSERT_EQ(g.tokens.size(), 32u);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // A sanitized build's resident memory is mostly the sanitizer's (shadow memory, redzones, the quarantine): the
+  // load and the reply are checked there, the bound in the unsanitized build that `make test` runs first.
+  (void)base;
+  return;
+#endif
   const int64_t peak = status_bytes("VmHWM") - base;
   const auto file = static_cast<double>(std::filesystem::file_size(path));
   const int64_t positions = static_cast<int64_t>(prompt.size() + g.tokens.size());

@@ -203,6 +203,7 @@ TEST(QuantGemm, VectorQuantizerGivesThePlainLoopsBits) {
     kernels::quantize_activations_reference(xs.data(), m, ldx, k, plain);
     ASSERT_EQ(fast.q, plain.q) << "ldx " << ldx;
     ASSERT_EQ(fast.sum, plain.sum) << "ldx " << ldx;
+    ASSERT_EQ(fast.sum_lo, plain.sum_lo) << "ldx " << ldx;
     EXPECT_TRUE(SameBits(fast.d, plain.d, "d, ldx " + std::to_string(ldx)));
     EXPECT_TRUE(SameBits(fast.s, plain.s, "s, ldx " + std::to_string(ldx)));
   }
