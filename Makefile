@@ -51,7 +51,7 @@ test-asan: deps
 # products, sgemm, the storage pool): clang-14 with LLVM's OpenMP and its Archer tool, which tells TSan about
 # OpenMP's synchronisation (GCC's libgomp is not instrumented and reports false races).
 TSAN_TESTS := attention_flash_test attention_flash_entry_test attention_flash_isa_test storage_pool_test precision_test \
-              precision_fronts_test
+              precision_int8_test precision_fronts_test
 TSAN_RUN    = OMP_NUM_THREADS=2 OMP_TOOL_LIBRARIES=/usr/lib/llvm-14/lib/libarcher.so \
               TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1"
 test-tsan: deps
