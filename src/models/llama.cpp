@@ -3,6 +3,7 @@
 // attention is in llama_attention.cpp, the MLP and the decoder layer in llama_layer.cpp, GGUF files in llama_gguf.cpp.
 #include "qkv/models/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <new>
@@ -27,6 +28,21 @@ std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
+// HF's padding mask (B, T_keys) as the attention's keep mask (1 = the key takes part); undefined when it is empty or
+// holds ones only, so that the layers run as without a mask.
+Tensor keep_mask(const Ids& mask, const Ids& ids, int64_t cached) {
+  if (mask.shape.empty() && mask.data.empty()) return Tensor();
+  const int64_t b = ids.shape[0], keys = cached + ids.shape[1];
+  QKV_CHECK_ARG(mask.shape == (Shape{b, keys}) && static_cast<int64_t>(mask.data.size()) == b * keys,
+                "[llama] attention_mask ", str(mask.shape), " holding ", mask.data.size(),
+                " values must be empty or (B, T_keys) = ", str(Shape{b, keys}), ": the ", cached,
+                " cached positions and the ids ", str(ids.shape));
+  if (std::all_of(mask.data.begin(), mask.data.end(), [](int64_t k) { return k != 0; })) return Tensor();
+  Tensor keep = Tensor::empty({b, keys});
+  for (size_t i = 0; i < mask.data.size(); ++i) keep.data()[i] = mask.data[i] != 0 ? 1.0f : 0.0f;
+  return keep;
+}
+
 }  // namespace
 
 // --- modules ---------------------------------------------------------------------------------------------------
@@ -49,7 +65,7 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Rng& rng)
 
 ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
                             const std::vector<int64_t>* positions, int64_t last, const ForwardOptions* options,
-                            CausalLMOutput* record) const {
+                            CausalLMOutput* record, const Ids& attention_mask) const {
   QKV_CHECK_ARG(ids.shape.size() == 2 && ids.shape[0] > 0 && ids.shape[1] > 0 &&
                     static_cast<int64_t>(ids.data.size()) == ids.shape[0] * ids.shape[1],
                 "[llama] ids ", str(ids.shape), " must be a non-empty (B, T) holding B·T values, got ",
@@ -63,6 +79,10 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   QKV_CHECK_ARG(c.sequence_shard() == nullptr || (positions != nullptr && !caches), "[llama] ids ", str(ids.shape),
                 ": context parallelism needs the ids' global positions and no KV caches");
   const int64_t offset = caches && !caches->empty() ? (*caches)[0].length() : 0;
+  const Tensor mask = keep_mask(attention_mask, ids, offset);
+  QKV_CHECK_ARG(!mask.defined() || c.sequence_shard() == nullptr, "[llama] attention_mask ",
+                str(attention_mask.shape), " with the ids ", str(ids.shape),
+                " under context parallelism (a sequence shard): not supported");
   ad::Var x = embed_tokens.forward(c, ids);
   if (embed_scale_ != 1.0f) x = ad::scale(x, embed_scale_);
   // The rotary angles once for every layer (positions of the wrong count are refused by the first attention).
@@ -83,7 +103,7 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   if (hidden) record->hidden_states.assign(1, x.value);
   for (size_t i = 0; i < layers.size(); ++i) {
     x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope,
-                           i + 1 == layers.size() ? last : 0, asked[i] ? &record->attentions[i] : nullptr);
+                           i + 1 == layers.size() ? last : 0, asked[i] ? &record->attentions[i] : nullptr, mask);
     if (hidden && i + 1 < layers.size()) record->hidden_states.push_back(x.value);
   }
   x = norm.forward(c, x);
@@ -100,10 +120,12 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Rng& rng) : model(c, rn
 }
 
 ad::Var LlamaForCausalLM::forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
-                                  int64_t logits_to_keep, const std::vector<int64_t>* positions) const {
+                                  int64_t logits_to_keep, const std::vector<int64_t>* positions,
+                                  const Ids& attention_mask) const {
   QKV_CHECK_ARG(logits_to_keep >= 0, "[llama] logits_to_keep must be >= 0, got ", logits_to_keep);
   // The last layer's queries, residual and MLP on the kept rows only (all rows run around a shard's ring).
-  ad::Var h = model.forward(c, ids, caches, positions, c.sequence_shard() == nullptr ? logits_to_keep : 0);
+  ad::Var h = model.forward(c, ids, caches, positions, c.sequence_shard() == nullptr ? logits_to_keep : 0, nullptr,
+                            nullptr, attention_mask);
   const int64_t t = h.size(1);
   if (logits_to_keep > 0 && logits_to_keep < t) h = ad::slice(h, 1, t - logits_to_keep, t);
   return head(c, h);
@@ -120,10 +142,10 @@ ad::Var LlamaForCausalLM::head(const nn::Context& c, const ad::Var& h) const {
 }
 
 CausalLMOutput LlamaForCausalLM::forward(const Ids& ids, const ForwardOptions& options,
-                                         std::vector<nn::KvCache>* caches) const {
+                                         std::vector<nn::KvCache>* caches, const Ids& attention_mask) const {
   const nn::Context c;
   CausalLMOutput out;
-  out.logits = head(c, model.forward(c, ids, caches, nullptr, 0, &options, &out)).value;
+  out.logits = head(c, model.forward(c, ids, caches, nullptr, 0, &options, &out, attention_mask)).value;
   return out;
 }
 

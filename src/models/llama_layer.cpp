@@ -86,8 +86,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, int64_t layer, Rng& r
 
 ad::Var LlamaDecoderLayer::forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                                    const std::vector<int64_t>* positions,
-                                   const std::shared_ptr<const RopeTable>& rope, int64_t last, Tensor* probs) const {
-  const ad::Var h = self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions, rope, last, probs);
+                                   const std::shared_ptr<const RopeTable>& rope, int64_t last, Tensor* probs,
+                                   const Tensor& attention_mask) const {
+  const ad::Var h =
+      self_attn.forward(c, input_layernorm.forward(c, x), offset, cache, positions, rope, last, probs, attention_mask);
   const int64_t t = x.size(1);
   const ad::Var r = h.size(1) < t ? ad::slice(x, 1, t - h.size(1), t) : x;  // the residual of the rows it gave
   if (sandwich_) {

@@ -134,11 +134,12 @@ class LlamaDecoderLayer : public nn::Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, int64_t layer, Rng& rng);
   // last: as LlamaAttention's; the residual stream and the MLP then run on those rows only.
-  // probs: as LlamaAttention's (the layer's attention probabilities, when not null).
+  // probs, attention_mask: as LlamaAttention's (the layer's attention probabilities, when not null; HF's (B, T_keys)
+  // padding mask, nonzero = the key takes part).
   ad::Var forward(const nn::Context& c, const ad::Var& x, int64_t offset, nn::KvCache* cache,
                   const std::vector<int64_t>* positions = nullptr,
                   const std::shared_ptr<const RopeTable>& rope = nullptr, int64_t last = 0,
-                  Tensor* probs = nullptr) const;
+                  Tensor* probs = nullptr, const Tensor& attention_mask = Tensor()) const;
 
   LlamaAttention self_attn;
   LlamaMlp mlp;
@@ -161,9 +162,18 @@ class LlamaModel : public nn::Module {
   // queries, residual and MLP on those rows (every layer's keys and values still cover all T). Not under a shard.
   // record: null, or where options' attentions and hidden states go (CausalLMOutput's; its logits untouched);
   // last must be 0 then, and no shard.
+  // attention_mask: empty (every key takes part), or HF's padding mask (B, T_keys) over the cached positions and
+  // then the ids' T (1 = token, 0 = padding; any nonzero counts as 1), combined with the causal mask and the windows
+  // in every layer. Padding may sit anywhere (left, as generation pads, or right); positions stay as given (or the
+  // cache's offset .. offset + T - 1, transformers' arange), so a left-padded row's tokens sit at shifted positions,
+  // which rotary attention does not see beyond float rounding. A query whose every key is masked (a left-padded
+  // row's padding, a row of zeros) gets attention output 0 and probabilities 0 (qkv::attention's fully masked
+  // rule; transformers' eager attention spreads such a row uniformly over the keys): its hidden states and logits
+  // are finite but belong to no sequence. A mask of ones only runs as no mask (the same bits). Not under a shard.
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
                   const std::vector<int64_t>* positions = nullptr, int64_t last = 0,
-                  const ForwardOptions* options = nullptr, CausalLMOutput* record = nullptr) const;
+                  const ForwardOptions* options = nullptr, CausalLMOutput* record = nullptr,
+                  const Ids& attention_mask = {}) const;
 
   nn::Embedding embed_tokens;
   std::vector<std::unique_ptr<LlamaDecoderLayer>> layers;
@@ -190,16 +200,20 @@ class LlamaForCausalLM : public nn::Module {
   // on those rows (LlamaModel's `last`; not under a sequence shard).
   // positions: optional, the T global positions of the ids' columns under context parallelism (c.sequence_shard():
   // ids hold this process's positions, and every attention runs around the ring); default 0 .. T-1.
+  // attention_mask: empty, or HF's padding mask (B, T_keys), T_keys = the caches' length + T (see LlamaModel).
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr,
-                  int64_t logits_to_keep = 0, const std::vector<int64_t>* positions = nullptr) const;
+                  int64_t logits_to_keep = 0, const std::vector<int64_t>* positions = nullptr,
+                  const Ids& attention_mask = {}) const;
   Tensor logits(const Ids& ids) const { return forward(nn::Context(), ids).value; }
   // HF's model(ids, output_attentions=..., output_hidden_states=...), for inference: logits (B, T, V) at every
   // position and what options ask for (CausalLMOutput). caches: as above (a decode step's attentions are
   // (B, Hq, T, T_cache) over every cached key). The attention keeps its fused kernel; the probabilities of the asked
   // layers are recomputed beside it (LlamaAttention::forward's probs). attention_layers out of [0, L) throw
   // std::invalid_argument "[llama] ...".
-  CausalLMOutput forward(const Ids& ids, const ForwardOptions& options,
-                         std::vector<nn::KvCache>* caches = nullptr) const;
+  // attention_mask: HF's (B, T_keys) padding mask, as above: a padded batch gives each row, at its tokens, the
+  // logits, attentions (0 at the padded keys) and hidden states it has alone.
+  CausalLMOutput forward(const Ids& ids, const ForwardOptions& options, std::vector<nn::KvCache>* caches = nullptr,
+                         const Ids& attention_mask = {}) const;
   // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
   // attention reads in place through attention_with_kvcache's block table.
   std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0) const;

@@ -1,0 +1,187 @@
+// LlamaForCausalLM with HF's attention_mask (B, T_keys): a padded row (left padding, as generation pads, and right
+// padding) gives at its tokens the logits, attention probabilities and hidden states it has alone, also through the
+// KV cache (contiguous and paged) for the next step; a row of zeros gives finite outputs; a mask of ones is no mask.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops_testing.h"
+#include "qkv/models/llama.h"
+#include "qkv/nn/kv_cache.h"
+#include "tiny_llama.h"
+
+namespace qkv::models {
+namespace {
+
+using qkv::testing::AllClose;
+using qkv::testing::Tol;
+
+// A left-padded row's tokens sit at shifted positions: rotary angles rounded differently, nothing else.
+const Tol kPaddedTol{1e-5, 1e-5};
+constexpr int64_t kPad = 0;  // any id: padded positions never reach a token's output
+
+ForwardOptions everything() {
+  ForwardOptions o;
+  o.output_attentions = o.output_hidden_states = true;
+  return o;
+}
+
+// Two prompts of lengths 9 and 5 in one (2, 9) batch, the short one padded on the left or the right.
+struct Padded {
+  Ids ids, mask;
+  int64_t first = 0;  // where the short row's tokens start
+};
+
+const std::vector<int64_t> kLong = {3, 7, 1, 19, 4, 4, 11, 2, 9};
+const std::vector<int64_t> kShort = {5, 2, 8, 13, 6};
+
+Padded padded(bool left) {
+  Padded p;
+  const int64_t t = 9, n = 5, pads = t - n;
+  p.first = left ? pads : 0;
+  p.ids.shape = p.mask.shape = {2, t};
+  p.ids.data = kLong;
+  p.mask.data.assign(t, 1);
+  for (int64_t j = 0; j < t; ++j) {
+    const bool token = j >= p.first && j < p.first + n;
+    p.ids.data.push_back(token ? kShort[static_cast<size_t>(j - p.first)] : kPad);
+    p.mask.data.push_back(token ? 1 : 0);
+  }
+  return p;
+}
+
+Ids one_row(const std::vector<int64_t>& ids) { return Ids{ids, {1, static_cast<int64_t>(ids.size())}}; }
+
+// x (B, ...) row b, positions [from, from + n) of axis `axis` (1 for (B, T, E), 2 for (B, H, T, T)).
+Tensor rows(const Tensor& x, int64_t b, int64_t axis, int64_t from, int64_t n) {
+  return x.slice(0, b, b + 1).slice(axis, from, from + n);
+}
+
+bool all_finite(const Tensor& x) {
+  const Tensor c = x.contiguous();
+  for (int64_t i = 0; i < c.numel(); ++i)
+    if (!std::isfinite(c.data()[i])) return false;
+  return true;
+}
+
+// Every entry of `got` (one row of the batch, at its tokens) against the row alone.
+void expect_row_alone(const CausalLMOutput& got, int64_t b, int64_t first, const CausalLMOutput& alone,
+                      const char* what) {
+  const int64_t n = alone.logits.size(1);
+  EXPECT_TRUE(AllClose(rows(got.logits, b, 1, first, n), alone.logits, kPaddedTol)) << what;
+  ASSERT_EQ(got.hidden_states.size(), alone.hidden_states.size());
+  for (size_t l = 0; l < alone.hidden_states.size(); ++l)
+    EXPECT_TRUE(AllClose(rows(got.hidden_states[l], b, 1, first, n), alone.hidden_states[l], kPaddedTol))
+        << what << " hidden state " << l;
+  if (alone.attentions.empty()) return;
+  ASSERT_EQ(got.attentions.size(), alone.attentions.size());
+  for (size_t l = 0; l < alone.attentions.size(); ++l) {
+    const Tensor p = rows(got.attentions[l], b, 2, first, n);  // (1, H, n, T_keys)
+    EXPECT_TRUE(AllClose(p.slice(3, first, first + n), alone.attentions[l], kPaddedTol)) << what << " layer " << l;
+    // the padded keys get nothing
+    const Tensor pc = p.contiguous();
+    const int64_t keys = pc.size(3);
+    for (int64_t i = 0; i < pc.numel(); ++i) {
+      const int64_t j = i % keys;
+      if (j < first || j >= first + n) EXPECT_EQ(pc.data()[i], 0.0f) << what << " layer " << l << " key " << j;
+    }
+  }
+}
+
+TEST(LlamaMask, LeftAndRightPaddedRowsGiveWhatEachRowGivesAlone) {
+  for (bool gemma : {false, true})  // gemma: a window of 3 on layer 0, soft-caps, GQA 4/2
+    for (bool left : {true, false}) {
+      Rng rng(7);
+      const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
+      const Padded p = padded(left);
+      const CausalLMOutput out = model.forward(p.ids, everything(), nullptr, p.mask);
+      const char* what = left ? "left" : "right";
+      expect_row_alone(out, 0, 0, model.forward(one_row(kLong), everything()), what);
+      expect_row_alone(out, 1, p.first, model.forward(one_row(kShort), everything()), what);
+      EXPECT_TRUE(all_finite(out.logits)) << what;  // the padded queries too
+      for (const Tensor& h : out.hidden_states) EXPECT_TRUE(all_finite(h)) << what;
+      // the training forward (no recording) takes the same mask: the same logits
+      const Tensor logits = model.forward(nn::Context(), p.ids, nullptr, 0, nullptr, p.mask).value;
+      EXPECT_TRUE(AllClose(logits, out.logits, Tol{0.0, 0.0})) << what;
+      // logits_to_keep 1: the last row only, the same numbers
+      const Tensor last = model.forward(nn::Context(), p.ids, nullptr, 1, nullptr, p.mask).value;
+      EXPECT_TRUE(AllClose(last, out.logits.slice(1, 8, 9), Tol{1e-6, 1e-6})) << what;
+    }
+}
+
+TEST(LlamaMask, LeftPaddedPrefillThenStepsThroughTheCacheMatchTheRowAlone) {
+  for (bool gemma : {false, true})
+    for (int64_t page : {0, 3}) {
+      Rng rng(11);
+      const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
+      const Padded p = padded(true);
+      std::vector<nn::KvCache> caches = model.new_caches(2, 4, page);
+      model.forward(p.ids, ForwardOptions(), &caches, p.mask);
+      std::vector<nn::KvCache> alone = model.new_caches(1, 4, page);
+      model.forward(one_row(kShort), ForwardOptions(), &alone);
+      Ids mask = p.mask;
+      for (int64_t next : {17, 4, 21}) {  // each step's mask covers every cached key and the new one
+        std::vector<int64_t> m;
+        for (int64_t b = 0; b < 2; ++b) {
+          m.insert(m.end(), mask.data.begin() + b * mask.shape[1], mask.data.begin() + (b + 1) * mask.shape[1]);
+          m.push_back(1);
+        }
+        mask = Ids{m, {2, mask.shape[1] + 1}};
+        const CausalLMOutput step = model.forward(Ids{{next, next}, {2, 1}}, everything(), &caches, mask);
+        const CausalLMOutput one = model.forward(one_row({next}), everything(), &alone);
+        expect_row_alone(step, 1, 0, CausalLMOutput{one.logits, {}, one.hidden_states}, "step");
+        for (size_t l = 0; l < 2; ++l) {
+          const Tensor keys = step.attentions[l].slice(0, 1, 2).slice(3, p.first, mask.shape[1]);
+          EXPECT_TRUE(AllClose(keys, one.attentions[l], kPaddedTol)) << "gemma " << gemma << " page " << page;
+        }
+      }
+    }
+}
+
+TEST(LlamaMask, RowOfZerosIsFiniteAndLeavesTheOtherRowAlone) {
+  Rng rng(2);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(true), rng);
+  Padded p = padded(true);
+  std::fill(p.mask.data.begin() + 9, p.mask.data.end(), 0);  // row 1: every key masked
+  const CausalLMOutput out = model.forward(p.ids, everything(), nullptr, p.mask);
+  EXPECT_TRUE(all_finite(out.logits));
+  for (const Tensor& h : out.hidden_states) EXPECT_TRUE(all_finite(h));
+  for (const Tensor& a : out.attentions) {  // qkv::attention's fully masked rule: probabilities 0
+    const Tensor r = a.slice(0, 1, 2).contiguous();
+    for (int64_t i = 0; i < r.numel(); ++i) ASSERT_EQ(r.data()[i], 0.0f) << i;
+  }
+  expect_row_alone(out, 0, 0, model.forward(one_row(kLong), everything()), "zeros");
+}
+
+TEST(LlamaMask, MaskOfOnesIsNoMask) {
+  Rng rng(4);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
+  const Padded p = padded(true);
+  Ids ones = p.mask;
+  std::fill(ones.data.begin(), ones.data.end(), 3);  // any nonzero value counts as 1
+  const CausalLMOutput a = model.forward(p.ids, everything(), nullptr, ones);
+  const CausalLMOutput b = model.forward(p.ids, everything());
+  EXPECT_TRUE(AllClose(a.logits, b.logits, Tol{0.0, 0.0}));
+  EXPECT_TRUE(AllClose(a.attentions[1], b.attentions[1], Tol{0.0, 0.0}));
+}
+
+TEST(LlamaMask, MaskOfTheWrongShapeThrows) {
+  using qkv::testing::ThrowsArg;
+  Rng rng(4);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
+  const Padded p = padded(true);
+  const char* needle = "[llama] attention_mask";
+  EXPECT_TRUE(ThrowsArg([&] { model.forward(p.ids, everything(), nullptr, Ids{{1, 1, 1}, {1, 3}}); }, needle));
+  EXPECT_TRUE(ThrowsArg([&] { model.forward(p.ids, everything(), nullptr, Ids{{1, 1}, {2, 9}}); }, needle));
+  EXPECT_TRUE(ThrowsArg([&] { model.forward(nn::Context(), p.ids, nullptr, 0, nullptr, Ids{p.mask.data, {9, 2}}); },
+                        needle));
+  // with a cache the mask covers the cached positions too: (2, 9 + 1)
+  std::vector<nn::KvCache> caches = model.new_caches(2);
+  model.forward(p.ids, ForwardOptions(), &caches, p.mask);
+  EXPECT_TRUE(ThrowsArg([&] { model.forward(Ids{{1, 2}, {2, 1}}, ForwardOptions(), &caches, Ids{{1, 0}, {2, 1}}); },
+                        "[llama] attention_mask (2, 1) holding 2 values must be empty or (B, T_keys) = (2, 10)"));
+}
+
+}  // namespace
+}  // namespace qkv::models
