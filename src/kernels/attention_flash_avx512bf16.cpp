@@ -1,6 +1,6 @@
 // The bf16 products of the fused attention forward (attention_flash_kernels.h GemmBf16) with AVX512-BF16's
-// vdpbf16ps: register blocks of up to 12 rows by 2 vectors or 6 by 4, as the float32 AVX-512 product, each
-// broadcast word carrying two bfloat16 of A. The rest of the set is avx512_kernels()'s. Compiled with
+// vdpbf16ps: attention_flash_blocks.h's register blocks of up to 12 rows by 2 vectors or 6 by 4, as the float32
+// AVX-512 product, on micro.h's Lanes512 with the PairsBf16 dot (each broadcast word two bfloat16 of A). The rest of the set is avx512_kernels()'s. Compiled with
 // -mavx512bf16 on top of the AVX-512 flags; picked at run time only when the CPU has it. The amx sets at the end are
 // this one with the bf16 products on AMX tiles, the hardware's or emulated (lowp_amx.cpp).
 #include <immintrin.h>
@@ -13,101 +13,28 @@
 #endif
 
 #include "attention_flash_blocks.h"
-#include "attention_flash_kernels.h"
 #include "lowp_avx512_impl.h"
+#include "micro.h"
 
 namespace qkv::kernels::flash {
 namespace {
 
-inline __mmask16 tail_mask(int64_t n) {  // lanes [0, n), 0 <= n <= 16
-  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
-}
+using detail::Lanes512;
 
-inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
-  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
-}
+inline __mmask16 tail_mask(int64_t n) { return Lanes512::tail(n); }  // lanes [0, n), 0 <= n <= 16
 
-template <int R, int NV, bool kTail>
-inline void micro(const GemmBf16& g, const uint32_t* a, const uint32_t* b, float* c, __mmask16 last) {
-  __m512 acc[R][NV];
-  for (int r = 0; r < R; ++r) {
-    const __m512 s = g.accumulate && g.row_scale ? _mm512_set1_ps(g.row_scale[r]) : _mm512_set1_ps(1.0f);
-    for (int v = 0; v < NV; ++v) {
-      if (!g.accumulate) {
-        acc[r][v] = _mm512_setzero_ps();
-        continue;
-      }
-      const __m512 x = kTail && v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + r * g.c_rs + 16 * v)
-                                            : _mm512_loadu_ps(c + r * g.c_rs + 16 * v);
-      acc[r][v] = _mm512_mul_ps(x, s);
-    }
-  }
-  const int64_t a_rs = g.a_rs, a_ks = g.a_ks, b_ks = g.b_ks;
-  for (int64_t k = 0; k < g.depth; ++k) {
-    __m512i bv[NV];
-    for (int v = 0; v < NV; ++v)
-      bv[v] = kTail && v == NV - 1 ? _mm512_maskz_loadu_epi32(last, b + 16 * v) : _mm512_loadu_si512(b + 16 * v);
-    for (int r = 0; r < R; ++r) {
-      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r * a_rs]));
-      for (int v = 0; v < NV; ++v) acc[r][v] = dot(acc[r][v], av, bv[v]);
-    }
-    a += a_ks;
-    b += b_ks;
-  }
-  if (!g.accumulate && g.scale != 1.0f) {
-    const __m512 s = _mm512_set1_ps(g.scale);
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], s);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) {
-      if (kTail && v == NV - 1) _mm512_mask_storeu_ps(c + r * g.c_rs + 16 * v, last, acc[r][v]);
-      else _mm512_storeu_ps(c + r * g.c_rs + 16 * v, acc[r][v]);
-    }
-}
-
-template <int R, int NV>
-inline void tail(const GemmBf16& g, const uint32_t* a, const uint32_t* b, float* c, __mmask16 last) {
-  if (last == 0xFFFF) micro<R, NV, false>(g, a, b, c, last);
-  else micro<R, NV, true>(g, a, b, c, last);
-}
-
-template <int R>
-inline void row_block(const GemmBf16& g, int64_t r0) {
-  constexpr int kMaxNV = R <= 6 ? 4 : 2;
-  const uint32_t* a = g.a + r0 * g.a_rs;
-  float* c = g.c + r0 * g.c_rs;
-  GemmBf16 shifted = g;
-  if (g.row_scale) shifted.row_scale = g.row_scale + r0;
-  int64_t j = 0;
-  for (; j + 16 * kMaxNV <= g.cols; j += 16 * kMaxNV) micro<R, kMaxNV, false>(shifted, a, g.b + j, c + j, 0xFFFF);
-  const int64_t rest = g.cols - j;
-  if (rest <= 0) return;
-  const int64_t nv = (rest + 15) / 16;
-  const __mmask16 last = tail_mask(rest - 16 * (nv - 1));
-  switch (nv) {
-    case 1: tail<R, 1>(shifted, a, g.b + j, c + j, last); break;
-    case 2: tail<R, 2>(shifted, a, g.b + j, c + j, last); break;
-    case 3: if constexpr (kMaxNV >= 3) tail<R, 3>(shifted, a, g.b + j, c + j, last); break;
-    case 4: if constexpr (kMaxNV >= 4) tail<R, 4>(shifted, a, g.b + j, c + j, last); break;
-    default: break;
-  }
-}
-
-template <int R>
-inline void row_blocks(const GemmBf16& g) {
-  for_row_blocks<R>(g.rows, [&]<int RR>(int64_t r) { row_block<RR>(g, r); });
-}
+// Blocks of up to kMaxNV vectors by R rows.
+constexpr int max_vectors(int rows) { return rows <= 6 ? 4 : 2; }
 
 // Narrow products (head-dim wide: P·V) take 12 rows at a time, wide ones (score tiles) 6.
 void gemm_bf16(const GemmBf16& g) {
-  if (g.cols <= 32) row_blocks<12>(g);
-  else row_blocks<6>(g);
+  if (g.cols <= 32) product<Lanes512, detail::PairsBf16, 12, max_vectors>(g);
+  else product<Lanes512, detail::PairsBf16, 6, max_vectors>(g);
 }
 
 void pairs_of_rows(const float* x0, const float* x1, int64_t n, uint32_t* out) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - i);
+    const __mmask16 m = tail_mask(n - i);
     const __m512i lo = _mm512_srli_epi32(detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m, x0 + i)), 16);
     const __m512i hi = x1 ? detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m, x1 + i)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(out + i, m, _mm512_or_si512(lo, hi));

@@ -29,13 +29,15 @@
 namespace qkv::kernels::detail {
 namespace {
 
-// Lane traits: F (kW floats), I (kW 32-bit integers), Tail (lanes [0, n) of a vector), and kRegs registers.
-// dot_pairs (vdpbf16ps) and dot_quads (vpdpbusd) exist only in units compiled with their flags.
+// Lane traits: F (kW floats), I (kW 32-bit integers), Tail (lanes [0, n) of a vector), M (a lane mask), and kRegs
+// registers; also attention_flash_simd.h's V (its comment lists the operations). dot_pairs (vdpbf16ps) and
+// dot_quads (vpdpbusd) exist only in units compiled with their flags.
 #if defined(__AVX512F__)
 struct Lanes512 {
   using F = __m512;
   using I = __m512i;
   using Tail = __mmask16;
+  using M = __mmask16;
   static constexpr int64_t kW = 16;
   static constexpr int kRegs = 32;
   static Tail tail(int64_t n) {
@@ -48,10 +50,25 @@ struct Lanes512 {
   static I load(const uint32_t* p) { return _mm512_loadu_si512(p); }
   static I load(const int32_t* p) { return _mm512_loadu_si512(p); }
   static F load_n(const float* p, Tail t) { return _mm512_maskz_loadu_ps(t, p); }
+  static I load_n(const uint32_t* p, Tail t) { return _mm512_maskz_loadu_epi32(t, p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static void store_n(float* p, Tail t, F v) { _mm512_mask_storeu_ps(p, t, v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static M eq(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static M ge(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static M unord(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }
+  static M or_(M a, M b) { return static_cast<M>(a | b); }
+  static F select(M m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
+  static F zero_unless(M m, F a) { return _mm512_maskz_mov_ps(m, a); }
+  static F pow2n(F p, F t) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_castps_si512(t), 23)));
+  }
+  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
   static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
   static I neg_shl7(I a) { return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(a, 7)); }  // -128 a
   static void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
@@ -104,6 +121,7 @@ struct Lanes256 {
   using F = __m256;
   using I = __m256i;
   using Tail = __m256i;
+  using M = __m256;
   static constexpr int64_t kW = 8;
   static constexpr int kRegs = 16;
   static Tail tail(int64_t n) {
@@ -117,10 +135,28 @@ struct Lanes256 {
   static I load(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static I load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static F load_n(const float* p, Tail t) { return _mm256_maskload_ps(p, t); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static void store_n(float* p, Tail t, F v) { _mm256_maskstore_ps(p, t, v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static M eq(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+  static M ge(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M unord(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_UNORD_Q); }
+  static M or_(M a, M b) { return _mm256_or_ps(a, b); }
+  static F select(M m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
+  static F zero_unless(M m, F a) { return _mm256_and_ps(a, m); }
+  static F pow2n(F p, F t) {  // p · 2^n, n in t's low mantissa bits: t's exponent bits shift out
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23)));
+  }
+  static float hsum(F v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+  }
   static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
   static I neg_shl7(I a) { return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(a, 7)); }
   static void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
