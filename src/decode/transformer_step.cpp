@@ -1,20 +1,16 @@
-// Transformer step models: cached incremental decoding (self-attention K/V appended per step, cross-attention
-// K/V projected once per source), for Seq2SeqTransformer and DecoderOnly.
+// Transformer step models: cached incremental decoding through the models' forward (Seq2SeqTransformer::decode
+// with an nn::DecoderCache, DecoderOnlyTransformer::forward with one nn::KvCache per layer).
 #include "qkv/decode/transformer_step.h"
 
 #include <algorithm>
-#include <cmath>
+#include <utility>
 
 #include "qkv/core/error.h"
-#include "qkv/nn/positional/sinusoidal.h"
-#include "qkv/ops/attention.h"
-#include "qkv/ops/elementwise.h"
-#include "qkv/ops/matmul.h"
+#include "qkv/models/outputs.h"
 
 namespace qkv::decode {
 using nn::gather_rows;
 using nn::is_identity;
-using nn::KvCache;
 namespace {
 
 void check_step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens, int64_t prev_rows, int64_t V,
@@ -59,41 +55,16 @@ TransformerCachedStep::TransformerCachedStep(models::Seq2SeqTransformer& model, 
   src_block_ = models::padding_mask(src, pad_id);
   nn::AttentionMasks src_masks;
   src_masks.key_padding_mask = src_block_;
-  const Tensor memory = model.encode(src, src_masks);  // (S, Ts, E)
-  for (auto& layer : model.transformer.decoder.layers) {  // (S, H, Ts, D) per layer, once per source
-    auto [k, v] = layer->multihead_attn.project_kv(memory, memory);
-    layer_mem_k_.push_back(k);
-    layer_mem_v_.push_back(v);
-  }
+  memory_ = model.encode(src, src_masks);  // (S, Ts, E)
 }
 
 int64_t TransformerCachedStep::vocab_size() const { return model_->config().tgt_vocab; }
 
 void TransformerCachedStep::start() {
-  const auto& layers = model_->transformer.decoder.layers;
-  caches_.assign(layers.size(), nn::LayerCache());
-  for (size_t l = 0; l < layers.size(); ++l)
-    caches_[l].self.reset(sources_, layers[l]->self_attn.num_heads(), layers[l]->self_attn.head_dim());
+  cache_ = nn::DecoderCache(model_->transformer.decoder.layers.size());
   row_source_.resize(static_cast<size_t>(sources_));
   for (int64_t s = 0; s < sources_; ++s) row_source_[static_cast<size_t>(s)] = s;
-  gathered_for_.clear();
-  t_ = 0;
   attention_ = Tensor();
-}
-
-// The memory keys/values and key padding of the current rows' sources, gathered when the rows' sources change.
-void TransformerCachedStep::ensure_memory_rows() {
-  if (row_source_ == gathered_for_) return;
-  const bool same = is_identity(row_source_, sources_);  // one row per source in order: no gather
-  const int64_t N = static_cast<int64_t>(row_source_.size());
-  for (size_t l = 0; l < layer_mem_k_.size(); ++l) {
-    const Tensor& k = layer_mem_k_[l];
-    nn::KvCache& m = caches_[l].memory;
-    m.reset(N, k.size(1), k.size(3), std::max<int64_t>(k.size(2), 1));
-    m.append(same ? k : gather_rows(k, row_source_), same ? layer_mem_v_[l] : gather_rows(layer_mem_v_[l], row_source_));
-  }
-  row_block_ = same ? src_block_ : gather_rows(src_block_, row_source_);  // (N, Ts)
-  gathered_for_ = row_source_;
 }
 
 Tensor TransformerCachedStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
@@ -102,29 +73,35 @@ Tensor TransformerCachedStep::step(const std::vector<int64_t>& rows, const std::
   const int64_t N = static_cast<int64_t>(rows.size());
   std::vector<int64_t> src(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) src[i] = row_source_[static_cast<size_t>(rows[i])];
-  row_source_ = src;
-  for (nn::LayerCache& c : caches_) c.self.reorder(rows);
-  ensure_memory_rows();
-
-  const int64_t E = model_->config().transformer.layer.d_model;
-  Tensor x = model_->tgt_tok_emb.forward(Ids{tokens, {N, 1}});  // (N, 1, E)
-  if (model_->config().scale_embeddings) x = scale(x, std::sqrt(static_cast<float>(E)));
-  x = add_sinusoidal(x, t_);
-  nn::AttentionMasks tgt_masks, memory_masks;
-  tgt_masks.is_causal = true;  // bottom-right: the new token sees every cached position
-  memory_masks.key_padding_mask = row_block_;
-  const nn::Context inference;
-  auto& layers = model_->transformer.decoder.layers;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    Tensor w;
-    const bool want = record_ && l + 1 == layers.size();
-    x = layers[l]->forward(inference, x, ad::Var(), tgt_masks, memory_masks, &caches_[l], nullptr, want ? &w : nullptr)
-            .value;
-    if (want) attention_ = mean_heads_last_row(w);
+  // The first step projects the rows' memory into the cache; later ones reorder the cached rows (the memory's only
+  // when the rows' sources change).
+  const bool first = cache_.length == 0, same = is_identity(src, sources_);
+  ad::Var memory;
+  if (first) {
+    memory = ad::Var(same ? memory_ : gather_rows(memory_, src));
+  } else {
+    for (nn::KvCache& c : cache_.self) c.reorder(rows);
+    if (src != row_source_)
+      for (nn::KvCache& c : cache_.memory) c.reorder(rows);
   }
-  if (model_->transformer.decoder.norm) x = model_->transformer.decoder.norm->forward(x);
-  ++t_;
-  return model_->generator.forward(x).reshape({N, vocab_size()});
+  if (first || src != row_source_) row_block_ = same ? src_block_ : gather_rows(src_block_, src);  // (N, Ts)
+  row_source_ = std::move(src);
+
+  nn::AttentionMasks memory_masks;
+  memory_masks.key_padding_mask = row_block_;
+  const size_t L = model_->transformer.decoder.layers.size();
+  nn::StackRecord record;  // the last layer's cross-attention, when asked
+  const bool want = record_ && L > 0;
+  if (want) {
+    record.attention_layers.assign(L, false);
+    record.attention_layers.back() = true;
+  }
+  const Tensor logits = model_->decode(nn::Context(), Ids{tokens, {N, 1}}, memory,
+                                       models::Seq2SeqMasks::causal_self_attention(), memory_masks,
+                                       want ? &record : nullptr, &cache_)
+                            .value;  // (N, 1, V)
+  if (want) attention_ = mean_heads_last_row(record.cross_attentions.back());
+  return logits.reshape({N, vocab_size()});
 }
 
 // --- DecoderOnlyCachedStep ---------------------------------------------------------------------------------------
@@ -156,73 +133,61 @@ DecoderOnlyCachedStep::DecoderOnlyCachedStep(models::DecoderOnlyTransformer& mod
 int64_t DecoderOnlyCachedStep::vocab_size() const { return model_->config().vocab; }
 int64_t DecoderOnlyCachedStep::capacity() const { return model_->config().max_len - prompt_len_; }
 
-Tensor DecoderOnlyCachedStep::run_layers(Tensor x) {
-  const int64_t N = x.size(0), Tq = x.size(1);
-  const int64_t total = (caches_.empty() ? 0 : caches_[0].self.length()) + Tq;
-  nn::AttentionMasks masks;
-  masks.is_causal = true;  // bottom-right: new query i sits at cache position total - Tq + i
+Tensor DecoderOnlyCachedStep::forward(const Ids& ids, const std::vector<int64_t>& positions, bool record) {
+  const int64_t N = ids.shape[0];
+  const int64_t total = (caches_.empty() ? 0 : caches_[0].length()) + ids.shape[1];
+  Tensor block;  // left padding of each row, ignored as keys
   if (std::any_of(pad_left_.begin(), pad_left_.end(), [](int64_t p) { return p > 0; })) {
-    Tensor block = Tensor::zeros({N, total});  // left padding of each row, ignored as keys
+    block = Tensor::zeros({N, total});
     float* b = block.data();
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < pad_left_[static_cast<size_t>(n)]; ++j) b[n * total + j] = 1.0f;
-    masks.key_padding_mask = block;
   }
-  const nn::Context inference;
-  for (size_t l = 0; l < model_->layers.size(); ++l) {
-    Tensor w;
-    const bool want = record_ && l + 1 == model_->layers.size();
-    x = model_->layers[l]->forward(inference, x, masks, &caches_[l], want ? &w : nullptr).value;
-    if (want) attention_ = mean_heads_last_row(w).slice(1, 0, std::max<int64_t>(prompt_len_, 1)).contiguous();
-  }
-  return x;
+  const int64_t L = static_cast<int64_t>(model_->layers.size());
+  if (!record || L == 0) return model_->forward(nn::Context(), ids, block, &positions, &caches_).value;
+  models::ForwardOptions o;
+  o.output_attentions = true;
+  o.attention_layers = {L - 1};
+  const models::CausalLMOutput out = model_->forward(ids, o, block, &caches_, &positions);
+  attention_ = mean_heads_last_row(out.attentions.back()).slice(1, 0, std::max<int64_t>(prompt_len_, 1)).contiguous();
+  return out.logits;
 }
 
 void DecoderOnlyCachedStep::start() {
   const int64_t S = num_sources(), P = prompt_len_;
-  caches_.assign(model_->layers.size(), nn::LayerCache());
-  for (size_t l = 0; l < caches_.size(); ++l)
-    caches_[l].self.reset(S, model_->layers[l]->self_attn.num_heads(), model_->layers[l]->self_attn.head_dim(),
-                     std::min<int64_t>(model_->config().max_len, 64));
+  caches_ = model_->new_caches(S, std::min<int64_t>(model_->config().max_len, 64));
   pad_left_.resize(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s)
     pad_left_[static_cast<size_t>(s)] = P - static_cast<int64_t>(prompts_[static_cast<size_t>(s)].size());
   attention_ = Tensor();
   if (P == 0) return;
   Ids ids{std::vector<int64_t>(static_cast<size_t>(S * P), 0), {S, P}};
-  Ids pos{std::vector<int64_t>(static_cast<size_t>(S * P), 0), {S, P}};
+  std::vector<int64_t> positions(static_cast<size_t>(S * P), 0);
   for (int64_t s = 0; s < S; ++s) {
     const auto& p = prompts_[static_cast<size_t>(s)];
     const int64_t pad = pad_left_[static_cast<size_t>(s)];
     for (int64_t j = pad; j < P; ++j) {
       ids.data[static_cast<size_t>(s * P + j)] = p[static_cast<size_t>(j - pad)];
-      pos.data[static_cast<size_t>(s * P + j)] = j - pad;
+      positions[static_cast<size_t>(s * P + j)] = j - pad;
     }
   }
-  const bool rec = record_;
-  record_ = false;
-  run_layers(add(model_->tok_emb.forward(ids), model_->pos_emb.forward(pos)));  // fills the caches
-  record_ = rec;
+  forward(ids, positions, false);  // fills the caches
 }
 
 Tensor DecoderOnlyCachedStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
-  QKV_CHECK_ARG(!caches_.empty() || model_->layers.empty() || !pad_left_.empty(),
-                "[DecoderOnlyCachedStep] step before start");
   QKV_CHECK_ARG(!pad_left_.empty(), "[DecoderOnlyCachedStep] step before start");
   check_step(rows, tokens, static_cast<int64_t>(pad_left_.size()), vocab_size(), "DecoderOnlyCachedStep");
   const int64_t N = static_cast<int64_t>(rows.size());
   std::vector<int64_t> pad(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) pad[i] = pad_left_[static_cast<size_t>(rows[i])];
   pad_left_ = pad;
-  for (nn::LayerCache& c : caches_) c.self.reorder(rows);
-  const int64_t len = caches_.empty() ? 0 : caches_[0].self.length();
+  for (nn::KvCache& c : caches_) c.reorder(rows);
+  const int64_t len = caches_.empty() ? 0 : caches_[0].length();
   QKV_CHECK_ARG(len < model_->config().max_len, "[DecoderOnlyCachedStep] position ", len, " is past max_len ",
                 model_->config().max_len);
-  Ids pos{std::vector<int64_t>(rows.size()), {N, 1}};
-  for (int64_t i = 0; i < N; ++i) pos.data[static_cast<size_t>(i)] = len - pad_left_[static_cast<size_t>(i)];
-  Tensor x = add(model_->tok_emb.forward(Ids{tokens, {N, 1}}), model_->pos_emb.forward(pos));
-  x = run_layers(x);
-  return model_->lm_head.forward(model_->norm.forward(x)).reshape({N, vocab_size()});
+  std::vector<int64_t> positions(rows.size());
+  for (int64_t i = 0; i < N; ++i) positions[static_cast<size_t>(i)] = len - pad_left_[static_cast<size_t>(i)];
+  return forward(Ids{tokens, {N, 1}}, positions, record_).reshape({N, vocab_size()});
 }
 
 }  // namespace qkv::decode

@@ -64,12 +64,12 @@ Seq2SeqTransformer::Seq2SeqTransformer(const TransformerSeq2SeqConfig& c, Rng& r
 }
 
 ad::Var Seq2SeqTransformer::embed(const nn::Context& c, const nn::Embedding& table, const Ids& ids,
-                                  const char* name) const {
+                                  const char* name, int64_t offset) const {
   check_ids(ids, "Seq2SeqTransformer", name);
   ad::Var x = table.forward(c, ids);  // (B, T, E)
   if (config_.scale_embeddings)
     x = ad::scale(x, std::sqrt(static_cast<float>(config_.transformer.layer.d_model)));
-  return pos_dropout.forward(c, ad::add_sinusoidal(x));
+  return pos_dropout.forward(c, ad::add_sinusoidal(x, offset));
 }
 
 ad::Var Seq2SeqTransformer::encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks,
@@ -79,10 +79,9 @@ ad::Var Seq2SeqTransformer::encode(const nn::Context& c, const Ids& src, const n
 
 ad::Var Seq2SeqTransformer::decode(const nn::Context& c, const Ids& tgt, const ad::Var& memory,
                                    const nn::AttentionMasks& tgt_masks, const nn::AttentionMasks& memory_masks,
-                                   nn::StackRecord* record) const {
-  const ad::Var y =
-      transformer.decoder.forward(c, embed(c, tgt_tok_emb, tgt, "tgt"), memory, tgt_masks, memory_masks, record);
-  return generator.forward(c, y);
+                                   nn::StackRecord* record, nn::DecoderCache* cache) const {
+  const ad::Var x = embed(c, tgt_tok_emb, tgt, "tgt", cache ? cache->length : 0);
+  return generator.forward(c, transformer.decoder.forward(c, x, memory, tgt_masks, memory_masks, record, cache));
 }
 
 Seq2SeqLMOutput Seq2SeqTransformer::forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks,
@@ -142,43 +141,61 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const DecoderOnlyConfig& c, Rng& 
 }
 
 ad::Var DecoderOnlyTransformer::forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
-                                       const std::vector<int64_t>* positions) const {
-  return run(c, ids, key_padding_mask, positions, nullptr, nullptr);
+                                       const std::vector<int64_t>* positions,
+                                       std::vector<nn::KvCache>* caches) const {
+  return run(c, ids, key_padding_mask, positions, caches, nullptr, nullptr);
 }
 
 CausalLMOutput DecoderOnlyTransformer::forward(const Ids& ids, const ForwardOptions& options,
-                                               const Tensor& key_padding_mask) const {
+                                               const Tensor& key_padding_mask, std::vector<nn::KvCache>* caches,
+                                               const std::vector<int64_t>* positions) const {
   CausalLMOutput out;
-  out.logits = run(nn::Context(), ids, key_padding_mask, nullptr, &options, &out).value;
+  out.logits = run(nn::Context(), ids, key_padding_mask, positions, caches, &options, &out).value;
   return out;
 }
 
+std::vector<nn::KvCache> DecoderOnlyTransformer::new_caches(int64_t rows, int64_t capacity) const {
+  std::vector<nn::KvCache> caches(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l)
+    caches[l].reset(rows, layers[l]->self_attn.num_heads(), layers[l]->self_attn.head_dim(), capacity);
+  return caches;
+}
+
 ad::Var DecoderOnlyTransformer::run(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
-                                    const std::vector<int64_t>* positions, const ForwardOptions* options,
-                                    CausalLMOutput* record) const {
+                                    const std::vector<int64_t>* positions, std::vector<nn::KvCache>* caches,
+                                    const ForwardOptions* options, CausalLMOutput* record) const {
   check_ids(ids, "DecoderOnlyTransformer", "input");
   const int64_t B = ids.shape[0], T = ids.shape[1];
+  int64_t cached = 0;
+  if (caches != nullptr) {
+    QKV_CHECK_ARG(caches->size() == layers.size(), "[DecoderOnlyTransformer] ", caches->size(), " caches for ",
+                  layers.size(), " layers (new_caches)");
+    if (!caches->empty() && caches->front().ready()) cached = caches->front().length();
+  }
   ad::Var x;
   if (positions == nullptr) {
     QKV_CHECK_ARG(T <= config_.max_len, "[DecoderOnlyTransformer] ids ", str(ids.shape), " are longer than max_len ",
                   config_.max_len);
-    // (B, T, E) + pos_emb rows 0 .. T-1
-    x = ad::add_learned_positions(tok_emb.forward(c, ids), c.param(pos_emb.weight));
+    QKV_CHECK_ARG(cached + T <= config_.max_len, "[DecoderOnlyTransformer] ids ", str(ids.shape), " after ", cached,
+                  " cached positions run past max_len ", config_.max_len);
+    // (B, T, E) + pos_emb rows cached .. cached + T - 1
+    x = ad::add_learned_positions(tok_emb.forward(c, ids), c.param(pos_emb.weight), cached);
   } else {
-    QKV_CHECK_ARG(static_cast<int64_t>(positions->size()) == T, "[DecoderOnlyTransformer] ", positions->size(),
-                  " positions for ids ", str(ids.shape));
+    const int64_t n = static_cast<int64_t>(positions->size());
+    QKV_CHECK_ARG(n == T || n == B * T, "[DecoderOnlyTransformer] ", n, " positions for ids ", str(ids.shape),
+                  " (T shared by the rows, or B*T)");
     for (const int64_t p : *positions)
       QKV_CHECK_ARG(p >= 0 && p < config_.max_len, "[DecoderOnlyTransformer] position ", p, " of ids ",
                     str(ids.shape), " is outside the max_len ", config_.max_len, " learned positions");
-    // (B, T, E) + pos_emb rows `positions`, broadcast over the batch
-    x = ad::add(tok_emb.forward(c, ids), pos_emb.forward(c, Ids{*positions, Shape{1, T}}));
+    // (B, T, E) + pos_emb rows `positions`, broadcast over the batch when shared
+    x = ad::add(tok_emb.forward(c, ids), pos_emb.forward(c, Ids{*positions, n == T ? Shape{1, T} : Shape{B, T}}));
   }
   x = emb_dropout.forward(c, x);
   nn::AttentionMasks masks;
-  masks.is_causal = true;
+  masks.is_causal = true;  // with caches: bottom-right, the new rows sit after the cached positions
   if (key_padding_mask.defined()) {
-    QKV_CHECK_ARG(key_padding_mask.shape() == Shape({B, T}), "[DecoderOnlyTransformer] key_padding_mask ",
-                  str(key_padding_mask.shape()), " must be (B, T) = ", str(Shape{B, T}));
+    QKV_CHECK_ARG(key_padding_mask.shape() == Shape({B, cached + T}), "[DecoderOnlyTransformer] key_padding_mask ",
+                  str(key_padding_mask.shape()), " must be (B, T_keys) = ", str(Shape{B, cached + T}));
     masks.key_padding_mask = key_padding_mask;
   }
   const bool hidden = record && options->output_hidden_states;
@@ -187,7 +204,8 @@ ad::Var DecoderOnlyTransformer::run(const nn::Context& c, const Ids& ids, const 
   if (record && options->output_attentions) record->attentions.assign(layers.size(), Tensor());
   if (hidden) record->hidden_states.assign(1, x.value);
   for (size_t i = 0; i < layers.size(); ++i) {
-    x = layers[i]->forward(c, x, masks, nullptr, asked[i] ? &record->attentions[i] : nullptr);
+    nn::KvCache* cache = caches != nullptr ? &(*caches)[i] : nullptr;
+    x = layers[i]->forward(c, x, masks, cache, asked[i] ? &record->attentions[i] : nullptr);
     if (hidden && i + 1 < layers.size()) record->hidden_states.push_back(x.value);
   }
   x = norm.forward(c, x);

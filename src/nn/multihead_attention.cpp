@@ -284,7 +284,9 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   core.rel_k = o.rel_k;
   core.rel_v = o.rel_v;
   core.head_mask = o.head_mask;
-  core.weights = o.need_weights ? AttendWeights::kWithOutput : AttendWeights::kNone;
+  core.weights = !o.need_weights       ? AttendWeights::kNone
+                 : o.recompute_weights ? AttendWeights::kRecomputed
+                                       : AttendWeights::kWithOutput;
   const AttendResult attended = attend(c, qh, kh, vh, core);
 
   // --- merge heads (B, H, Tq, D) -> (B, Tq, H, D) -> (B, Tq, E), out_proj ----------------------------------

@@ -1,5 +1,6 @@
 // nn::TransformerDecoderLayer and nn::TransformerDecoder, step for step as torch.nn's (post-LN and pre-LN):
 // masked self-attention, cross-attention on the encoder memory, feed-forward; dropout1..3 after each block.
+#include <algorithm>
 #include <string>
 
 #include "qkv/core/error.h"
@@ -39,22 +40,31 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerConfig& c
 
 ad::Var TransformerDecoderLayer::forward(const Context& c, const ad::Var& tgt, const ad::Var& memory,
                                          const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks,
-                                         LayerCache* cache, Tensor* self_weights, Tensor* memory_weights) const {
+                                         KvCache* self_cache, KvCache* memory_cache, Tensor* self_weights,
+                                         Tensor* memory_weights) const {
   detail::check_sequence(tgt.value, config_.d_model, "TransformerDecoderLayer", "tgt");
   MhaForwardOptions self_opts = to_mha_options(tgt_masks);
   MhaForwardOptions cross_opts = to_mha_options(memory_masks);
-  if (cache) {
-    self_opts.kv_cache = &cache->self;
-    cross_opts.kv_cache = &cache->memory;
-    cross_opts.kv_cache_fixed = true;
-  } else {
+  self_opts.kv_cache = self_cache;
+  if (memory_cache == nullptr || !memory_cache->ready()) {
     detail::check_sequence(memory.value, config_.d_model, "TransformerDecoderLayer", "memory");
     QKV_CHECK_ARG(tgt.size(0) == memory.size(0), "[TransformerDecoderLayer] tgt ", str(tgt.shape()), " and memory ",
                   str(memory.shape()), " must have the same batch size");
   }
+  if (memory_cache != nullptr) {
+    QKV_CHECK_ARG(!c.tape(), "[TransformerDecoderLayer] the memory cache is for inference; the Context records a tape");
+    if (!memory_cache->ready()) {  // the memory's keys and values, projected once
+      const auto [k, v] = multihead_attn.project_kv(memory.value, memory.value);  // (B, H, Ts, D)
+      memory_cache->reset(k.size(0), k.size(1), k.size(3), std::max<int64_t>(k.size(2), 1));
+      memory_cache->append(k, v);
+    }
+    cross_opts.kv_cache = memory_cache;
+    cross_opts.kv_cache_fixed = true;
+  }
   for (auto [opts, want] : {std::pair{&self_opts, self_weights}, std::pair{&cross_opts, memory_weights}}) {
     if (!want) continue;
     opts->need_weights = true;
+    opts->recompute_weights = true;
     opts->average_attn_weights = false;
   }
   auto sa_block = [&](const ad::Var& x) {
@@ -97,16 +107,29 @@ TransformerDecoder::TransformerDecoder(const TransformerLayerConfig& c, int64_t 
 
 ad::Var TransformerDecoder::forward(const Context& c, const ad::Var& tgt, const ad::Var& memory,
                                     const AttentionMasks& tgt_masks, const AttentionMasks& memory_masks,
-                                    StackRecord* record) const {
+                                    StackRecord* record, DecoderCache* cache) const {
   detail::check_sequence(tgt.value, d_model_, "TransformerDecoder", "tgt");
-  detail::check_sequence(memory.value, d_model_, "TransformerDecoder", "memory");
+  if (cache == nullptr || memory.defined())
+    detail::check_sequence(memory.value, d_model_, "TransformerDecoder", "memory");
+  if (cache != nullptr) {
+    QKV_CHECK_ARG(cache->self.size() == layers.size() && cache->memory.size() == layers.size(),
+                  "[TransformerDecoder] the cache holds ", cache->self.size(), " self-attention and ",
+                  cache->memory.size(), " memory caches for ", layers.size(), " layers (DecoderCache(num_layers))");
+    for (const KvCache& k : cache->self)
+      QKV_CHECK_ARG(!k.ready() || k.length() == cache->length, "[TransformerDecoder] a layer's cache holds ",
+                    k.length(), " positions; the cache's length is ", cache->length);
+  }
   ad::Var x = tgt;
   detail::Recorder rec(record, layers.size(), "TransformerDecoder", true);
   rec.hidden(x);
   for (size_t i = 0; i < layers.size(); ++i) {
-    x = layers[i]->forward(c, x, memory, tgt_masks, memory_masks, nullptr, rec.attention(i), rec.cross_attention(i));
+    KvCache* self_cache = cache ? &cache->self[i] : nullptr;
+    KvCache* memory_cache = cache ? &cache->memory[i] : nullptr;
+    x = layers[i]->forward(c, x, memory, tgt_masks, memory_masks, self_cache, memory_cache, rec.attention(i),
+                           rec.cross_attention(i));
     rec.hidden(x);
   }
+  if (cache) cache->length += tgt.size(1);
   if (norm) {
     x = norm->forward(c, x);
     rec.replace_last_hidden(x);

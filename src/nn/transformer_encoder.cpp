@@ -40,7 +40,7 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
 }
 
 ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, const AttentionMasks& masks,
-                                         LayerCache* cache, Tensor* weights) const {
+                                         KvCache* cache, Tensor* weights) const {
   detail::check_sequence(src.value, config_.d_model, "TransformerEncoderLayer", "src", !masks.cu_seqlens.empty());
   MhaForwardOptions mo = to_mha_options(masks);
   mo.rotary = config_.rotary;
@@ -49,9 +49,10 @@ ad::Var TransformerEncoderLayer::forward(const Context& c, const ad::Var& src, c
     mo.rel_k = c.param(rel_k);
     mo.rel_v = c.param(rel_v);
   }
-  if (cache) mo.kv_cache = &cache->self;
+  mo.kv_cache = cache;
   if (weights) {
     mo.need_weights = true;
+    mo.recompute_weights = true;
     mo.average_attn_weights = false;
   }
   // Post-LN: a block's last bias (out_proj's, linear2's) joins the fused residual + bias + LayerNorm after it,

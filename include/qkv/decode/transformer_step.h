@@ -1,6 +1,6 @@
-// Step models for the Transformers: incremental decoding with a KV cache per layer (new query rows attend with
-// Causal::kBottomRight). The references that recompute the whole prefix every step are the tests' oracles
-// (tests/cpp/recompute_steps.h).
+// Step models for the Transformers: incremental decoding through the models' own forward with a KV cache per layer
+// (new query rows attend with Causal::kBottomRight). The references that recompute the whole prefix every step are
+// the tests' oracles (tests/cpp/recompute_steps.h).
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,10 @@
 
 namespace qkv::decode {
 
-// models::Seq2SeqTransformer with cached decoder self-attention keys/values and cross-attention keys/values
-// computed once per source. The model is switched to eval mode (no dropout) and must outlive this object.
+// models::Seq2SeqTransformer: the source encoded once; each step one Seq2SeqTransformer::decode call with the
+// nn::DecoderCache (self-attention keys/values appended per step, the memory's keys/values projected on the first
+// step and reordered only when the rows' sources change). The model is switched to eval mode (no dropout) and must
+// outlive this object.
 class TransformerCachedStep : public StepModel {
  public:
   // src: ids (S, Ts); positions equal to pad_id are masked out as keys (key padding), as in training.
@@ -27,22 +29,20 @@ class TransformerCachedStep : public StepModel {
   Tensor last_attention() const override { return attention_; }  // last layer's cross-attention (N, Ts)
 
  private:
-  void ensure_memory_rows();
   models::Seq2SeqTransformer* model_;
   int64_t sources_;
-  std::vector<Tensor> layer_mem_k_, layer_mem_v_;  // per layer (S, H, Ts, D)
-  Tensor src_block_;        // (S, Ts) 1 at padding
-  Tensor row_block_;        // (N, Ts) for the current rows
-  std::vector<int64_t> row_source_, gathered_for_;
-  std::vector<nn::LayerCache> caches_;  // per layer: self-attention cache, the rows' memory keys/values
-  int64_t t_ = 0;
+  Tensor memory_;            // (S, Ts, E): the encoder's output per source
+  Tensor src_block_;         // (S, Ts) 1 at padding
+  Tensor row_block_;         // (N, Ts) for the current rows
+  std::vector<int64_t> row_source_;
+  nn::DecoderCache cache_;
   bool record_ = false;
   Tensor attention_;
 };
 
-// models::DecoderOnlyTransformer continuing prompts. start() runs the prompts through the layers at once
-// (left-padded to the longest; padding is masked out as keys and the positions of each row start at its first
-// real token), filling the caches; every step() then appends one token per row.
+// models::DecoderOnlyTransformer continuing prompts through its forward with one KvCache per layer. start() runs
+// the prompts at once (left-padded to the longest; padding is masked out as keys and the positions of each row start
+// at its first real token), filling the caches; every step() then appends one token per row.
 class DecoderOnlyCachedStep : public StepModel {
  public:
   // prompts: S token sequences (may be empty), each shorter than the model's max_len.
@@ -57,13 +57,14 @@ class DecoderOnlyCachedStep : public StepModel {
   Tensor last_attention() const override { return attention_; }
 
  private:
-  // x: (N, Tq, E) new rows at cache positions [len, len + Tq) -> hidden states (N, Tq, E)
-  Tensor run_layers(Tensor x);
+  // ids (N, T) at cache positions [len, len + T), `positions` their N*T learned positions -> logits (N, T, V);
+  // with `record`, the last layer's attention of the last row goes to attention_.
+  Tensor forward(const Ids& ids, const std::vector<int64_t>& positions, bool record);
   models::DecoderOnlyTransformer* model_;
   std::vector<std::vector<int64_t>> prompts_;
   int64_t prompt_len_ = 0;         // P: longest prompt
   std::vector<int64_t> pad_left_;  // per row: number of left padding positions
-  std::vector<nn::LayerCache> caches_;
+  std::vector<nn::KvCache> caches_;
   bool record_ = false;
   Tensor attention_;
 };

@@ -87,8 +87,9 @@ class BertModel : public nn::Module {
   // 0 = padding) or empty (every position a token); token_type_ids (B, T) or empty (all 0)  ->  last_hidden_state
   // (B, T, E) and what options ask (BaseModelOutput): attentions, one (B, H, T, T) per layer (each query row sums to
   // 1 over the tokens, padded keys get 0), what the viewer draws; hidden_states, the embeddings' output then each
-  // layer's. The weights come from the reference attention path; forward_packed, the embedding path, never pays
-  // for them. No pooler (its weights are not loaded). attention_layers out of [0, L) throw std::invalid_argument.
+  // layer's. The weights are recomputed beside the fused kernel (last_hidden_state is the same with or without
+  // them); forward_packed, the embedding path, never pays for them. No pooler (its weights are not loaded).
+  // attention_layers out of [0, L) throw std::invalid_argument.
   BaseModelOutput forward(const Ids& ids, const Ids& attention_mask, const ForwardOptions& options,
                           const Ids& token_type_ids = {}) const;
 

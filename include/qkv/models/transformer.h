@@ -11,6 +11,7 @@
 #include "qkv/models/outputs.h"
 #include "qkv/nn/dropout.h"
 #include "qkv/nn/embedding.h"
+#include "qkv/nn/kv_cache.h"
 #include "qkv/nn/layer_norm.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/module.h"
@@ -62,11 +63,15 @@ class Seq2SeqTransformer : public nn::Module {
   // src: ids (B, Ts) -> memory (B, Ts, E). record: null, or what the encoder stack records (nn::StackRecord).
   ad::Var encode(const nn::Context& c, const Ids& src, const nn::AttentionMasks& src_masks = {},
                  nn::StackRecord* record = nullptr) const;
-  // tgt: ids (B, Tt)  memory: (B, Ts, E)  ->  logits (B, Tt, Vt). Positions start at 0 (no cache; recompute).
-  // record: null, or what the decoder stack records.
+  // tgt: ids (B, Tt)  memory: (B, Ts, E)  ->  logits (B, Tt, Vt). record: null, or what the decoder stack records.
+  // cache: null (positions start at 0), or incremental decoding (inference only; nn::DecoderCache with one entry
+  // per decoder layer): tgt holds the positions after the cache->length ones the cache holds (the tgt masks sized
+  // for the new length, a causal one aligned bottom-right), the memory's keys and values are projected into the
+  // cache by the first call (later calls may pass memory undefined; memory_masks still cover its Ts keys).
   ad::Var decode(const nn::Context& c, const Ids& tgt, const ad::Var& memory,
                  const nn::AttentionMasks& tgt_masks = Seq2SeqMasks::causal_self_attention(),
-                 const nn::AttentionMasks& memory_masks = {}, nn::StackRecord* record = nullptr) const;
+                 const nn::AttentionMasks& memory_masks = {}, nn::StackRecord* record = nullptr,
+                 nn::DecoderCache* cache = nullptr) const;
   // Inference forms of the three (in training() mode dropout draws from pos_dropout's Rng).
   Tensor forward(const Ids& src, const Ids& tgt, const Seq2SeqMasks& masks = {}) {
     return forward(nn::Context(&pos_dropout.rng()), src, tgt, masks).value;
@@ -89,7 +94,9 @@ class Seq2SeqTransformer : public nn::Module {
   nn::Linear generator;
 
  private:
-  ad::Var embed(const nn::Context& c, const nn::Embedding& table, const Ids& ids, const char* name) const;
+  // ids (B, T) -> dropout(table(ids) [· sqrt(E)] + PE[offset : offset + T])
+  ad::Var embed(const nn::Context& c, const nn::Embedding& table, const Ids& ids, const char* name,
+                int64_t offset = 0) const;
   TransformerSeq2SeqConfig config_;
 };
 
@@ -115,19 +122,29 @@ class DecoderOnlyTransformer : public nn::Module {
  public:
   DecoderOnlyTransformer(const DecoderOnlyConfig& config, Rng& rng);
 
-  // ids: (B, T) with T <= max_len  ->  logits (B, T, V). key_padding_mask: optional (B, T), nonzero = padding.
-  // positions: optional, T global positions (each < max_len) of the ids' columns, as under context parallelism
-  // (c.sequence_shard(): ids hold this process's positions); default 0 .. T-1. Records its backward when `c` trains.
+  // ids: (B, T) with T <= max_len  ->  logits (B, T, V). key_padding_mask: optional (B, T_keys), nonzero = padding.
+  // positions: optional (each < max_len): T global positions of the ids' columns shared by the rows, as under
+  // context parallelism (c.sequence_shard(): ids hold this process's positions), or B·T, each row's own (row b's at
+  // [b·T, (b + 1)·T), e.g. left-padded prompts); default cached .. cached + T - 1. Records its backward when `c`
+  // trains.
+  // caches: null, or one nn::KvCache per layer (new_caches) for incremental decoding (inference only): the ids are
+  // the T positions after the `cached` ones the caches hold, a causal row sees every cached key, T_keys = cached + T.
   ad::Var forward(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask = {},
-                  const std::vector<int64_t>* positions = nullptr) const;
+                  const std::vector<int64_t>* positions = nullptr,
+                  std::vector<nn::KvCache>* caches = nullptr) const;
   // Inference (in training() mode dropout draws from emb_dropout's Rng).
   Tensor forward(const Ids& ids, const Tensor& key_padding_mask = {}) {
     return forward(nn::Context(&emb_dropout.rng()), ids, key_padding_mask).value;
   }
   // HF's model(ids, output_attentions=..., output_hidden_states=...), for inference (eval mode): logits (B, T, V)
   // and what options ask (CausalLMOutput: (B, H, T, T) per layer, 0 above the diagonal and at padded keys; L + 1
-  // hidden states, the embeddings with positions first, the last after the final norm).
-  CausalLMOutput forward(const Ids& ids, const ForwardOptions& options, const Tensor& key_padding_mask = {}) const;
+  // hidden states, the embeddings with positions first, the last after the final norm). caches, positions: as above
+  // (a decode step's attentions are (B, H, T, T_keys) over every cached key).
+  CausalLMOutput forward(const Ids& ids, const ForwardOptions& options, const Tensor& key_padding_mask = {},
+                         std::vector<nn::KvCache>* caches = nullptr,
+                         const std::vector<int64_t>* positions = nullptr) const;
+  // One empty cache per layer for `rows` sequences, room for `capacity` positions (they grow as needed).
+  std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16) const;
 
   const DecoderOnlyConfig& config() const { return config_; }
 
@@ -141,7 +158,8 @@ class DecoderOnlyTransformer : public nn::Module {
  private:
   // The forward of both public forms; record: null, or where options' attentions and hidden states go.
   ad::Var run(const nn::Context& c, const Ids& ids, const Tensor& key_padding_mask,
-              const std::vector<int64_t>* positions, const ForwardOptions* options, CausalLMOutput* record) const;
+              const std::vector<int64_t>* positions, std::vector<nn::KvCache>* caches, const ForwardOptions* options,
+              CausalLMOutput* record) const;
 
   DecoderOnlyConfig config_;
 };

@@ -37,6 +37,11 @@ struct MhaForwardOptions {
   // is_causal only as a hint that attn_mask already is causal; applying it for real gives the same result then.
   bool is_causal = false;
   bool need_weights = true;           // PyTorch's default
+  // Where need_weights' weights come from. false (PyTorch's MHA): the op returns them with the output from its
+  // reference path. true (a model's output_attentions): the output keeps the fused kernel, as without need_weights,
+  // and the weights are recomputed beside it (AttendWeights::kRecomputed), so asking for them leaves the output
+  // unchanged. Under active weight dropout the two are the same (see nn::AttendWeights).
+  bool recompute_weights = false;
   // The layout the caller's arrays had, for error messages only: false (torch's batch_first=False, the caller
   // transposed (T, B, E) into this call's (B, T, E)) shows query, key and value as the caller passed them.
   bool batch_first = true;

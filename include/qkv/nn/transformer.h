@@ -60,10 +60,16 @@ struct AttentionMasks {
   std::vector<int32_t> cu_seqlens;
 };
 
-// Incremental decoding state of one layer (inference only; see MhaForwardOptions::kv_cache).
-struct LayerCache {
-  KvCache self;             // self-attention: keys and values of every position so far (filled by the layer)
-  KvCache memory;           // decoder layers: the memory's keys and values, filled by the caller (project_kv)
+// Incremental decoding state of a TransformerDecoder (inference only; transformers' EncoderDecoderCache): one
+// KvCache per layer in each list. self: the self-attention's keys and values of every target position so far (the
+// layers append the new ones). memory: the cross-attention's keys and values of the memory, projected from it by the
+// first call that finds them empty and fixed after (MhaForwardOptions::kv_cache_fixed). Rows are reordered with
+// KvCache::reorder (beam forks, finished rows dropped); a memory row needs it only when its source changes.
+struct DecoderCache {
+  explicit DecoderCache(size_t num_layers = 0) : self(num_layers), memory(num_layers) {}
+  std::vector<KvCache> self;
+  std::vector<KvCache> memory;
+  int64_t length = 0;  // target positions the caches hold: the next call's first position (forward advances it)
 };
 
 // What a stack (TransformerEncoder, TransformerDecoder) records beside its output for a model's
@@ -98,11 +104,12 @@ class TransformerEncoderLayer : public Module {
   //   post-LN: x = norm1(x + sa(x)); x = norm2(x + ff(x)), each residual + bias + LayerNorm one fused step
   //            (ad::add_layer_norm; the block's last bias joins it unless the block's dropout is active)
   //   pre-LN:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
-  // cache: incremental decoding (src holds the new positions only; masks are sized for the cache's new length).
-  // weights non-null: also the self-attention weights per head, (B, H, Tq, Tk), from the reference attention path
-  // (the fused kernel runs otherwise); never differentiated.
+  // cache: incremental decoding (src holds the new positions only; masks are sized for the cache's new length; a
+  // causal mask aligns bottom-right). weights non-null: also the self-attention weights per head, (B, H, Tq, Tk),
+  // recomputed beside the fused kernel (MhaForwardOptions::recompute_weights: the output is the same with or without
+  // them); never differentiated.
   ad::Var forward(const Context& c, const ad::Var& src, const AttentionMasks& src_masks = {},
-                  LayerCache* cache = nullptr, Tensor* weights = nullptr) const;
+                  KvCache* cache = nullptr, Tensor* weights = nullptr) const;
   // Inference; in training() mode dropout draws from dropout1's Rng.
   Tensor forward(const Tensor& src, const AttentionMasks& src_masks = {}, Tensor* weights = nullptr) {
     return forward(Context(&dropout1.rng()), src, src_masks, nullptr, weights).value;
@@ -130,12 +137,16 @@ class TransformerDecoderLayer : public Module {
   // tgt_masks apply to self-attention (Tq = Tk = Tt); memory_masks to cross-attention (Tq = Tt, Tk = Ts).
   //   post-LN: x = norm1(x + sa(x)); x = norm2(x + mha(x, mem)); x = norm3(x + ff(x))
   //   pre-LN:  x = x + sa(norm1(x)); x = x + mha(norm2(x), mem); x = x + ff(norm3(x))
-  // cache: incremental decoding (tgt holds the new positions only); cache->memory must already hold the memory's
-  // keys and values (MultiheadAttention::project_kv), and `memory` is then not used.
-  // self_weights / memory_weights non-null: the per-head weights (B, H, Tq, Tk) of the self- and cross-attention.
+  // Incremental decoding (inference only; see DecoderCache). self_cache: tgt holds the new positions only, the
+  // tgt masks are sized for the cache's new length and a causal one aligns bottom-right. memory_cache: the
+  // cross-attention's keys and values; when it is empty they are projected from `memory` into it, else `memory` is
+  // not used (it may be undefined).
+  // self_weights / memory_weights non-null: the per-head weights (B, H, Tq, Tk) of the self- and cross-attention,
+  // recomputed beside the fused kernel as the encoder layer's.
   ad::Var forward(const Context& c, const ad::Var& tgt, const ad::Var& memory, const AttentionMasks& tgt_masks = {},
-                  const AttentionMasks& memory_masks = {}, LayerCache* cache = nullptr,
-                  Tensor* self_weights = nullptr, Tensor* memory_weights = nullptr) const;
+                  const AttentionMasks& memory_masks = {}, KvCache* self_cache = nullptr,
+                  KvCache* memory_cache = nullptr, Tensor* self_weights = nullptr,
+                  Tensor* memory_weights = nullptr) const;
   Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
                  const AttentionMasks& memory_masks = {}) {
     return forward(Context(&dropout1.rng()), tgt, memory, tgt_masks, memory_masks).value;
@@ -184,8 +195,12 @@ class TransformerDecoder : public Module {
 
   // tgt: (B, Tt, E)  memory: (B, Ts, E)  ->  (B, Tt, E). record non-null: the asked layers' self- and
   // cross-attention weights and the hidden states go there (StackRecord).
+  // cache non-null: incremental decoding (inference only), one entry per layer in each of its lists: tgt holds the
+  // Tt positions after the cache->length ones it holds (the tgt masks sized for the new length), the memory is
+  // projected into the memory caches by the first call (later calls may pass it undefined), and length grows by Tt.
   ad::Var forward(const Context& c, const ad::Var& tgt, const ad::Var& memory, const AttentionMasks& tgt_masks = {},
-                  const AttentionMasks& memory_masks = {}, StackRecord* record = nullptr) const;
+                  const AttentionMasks& memory_masks = {}, StackRecord* record = nullptr,
+                  DecoderCache* cache = nullptr) const;
   Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
                  const AttentionMasks& memory_masks = {}) {
     return forward(Context(layers.empty() ? nullptr : &layers[0]->dropout1.rng()), tgt, memory, tgt_masks,
