@@ -85,16 +85,83 @@ inline __m512 accumulate(__m512 acc, const __m512i z[8], const QuantActivations&
   for (int v = 0; v < 8; ++v) p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[v], xz);
   __m512i sumi = row_sums(p);
   const size_t o = static_cast<size_t>(i * a.blocks + b);
-  if constexpr (kVnniOffset[kKind] != 0) sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
+  if constexpr (kVnniOffset[kKind] != 0)
+    sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
   __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[o])));
   if constexpr (kKind == 1 || kKind == 3) term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(a.s[o])));
   return _mm512_add_ps(acc, term);
 }
 
-inline void store_row(const TileArgs& t, int64_t i, int64_t j0, __m512 acc) {
-  if (t.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(t.bias + j0));
-  _mm512_storeu_ps(t.y + i * t.ldy + j0, acc);
-}
+// Software prefetch into L2 of the tiles 16 KB ahead: a matrix streamed from DRAM (an output head) then reads at
+// the rate of a plain streaming read or above it (the hardware prefetcher alone keeps fewer lines in flight).
+inline constexpr int64_t kPrefetchAhead = 16384;
+
+// The avx512vnni build's lane traits for quant_gemm_simd.h's kernels: 16 rows per vector.
+struct V512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static I zero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static I load(const uint8_t* p) { return _mm512_load_si512(p); }
+  static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static I with_fifth_bits(I v, const uint8_t* mask) {
+    uint64_t m;
+    std::memcpy(&m, mask, 8);
+    return _mm512_or_si512(v, _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
+  }
+  // Q6_K: v | the top 2 bits of group h (bits 2h, 2h + 1 of each byte of top) at bits 4, 5. The 16-bit shifts move
+  // bits across bytes only below bit 4 or above bit 5.
+  static I with_top_bits(I v, I top, int h) {
+    const I s = h == 0 ? _mm512_slli_epi16(top, 4) : h == 1 ? _mm512_slli_epi16(top, 2)
+                : h == 2 ? top : _mm512_srli_epi16(top, 2);
+    return _mm512_ternarylogic_epi32(v, s, _mm512_set1_epi8(0x30), 0xF8);  // v | (s & 0x30)
+  }
+  static I dot(I acc, I w, int32_t group) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(group)); }
+  // Unpacked operands (quant_gemm_simd.h unpack_interleaved): block_operand's, Q8_0 as w + 128.
+  static constexpr auto& kOffset = kVnniOffset;
+  template <int kKind>
+  static void operand(const uint8_t* blk, uint8_t* out) {
+    __m256i v = block_operand<kKind>(blk);
+    if constexpr (kKind == 4) v = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), v);
+  }
+  template <int kKind>
+  static I dot_kind(I acc, I w, int32_t group) { return dot(acc, w, group); }
+  static I offsets(int64_t stride) {  // r · stride in lane r
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32(static_cast<int>(stride)));
+  }
+  static I gather(const uint8_t* base, I offsets) { return _mm512_i32gather_epi32(offsets, base, 1); }
+  static void store_i(uint8_t* p, I v) { _mm512_store_si512(p, v); }
+  static F load_f(const float* p) { return _mm512_load_ps(p); }
+  static void store_f(float* p, F v) { _mm512_store_ps(p, v); }
+  static F half_lo(I v) { return fp16_lanes_to_float512(v); }
+  static F half_hi(I v) { return fp16_lanes_to_float512(_mm512_srli_epi32(v, 16)); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub_i(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F scales_u8(const uint8_t* p) {
+    return cvt(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F scales_s8(const uint8_t* p) {
+    return cvt(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F fp16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
+  static void prefetch(const uint8_t* tile, int64_t stride, int64_t b, int64_t nb) {  // as rows_packed
+    const int64_t lines = stride / 64;
+    for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
+  }
+  static void store(float* y, F v, const float* bias) {
+    _mm512_storeu_ps(y, bias ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v);
+  }
+};
 
 struct TileRows {
   const uint8_t* row0;
@@ -102,8 +169,7 @@ struct TileRows {
   __m512i offsets;  // r * row_bytes
   TileRows(const QuantMatrix& w, int64_t j0)
       : row0(w.data + j0 * w.row_bytes), row_bytes(w.row_bytes), bs(gguf::type_size(w.type)),
-        offsets(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                   _mm512_set1_epi32(static_cast<int>(w.row_bytes)))) {}
+        offsets(V512::offsets(w.row_bytes)) {}
   template <int kKind>
   void operands(int64_t b, __m512i z[8]) const {
     for (int v = 0; v < 8; ++v) {
@@ -112,11 +178,8 @@ struct TileRows {
     }
   }
   // The first 4 bytes of each row's block: d, and m (when the type has one) in the high half.
-  __m512i heads(int64_t b) const { return _mm512_i32gather_epi32(offsets, row0 + b * bs, 1); }
+  __m512i heads(int64_t b) const { return V512::gather(row0 + b * bs, offsets); }
 };
-
-inline __m512 head_d(__m512i head) { return fp16_lanes_to_float512(head); }
-inline __m512 head_m(__m512i head) { return fp16_lanes_to_float512(_mm512_srli_epi32(head, 16)); }
 
 // Up to 4 activation rows (decode, small batches): each block's operands built in registers and used at once.
 template <int kKind, int R>
@@ -129,84 +192,13 @@ void tile_fused(const TileArgs& t, int64_t j0, int64_t i0) {
     __m512i z[8];
     rows.operands<kKind>(b, z);
     const __m512i head = rows.heads(b);
-    const __m512 dw = head_d(head);
-    const __m512 mw = kKind == 1 || kKind == 3 ? head_m(head) : _mm512_setzero_ps();
+    const __m512 dw = V512::half_lo(head);
+    const __m512 mw = kKind == 1 || kKind == 3 ? V512::half_hi(head) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) acc[r] = accumulate<kKind>(acc[r], z, a, i0 + r, b, dw, mw);
   }
-  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
+  for (int r = 0; r < R; ++r) V512::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
 }
 
-// More rows (prefill): the tile's operands unpacked once into scratch column-interleaved, so that no sum needs a
-// horizontal reduction: per block, vector g holds elements 4g..4g+3 of each of the 16 rows in its 32-bit lane r,
-// and 8 vpdpbusd against the activations' broadcast 4-byte groups leave the 16 rows' block sums in one vector.
-// 4 activation rows share each load of the weights.
-template <int kKind>
-inline __m512i block_sums(const __m512i* wv, const int8_t* xq) {
-  __m512i s = _mm512_setzero_si512();
-  for (int g = 0; g < 8; ++g) {
-    int32_t group;
-    std::memcpy(&group, xq + 4 * g, 4);
-    s = _mm512_dpbusd_epi32(s, _mm512_load_si512(wv + g), _mm512_set1_epi32(group));
-  }
-  return s;
-}
-
-template <int kKind, int R>
-void rows_unpacked(const TileArgs& t, int64_t j0, int64_t i0, const __m512i* vals, const float* dw, const float* mw) {
-  const QuantActivations& a = *t.a;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    const __m512 d = _mm512_load_ps(dw + b * 16);
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = i0 + r;
-      __m512i sumi = block_sums<kKind>(vals + b * 8, a.q.data() + i * a.cols + b * kQK);
-      const size_t o = static_cast<size_t>(i * a.blocks + b);
-      if constexpr (kVnniOffset[kKind] != 0)
-        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
-      __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(d, _mm512_set1_ps(a.d[o])));
-      if constexpr (kKind == 1 || kKind == 3)
-        term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_load_ps(mw + b * 16), _mm512_set1_ps(a.s[o])));
-      acc[r] = _mm512_add_ps(acc[r], term);
-    }
-  }
-  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
-}
-
-template <int kKind>
-void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  const QuantActivations& a = *t.a;
-  const QuantMatrix& w = *t.w;
-  const int64_t nb = a.blocks, bs = gguf::type_size(w.type);
-  constexpr bool kMin = kKind == 1 || kKind == 3;
-  const size_t vbytes = static_cast<size_t>(nb) * 8 * 64, fbytes = static_cast<size_t>(nb) * 16 * sizeof(float);
-  if (scratch.size() < vbytes + 2 * fbytes + 64) scratch.resize(vbytes + 2 * fbytes + 64);
-  uint8_t* base = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
-  __m512i* vals = reinterpret_cast<__m512i*>(base);
-  float* dw = reinterpret_cast<float*>(base + vbytes);
-  float* mw = dw + nb * 16;
-  const TileRows rows(w, j0);
-  alignas(64) uint8_t block[16][32];  // one block of the 16 rows as u8 operands, row-major
-  const __m512i transpose = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(32));
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int r = 0; r < 16; ++r) {
-      __m256i v = block_operand<kKind>(rows.row0 + r * rows.row_bytes + b * bs);
-      if constexpr (kKind == 4) v = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));  // w + 128
-      _mm256_store_si256(reinterpret_cast<__m256i*>(block[r]), v);
-    }
-    for (int g = 0; g < 8; ++g)
-      _mm512_store_si512(vals + b * 8 + g, _mm512_i32gather_epi32(transpose, &block[0][4 * g], 1));
-    const __m512i head = rows.heads(b);
-    _mm512_store_ps(dw + b * 16, head_d(head));
-    if constexpr (kMin) _mm512_store_ps(mw + b * 16, head_m(head));
-  }
-  row_groups(a.rows, [&](auto r, int64_t i) { rows_unpacked<kKind, decltype(r)::value>(t, j0, i, vals, dw, mw); });
-}
-
-// Software prefetch into L2 of the tiles 16 KB ahead: a matrix streamed from DRAM (an output head) then reads at
-// the rate of a plain streaming read or above it (the hardware prefetcher alone keeps fewer lines in flight).
-inline constexpr int64_t kPrefetchAhead = 16384;
 
 // A tile of the matrix's repacked copy (QuantMatrix::packed): the operands are stored column-interleaved, so every
 // activation row's 16 block sums come out in lanes from vpdpbusd against its broadcast 4-byte groups (no gather, no
@@ -273,7 +265,7 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile)
       acc[r] = _mm512_add_ps(acc[r], term);
     }
   }
-  for (int r = 0; r < R; ++r) store_row(t, i0 + r, j0, acc[r]);
+  for (int r = 0; r < R; ++r) V512::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
 }
 
 template <int kKind>
@@ -282,52 +274,6 @@ void tile_packed(const TileArgs& t, int64_t j0) {
   row_groups(t.a->rows, [&](auto r, int64_t i) { rows_packed<kKind, decltype(r)::value>(t, j0, i, tile); });
 }
 
-// The avx512vnni build's lane traits for the K-quants' kernel (quant_gemm_simd.h rows_k): 16 rows per vector.
-struct V512 {
-  using I = __m512i;
-  using F = __m512;
-  static constexpr int kLanes = 16;
-  static I zero() { return _mm512_setzero_si512(); }
-  static F fzero() { return _mm512_setzero_ps(); }
-  static I load(const uint8_t* p) { return _mm512_load_si512(p); }
-  static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
-  static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-  static I with_fifth_bits(I v, const uint8_t* mask) {
-    uint64_t m;
-    std::memcpy(&m, mask, 8);
-    return _mm512_or_si512(v, _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
-  }
-  // Q6_K: v | the top 2 bits of group h (bits 2h, 2h + 1 of each byte of top) at bits 4, 5. The 16-bit shifts move
-  // bits across bytes only below bit 4 or above bit 5.
-  static I with_top_bits(I v, I top, int h) {
-    const I s = h == 0 ? _mm512_slli_epi16(top, 4) : h == 1 ? _mm512_slli_epi16(top, 2)
-                : h == 2 ? top : _mm512_srli_epi16(top, 2);
-    return _mm512_ternarylogic_epi32(v, s, _mm512_set1_epi8(0x30), 0xF8);  // v | (s & 0x30)
-  }
-  static I dot(I acc, I w, int32_t group) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(group)); }
-  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
-  static I sub_i(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
-  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F scales_u8(const uint8_t* p) {
-    return cvt(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static F scales_s8(const uint8_t* p) {
-    return cvt(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static F fp16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
-  static void prefetch(const uint8_t* tile, int64_t stride, int64_t b, int64_t nb) {  // as rows_packed
-    const int64_t lines = stride / 64;
-    for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
-      _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
-  }
-  static void store(float* y, F v, const float* bias) {
-    _mm512_storeu_ps(y, bias ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v);
-  }
-};
 
 template <int kKind>
 void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
@@ -337,7 +283,7 @@ void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     case 2: return tile_fused<kKind, 2>(t, j0, 0);
     case 3: return tile_fused<kKind, 3>(t, j0, 0);
     case 4: return tile_fused<kKind, 4>(t, j0, 0);
-    default: return tile_unpacked<kKind>(t, j0, scratch);
+    default: return tile_interleaved<V512, kKind>(t, j0, scratch);
   }
 }
 

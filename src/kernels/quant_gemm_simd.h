@@ -76,6 +76,73 @@ inline void row_groups(int64_t rows, F&& f) {
   }
 }
 
+// The V::kLanes weight rows from j0 (kinds 0..4) unpacked once into scratch column-interleaved: per block, vector g
+// holds elements 4g..4g+3 of every row in its 32-bit lane r as the build's operands (V::operand), so that 8 V::dot
+// against the activations' broadcast 4-byte groups leave the rows' block sums in lanes (no horizontal reduction);
+// then the rows' d and m as float32 per block.
+struct Unpacked {
+  const uint8_t* vals;
+  const float* dw;
+  const float* mw;
+};
+template <class V, int kKind>
+Unpacked unpack_interleaved(const QuantMatrix& w, int64_t j0, std::vector<uint8_t>& scratch) {
+  constexpr int kLanes = V::kLanes;
+  const int64_t nb = w.cols / kQK, bs = gguf::type_size(w.type);
+  const size_t vbytes = static_cast<size_t>(nb) * 8 * kLanes * 4, fbytes = static_cast<size_t>(nb) * kLanes * 4;
+  if (scratch.size() < vbytes + 2 * fbytes + 64) scratch.resize(vbytes + 2 * fbytes + 64);
+  uint8_t* vals = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
+  float* dw = reinterpret_cast<float*>(vals + vbytes);
+  float* mw = dw + nb * kLanes;
+  const uint8_t* row0 = w.data + j0 * w.row_bytes;
+  const typename V::I rows = V::offsets(w.row_bytes), transpose = V::offsets(32);
+  alignas(64) uint8_t block[kLanes][32];  // one block of the rows as operands, row-major
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < kLanes; ++r) V::template operand<kKind>(row0 + r * w.row_bytes + b * bs, block[r]);
+    for (int g = 0; g < 8; ++g) V::store_i(vals + (b * 8 + g) * kLanes * 4, V::gather(&block[0][4 * g], transpose));
+    const typename V::I head = V::gather(row0 + b * bs, rows);  // each row's first 4 bytes: d, and m above it
+    V::store_f(dw + b * kLanes, V::half_lo(head));
+    if constexpr (kKind == 1 || kKind == 3) V::store_f(mw + b * kLanes, V::half_hi(head));
+  }
+  return {vals, dw, mw};
+}
+
+// R activation rows against an unpack_interleaved tile, with quant_gemm_impl.h's float epilogue in lanes.
+template <class V, int kKind, int R>
+void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const Unpacked& u) {
+  constexpr int kLanes = V::kLanes;
+  const QuantActivations& a = *t.a;
+  typename V::F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::fzero();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const typename V::F d = V::load_f(u.dw + b * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = i0 + r;
+      const int8_t* xq = a.q.data() + i * a.cols + b * kQK;
+      typename V::I sumi = V::zero();
+      for (int g = 0; g < 8; ++g) {
+        int32_t group;
+        std::memcpy(&group, xq + 4 * g, 4);
+        sumi = V::template dot_kind<kKind>(sumi, V::load(u.vals + (b * 8 + g) * kLanes * 4), group);
+      }
+      const size_t o = static_cast<size_t>(i * a.blocks + b);
+      if constexpr (V::kOffset[kKind] != 0) sumi = V::sub_i(sumi, V::kOffset[kKind] * a.sum[o]);
+      typename V::F term = V::mul(V::cvt(sumi), V::mul(d, V::set1(a.d[o])));
+      if constexpr (kKind == 1 || kKind == 3)
+        term = V::add(term, V::mul(V::load_f(u.mw + b * kLanes), V::set1(a.s[o])));
+      acc[r] = V::add(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
+}
+
+// Every activation row against the kinds 0..4 tile from j0, unpacked column-interleaved.
+template <class V, int kKind>
+void tile_interleaved(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  const Unpacked u = unpack_interleaved<V, kKind>(*t.w, j0, scratch);
+  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_interleaved<V, kKind, decltype(r)::value>(t, j0, i, u); });
+}
+
 // The K-quants on a repacked 16-row tile (quant_gemm_impl.h k_tile_layout), written once over the vector width.
 // V, the lane traits of a build, holds V::kLanes weight rows in the 32-bit lanes of a vector (part `part` of the
 // tile: rows kLanes · part ..): per block of 32 the nibble vectors with their high bits, the exact sums of
