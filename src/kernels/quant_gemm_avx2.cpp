@@ -9,7 +9,7 @@
 namespace qkv::kernels::quant_detail::avx2 {
 namespace {
 
-// The avx2 build's lane traits for quant_gemm_simd.h's kernels: 8 rows per vector (rows_k: half of a repacked
+// The avx2 build's lane traits for quant_gemm_simd.h's kernels: 8 rows per vector (rows_packed: half of a repacked
 // 16-row tile). vpmaddubsw never saturates there: 2 · 63 · 127 < 32767.
 struct V256 {
   using I = __m256i;
@@ -136,9 +136,9 @@ void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     case 2: return tile_kind<2>(t, j0, scratch);
     case 3: return tile_kind<3>(t, j0, scratch);
     case 4: return tile_kind<4>(t, j0, scratch);
-    case 5: return tile_k<V256, 5>(t, j0, scratch);
-    case 6: return tile_k<V256, 6>(t, j0, scratch);
-    default: return tile_k<V256, 7>(t, j0, scratch);
+    case 5: return tile_packed<V256, 5>(t, j0, scratch);
+    case 6: return tile_packed<V256, 6>(t, j0, scratch);
+    default: return tile_packed<V256, 7>(t, j0, scratch);
   }
 }
 

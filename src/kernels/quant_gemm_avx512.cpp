@@ -1,9 +1,9 @@
 // The quantized product's AVX512-VNNI build: tiles of 16 weight rows as vpdpbusd's u8 operands (nibbles with their
 // fifth bit as they are; Q8_0 as w + 128); per activation row and block the exact int32 sums Σ u · x - offset · Σx
-// (a matrix with a repacked copy, QuantMatrix::repacked: its column-interleaved tiles, sums in lanes, for every m;
-// otherwise up to 4 rows: operands built in registers, each row's products reduced; more rows: the tile unpacked
-// once column-interleaved), and quant_gemm_impl.h's float epilogue in 16 lanes. The K-quants always run on
-// repacked tiles (the matrix's copy, or one packed into scratch), with sums per 16-element half.
+// (a matrix with a repacked copy, QuantMatrix::repacked: quant_gemm_simd.h rows_packed on its column-interleaved
+// tiles, sums in lanes, for every m; otherwise up to 4 rows: operands built in registers, each row's products
+// reduced; more rows: quant_gemm_simd.h's column-interleaved tile), and quant_gemm_impl.h's float epilogue in 16
+// lanes. The K-quants always run on repacked tiles (the matrix's copy, or one packed into scratch).
 #include <limits>
 
 #include "qkv/core/half.h"
@@ -20,7 +20,6 @@ namespace {
 // rb = ra + 4 as [ra 0..15 | rb 0..15 | ra 16..31 | rb 16..31] against the activations' [x 0..15 | x 0..15 |
 // x 16..31 | x 16..31], so that after the reduction below the 16 sums come out in row order.
 inline int row_a(int v) { return v < 4 ? v : v + 4; }
-inline constexpr int kVnniOffset[5] = {8, 0, 16, 0, 128};
 
 // fp16 bit patterns in the low halves of 16 int32 lanes to float32 by vcvtph2ps (AVX512F): exact, subnormals
 // included and regardless of DAZ; a signaling NaN comes out quiet, as the first product with it would make it.
@@ -85,8 +84,8 @@ inline __m512 accumulate(__m512 acc, const __m512i z[8], const QuantActivations&
   for (int v = 0; v < 8; ++v) p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[v], xz);
   __m512i sumi = row_sums(p);
   const size_t o = static_cast<size_t>(i * a.blocks + b);
-  if constexpr (kVnniOffset[kKind] != 0)
-    sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
+  if constexpr (kPackedOffset[kKind] != 0)
+    sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kPackedOffset[kKind] * a.sum[o]));
   __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[o])));
   if constexpr (kKind == 1 || kKind == 3) term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(a.s[o])));
   return _mm512_add_ps(acc, term);
@@ -120,7 +119,7 @@ struct V512 {
   }
   static I dot(I acc, I w, int32_t group) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(group)); }
   // Unpacked operands (quant_gemm_simd.h unpack_interleaved): block_operand's, Q8_0 as w + 128.
-  static constexpr auto& kOffset = kVnniOffset;
+  static constexpr auto& kOffset = kPackedOffset;
   template <int kKind>
   static void operand(const uint8_t* blk, uint8_t* out) {
     __m256i v = block_operand<kKind>(blk);
@@ -153,7 +152,7 @@ struct V512 {
     return cvt(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static F fp16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
-  static void prefetch(const uint8_t* tile, int64_t stride, int64_t b, int64_t nb) {  // as rows_packed
+  static void prefetch(const uint8_t* tile, int64_t stride, int64_t b, int64_t nb) {  // this block's share
     const int64_t lines = stride / 64;
     for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
       _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
@@ -200,84 +199,9 @@ void tile_fused(const TileArgs& t, int64_t j0, int64_t i0) {
 }
 
 
-// A tile of the matrix's repacked copy (QuantMatrix::packed): the operands are stored column-interleaved, so every
-// activation row's 16 block sums come out in lanes from vpdpbusd against its broadcast 4-byte groups (no gather, no
-// horizontal reduction); R <= 4 activation rows share each load of the weights.
-template <int kKind, int R>
-void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile) {
-  const QuantActivations& a = *t.a;
-  const int64_t nb = a.blocks;
-  constexpr int kVecs = kKind == 4 ? 8 : 4;
-  constexpr bool kMin = kKind == 1 || kKind == 3, kHigh = kKind == 2 || kKind == 3;
-  const uint8_t* hbits = tile + nb * kVecs * 64;
-  const uint8_t* d16 = hbits + (kHigh ? nb * 64 : 0);
-  const uint8_t* m16 = d16 + nb * 32;
-  const int64_t lines = t.w->packed_stride / 64;
-  const int8_t* xq[R];
-  for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* v = tile + b * kVecs * 64;
-    // This block's share of the tile's 64-byte lines, kPrefetchAhead further on.
-    for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
-      _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
-    __m512i s0[R], s1[R];
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_si512();
-    for (int h = 0; h < 4; ++h) {
-      __m512i lo, hi;
-      int glo = h, ghi = h + 4;  // the 4-byte groups of the activations (elements 4g..4g+3)
-      if constexpr (kKind == 4) {
-        lo = _mm512_load_si512(v + 2 * h * 64);
-        hi = _mm512_load_si512(v + (2 * h + 1) * 64);
-        glo = 2 * h;
-        ghi = 2 * h + 1;
-      } else {
-        const __m512i pv = _mm512_load_si512(v + h * 64);
-        lo = _mm512_and_si512(pv, _mm512_set1_epi8(0x0F));
-        hi = _mm512_and_si512(_mm512_srli_epi16(pv, 4), _mm512_set1_epi8(0x0F));
-        if constexpr (kHigh) {
-          uint64_t mlo, mhi;
-          std::memcpy(&mlo, hbits + b * 64 + h * 8, 8);
-          std::memcpy(&mhi, hbits + b * 64 + (h + 4) * 8, 8);
-          lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(mlo, _mm512_set1_epi8(0x10)));
-          hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mhi, _mm512_set1_epi8(0x10)));
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        int32_t gl, gh;
-        std::memcpy(&gl, xq[r] + b * kQK + 4 * glo, 4);
-        std::memcpy(&gh, xq[r] + b * kQK + 4 * ghi, 4);
-        s0[r] = _mm512_dpbusd_epi32(s0[r], lo, _mm512_set1_epi32(gl));
-        s1[r] = _mm512_dpbusd_epi32(s1[r], hi, _mm512_set1_epi32(gh));
-      }
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16 + b * 32)));
-    const __m512 mw = kMin ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(m16 + b * 32)))
-                           : _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      __m512i sumi = _mm512_add_epi32(s0[r], s1[r]);
-      const size_t o = static_cast<size_t>((i0 + r) * a.blocks + b);
-      if constexpr (kVnniOffset[kKind] != 0)
-        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kVnniOffset[kKind] * a.sum[o]));
-      __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[o])));
-      if constexpr (kMin) term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(a.s[o])));
-      acc[r] = _mm512_add_ps(acc[r], term);
-    }
-  }
-  for (int r = 0; r < R; ++r) V512::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
-}
-
-template <int kKind>
-void tile_packed(const TileArgs& t, int64_t j0) {
-  const uint8_t* tile = t.w->packed + j0 / kTile * t.w->packed_stride;
-  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_packed<kKind, decltype(r)::value>(t, j0, i, tile); });
-}
-
-
 template <int kKind>
 void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  if (t.w->packed) return tile_packed<kKind>(t, j0);
+  if (t.w->packed) return tile_packed<V512, kKind>(t, j0, scratch);
   switch (t.a->rows) {
     case 1: return tile_fused<kKind, 1>(t, j0, 0);
     case 2: return tile_fused<kKind, 2>(t, j0, 0);
@@ -336,9 +260,9 @@ void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     case 2: return tile_kind<2>(t, j0, scratch);
     case 3: return tile_kind<3>(t, j0, scratch);
     case 4: return tile_kind<4>(t, j0, scratch);
-    case 5: return tile_k<V512, 5>(t, j0, scratch);
-    case 6: return tile_k<V512, 6>(t, j0, scratch);
-    default: return tile_k<V512, 7>(t, j0, scratch);
+    case 5: return tile_packed<V512, 5>(t, j0, scratch);
+    case 6: return tile_packed<V512, 6>(t, j0, scratch);
+    default: return tile_packed<V512, 7>(t, j0, scratch);
   }
 }
 

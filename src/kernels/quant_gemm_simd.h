@@ -143,19 +143,27 @@ void tile_interleaved(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scrat
   row_groups(t.a->rows, [&](auto r, int64_t i) { rows_interleaved<V, kKind, decltype(r)::value>(t, j0, i, u); });
 }
 
-// The K-quants on a repacked 16-row tile (quant_gemm_impl.h k_tile_layout), written once over the vector width.
-// V, the lane traits of a build, holds V::kLanes weight rows in the 32-bit lanes of a vector (part `part` of the
-// tile: rows kLanes · part ..): per block of 32 the nibble vectors with their high bits, the exact sums of
-// elements 0..15 (low nibbles) and 16..31 (high nibbles) apart against the activations' broadcast 4-byte groups
-// (V::dot), and quant_gemm_impl.h's k_term / k6_term in lanes; R <= 4 activation rows share each load.
+// A repacked 16-row tile (QuantMatrix::repacked, quant_gemm_impl.h k_tile_layout), written once over the vector
+// width: V, the lane traits of a build, holds V::kLanes weight rows in the 32-bit lanes of a vector (part `part` of
+// the tile: rows kLanes · part ..). Per block of 32 the nibble vectors with their high bits (Q8_0: its 8 vectors of
+// w + 128), the exact sums of elements 0..15 and 16..31 apart against the activations' broadcast 4-byte groups
+// (V::dot, in lanes: no horizontal reduction), then quant_gemm_impl.h's block_term (kinds 0..4, the offset
+// kPackedOffset · Σx taken back) or k_term / k6_term (the K-quants) in lanes; R <= 4 activation rows share each
+// load. The avx2 build reads only the K-quants' tiles (its vpmaddubsw would saturate on Q8_0's w + 128).
+inline constexpr int kPackedOffset[5] = {8, 0, 16, 0, 128};
 template <class V, int kKind, int R>
-void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride, int part) {
+void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride, int part) {
   using I = typename V::I;
   using F = typename V::F;
   const QuantActivations& a = *t.a;
   const int64_t nb = a.blocks;
-  const KTileLayout l = k_tile_layout(kKind, nb);
-  const int64_t at = part * V::kLanes * 4;  // this part's bytes in a 64-byte vector of the tile
+  constexpr bool kQuantK = kKind >= 5, kMin = kKind == 1 || kKind == 3;
+  constexpr bool kFifth = kKind == 2 || kKind == 3 || kKind == 6;
+  constexpr int64_t kVecBytes = kKind == 4 ? 512 : 256;  // a block's operand vectors
+  const KTileLayout l = k_tile_layout(kKind, nb);  // kinds 0..4: the vectors' and the fifth bits' places as Q5_K's
+  const uint8_t* d16 = tile + nb * kVecBytes + (kKind == 2 || kKind == 3 ? nb * 64 : 0);  // kinds 0..4: fp16 d, m
+  // This part's bytes in a 64-byte vector of the tile (none where one vector holds the whole tile's rows).
+  const int64_t at = V::kLanes == kPackRows ? 0 : part * V::kLanes * 4;
   const int8_t* xq[R];
   for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
   F acc[R];
@@ -163,7 +171,7 @@ void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int6
   F d = V::fzero(), dmin = V::fzero();
   for (int64_t b = 0; b < nb; ++b) {
     V::prefetch(tile, stride, b, nb);
-    if (b % 8 == 0) {
+    if (kQuantK && b % 8 == 0) {
       const uint8_t* dp = tile + l.d + b / 8 * (kKind == 7 ? 32 : 64) + at / 2;
       d = V::fp16(dp);
       if constexpr (kKind != 7) dmin = V::fp16(dp + 32);
@@ -176,9 +184,19 @@ void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int6
     I s0[R], s1[R];
     for (int r = 0; r < R; ++r) s0[r] = s1[r] = V::zero();
     for (int h = 0; h < 4; ++h) {
-      const I pv = V::load(tile + b * 256 + h * 64 + at);
-      I lo = V::low_nibbles(pv), hi = V::high_nibbles(pv);
-      if constexpr (kKind == 6) {  // the masks' bits of this part, groups h and h + 4
+      I lo, hi;
+      int glo = h, ghi = h + 4;  // the activations' 4-byte groups (elements 4g..4g+3)
+      if constexpr (kKind == 4) {
+        lo = V::load(tile + b * kVecBytes + 2 * h * 64 + at);
+        hi = V::load(tile + b * kVecBytes + (2 * h + 1) * 64 + at);
+        glo = 2 * h;
+        ghi = 2 * h + 1;
+      } else {
+        const I pv = V::load(tile + b * kVecBytes + h * 64 + at);
+        lo = V::low_nibbles(pv);
+        hi = V::high_nibbles(pv);
+      }
+      if constexpr (kFifth) {  // the masks' bits of this part, groups h and h + 4
         lo = V::with_fifth_bits(lo, tile + l.hi + b * 64 + h * 8 + at / 8);
         hi = V::with_fifth_bits(hi, tile + l.hi + b * 64 + (h + 4) * 8 + at / 8);
       }
@@ -188,11 +206,16 @@ void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int6
       }
       for (int r = 0; r < R; ++r) {
         int32_t gl, gh;
-        std::memcpy(&gl, xq[r] + b * kQK + 4 * h, 4);
-        std::memcpy(&gh, xq[r] + b * kQK + 16 + 4 * h, 4);
+        std::memcpy(&gl, xq[r] + b * kQK + 4 * glo, 4);
+        std::memcpy(&gh, xq[r] + b * kQK + 4 * ghi, 4);
         s0[r] = V::dot(s0[r], lo, gl);
         s1[r] = V::dot(s1[r], hi, gh);
       }
+    }
+    F dw = V::fzero(), mw = V::fzero();
+    if constexpr (!kQuantK) {
+      dw = V::fp16(d16 + b * 32 + at / 2);
+      if constexpr (kMin) mw = V::fp16(d16 + nb * 32 + b * 32 + at / 2);
     }
     const uint8_t* sc = tile + l.sc + b * 32 + at / 4;
     for (int r = 0; r < R; ++r) {
@@ -203,10 +226,15 @@ void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int6
         const F dsc_lo = V::mul(d, V::scales_s8(sc)), dsc_hi = V::mul(d, V::scales_s8(sc + 16));
         const I lo = V::sub_i(s0[r], 32 * a.sum_lo[o]), hi = V::sub_i(s1[r], 32 * (a.sum[o] - a.sum_lo[o]));
         term = V::add(V::mul(V::cvt(lo), V::mul(dsc_lo, dx)), V::mul(V::cvt(hi), V::mul(dsc_hi, dx)));
-      } else {  // k_term
+      } else if constexpr (kQuantK) {  // k_term
         const F dsc = V::mul(d, V::scales_u8(sc)), mm = V::mul(dmin, V::scales_u8(sc + 16));
         term = V::mul(V::cvt(V::add_i(s0[r], s1[r])), V::mul(dsc, dx));
         term = V::sub(term, V::mul(mm, V::set1(a.d[o] * static_cast<float>(a.sum[o]))));
+      } else {  // block_term
+        I sumi = V::add_i(s0[r], s1[r]);
+        if constexpr (kPackedOffset[kKind] != 0) sumi = V::sub_i(sumi, kPackedOffset[kKind] * a.sum[o]);
+        term = V::mul(V::cvt(sumi), V::mul(dw, dx));
+        if constexpr (kMin) term = V::add(term, V::mul(mw, V::set1(a.s[o])));
       }
       acc[r] = V::add(acc[r], term);
     }
@@ -214,10 +242,10 @@ void rows_k(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int6
   for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
 }
 
-// The V::kLanes columns from j0 of a K-quant matrix: their part of its repacked 16-row tile, or (rows without one)
+// The V::kLanes columns from j0 on repacked tiles: their part of the matrix's 16-row tile, or (rows without one)
 // those rows packed into scratch first.
 template <class V, int kKind>
-void tile_k(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+void tile_packed(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const QuantMatrix& w = *t.w;
   const uint8_t* tile = nullptr;
   int64_t stride = w.packed_stride;
@@ -232,7 +260,9 @@ void tile_k(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     pack_tile(w.type, w.data + j0 * w.row_bytes, w.row_bytes, V::kLanes, w.cols, base);
     tile = base;
   }
-  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_k<V, kKind, decltype(r)::value>(t, j0, i, tile, stride, part); });
+  row_groups(t.a->rows, [&](auto r, int64_t i) {
+    rows_packed<V, kKind, decltype(r)::value>(t, j0, i, tile, stride, part);
+  });
 }
 
 }  // namespace
