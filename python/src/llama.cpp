@@ -113,18 +113,27 @@ py::object config_of(const LlamaForCausalLM& m) {
   return namespace_of(d);
 }
 
-// model(ids, output_attentions=..., output_hidden_states=...): a types.SimpleNamespace with logits, attentions and
-// hidden_states (tuples of float32 arrays, or None when not asked), batch axis dropped for 1-D ids.
+// model(ids, output_attentions=..., output_hidden_states=..., attention_mask=...): a types.SimpleNamespace with
+// logits, attentions and hidden_states (tuples of float32 arrays, or None when not asked), batch axis dropped for
+// 1-D ids.
 py::object forward_outputs(const CausalLM& m, const py::object& ids_obj, bool output_attentions,
-                           bool output_hidden_states, const py::object& attention_layers) {
+                           bool output_hidden_states, const py::object& attention_layers,
+                           const py::object& mask_obj) {
   const char* fn = "CausalLM.forward";
   bool one_d = false;
   const Ids ids = to_ids(ids_obj, fn, one_d);
+  Ids mask;
+  if (!mask_obj.is_none()) {
+    bool mask_1d = false;
+    mask = to_ids(mask_obj, fn, mask_1d, "attention_mask");
+    if (mask_1d != one_d || mask.shape != ids.shape)
+      throw py::value_error(std::string("[") + fn + "] attention_mask must have the shape of ids");
+  }
   const models::ForwardOptions o = forward_options(fn, output_attentions, output_hidden_states, attention_layers);
   models::CausalLMOutput out;
   {
     py::gil_scoped_release nogil;
-    out = m.model->forward(ids, o);
+    out = m.model->forward(ids, o, nullptr, mask);
   }
   py::dict d;
   d["logits"] = output_array(out.logits, one_d);
@@ -184,25 +193,33 @@ void bind_llama(py::module_& m) {
       .def(
           "forward",
           [](const CausalLM& m, const py::object& ids, bool output_attentions, bool output_hidden_states,
-             const py::object& attention_layers) {
-            return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers);
+             const py::object& attention_layers, const py::object& attention_mask) {
+            return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers,
+                                   attention_mask);
           },
           py::arg("ids"), py::arg("output_attentions") = false, py::arg("output_hidden_states") = false,
-          py::kw_only(), py::arg("attention_layers") = py::none(),
-          "transformers' model(ids, output_attentions=..., output_hidden_states=...). ids: int (T) or (B, T) -> an "
-          "object with .logits (B, T, V); .attentions: one (B, H, T, T) array of probabilities per layer (H = "
-          "num_attention_heads; None for a layer outside attention_layers when given), else None; .hidden_states: "
-          "L + 1 arrays (B, T, E): the embeddings, each layer's output, the last one after the final norm (as "
-          "transformers), else None. The batch axis is dropped for 1-D ids. The attention still runs its fused "
-          "kernel; the probabilities are recomputed beside it.")
+          py::kw_only(), py::arg("attention_layers") = py::none(), py::arg("attention_mask") = py::none(),
+          "transformers' model(ids, output_attentions=..., output_hidden_states=..., attention_mask=...). ids: int "
+          "(T) or (B, T) -> an object with .logits (B, T, V); .attentions: one (B, H, T, T) array of probabilities "
+          "per layer (H = num_attention_heads; None for a layer outside attention_layers when given), else None; "
+          ".hidden_states: L + 1 arrays (B, T, E): the embeddings, each layer's output, the last one after the final "
+          "norm (as transformers), else None. The batch axis is dropped for 1-D ids. The attention still runs its "
+          "fused kernel; the probabilities are recomputed beside it.\n"
+          "attention_mask: integers of the shape of ids, 1 = token, 0 = padding (left, as generate pads, or right); "
+          "positions are 0 .. T-1 as in transformers' forward. Each row then gets, at its tokens, what it gets alone "
+          "(0 probability on padded keys). A query whose keys are all padding (a left-padded row's padding) gets "
+          "attention output 0 and probabilities 0, where transformers' eager attention spreads it uniformly: finite "
+          "values that belong to no sequence.")
       .def(
           "__call__",
           [](const CausalLM& m, const py::object& ids, bool output_attentions, bool output_hidden_states,
-             const py::object& attention_layers) {
-            return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers);
+             const py::object& attention_layers, const py::object& attention_mask) {
+            return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers,
+                                   attention_mask);
           },
           py::arg("ids"), py::arg("output_attentions") = false, py::arg("output_hidden_states") = false,
-          py::kw_only(), py::arg("attention_layers") = py::none(), "The same as forward.")
+          py::kw_only(), py::arg("attention_layers") = py::none(), py::arg("attention_mask") = py::none(),
+          "The same as forward.")
       .def(
           "generate",
           [](const CausalLM& m, const py::object& ids_obj, int64_t max_new_tokens, const py::object& do_sample,
