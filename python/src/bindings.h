@@ -60,6 +60,10 @@ struct MaskArg {
 };
 MaskArg to_mask(const py::handle& obj, const char* fn, const char* arg, MaskKind bool_kind);
 
+// window_size (left, right) and softcap, FlashAttention's names as scaled_dot_product_attention takes them, into the
+// options: a side below -1 or a softcap not finite and >= 0 raises ValueError "[fn] ..." (python/src/sdpa.cpp).
+void set_variants(AttentionOptions& o, std::pair<int64_t, int64_t> window_size, double softcap, const char* fn);
+
 // {name: ndarray} -> StateDict (keys must be str, values ndarrays of a real dtype; TypeError otherwise).
 nn::StateDict to_state_dict(const py::handle& obj, const char* fn);
 // The module's parameters as {name: float32 ndarray} in registration order (PyTorch's state_dict order).

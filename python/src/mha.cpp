@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 #include "bindings.h"
 #include "module_binding.h"
@@ -46,7 +48,8 @@ std::unique_ptr<PyMha> make_mha(int64_t embed_dim, int64_t num_heads, double dro
 
 py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, const py::object& value,
                    const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-                   bool average_attn_weights, bool is_causal) {
+                   bool average_attn_weights, bool is_causal, std::pair<int64_t, int64_t> window_size,
+                   double softcap) {
   // The same array passed twice becomes the same Tensor, so the module takes its fused-projection paths.
   const bool bf = self.batch_first;
   const Tensor q = to_batch_first(to_tensor(query, kName, "query"), bf);
@@ -63,6 +66,11 @@ py::tuple mha_call(PyMha& self, const py::object& query, const py::object& key, 
   o.need_weights = need_weights;
   o.average_attn_weights = average_attn_weights;
   o.batch_first = bf;  // messages show the caller's (T, B, E)
+  AttentionOptions variants;
+  set_variants(variants, window_size, softcap, kName);
+  o.window_left = variants.window_left;
+  o.window_right = variants.window_right;
+  o.softcap = variants.softcap;
   nn::MhaResult r = locked_nogil(self.mu, [&] { return self.m->forward(q, k, v, o); });
   return py::make_tuple(to_numpy(from_batch_first(r.out.value, bf)),
                         r.weights.defined() ? py::object(to_numpy(r.weights)) : py::none());
@@ -84,7 +92,8 @@ False as in PyTorch: inputs (T, B, E); True: (B, T, E)). Not supported (ValueErr
           py::arg("seed") = py::none());
   cls.def("__call__", &mha_call, py::arg("query"), py::arg("key"), py::arg("value"),
           py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true, py::arg("attn_mask") = py::none(),
-          py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
+          py::arg("average_attn_weights") = true, py::arg("is_causal") = false, py::kw_only(),
+          py::arg("window_size") = std::pair<int64_t, int64_t>{-1, -1}, py::arg("softcap") = 0.0,
           R"doc(Attention of query over key/value -> (out, weights or None).
 
 query (Tq, B, E), key (Tk, B, kdim), value (Tk, B, vdim) -> out (Tq, B, E); with batch_first=True (B, Tq, E),
@@ -94,7 +103,12 @@ attn_mask (Tq, Tk) or (B*H, Tq, Tk) (row b*H + h): bool True = the pair is NOT a
 need_weights: also return the attention weights, (B, Tq, Tk) averaged over heads when average_attn_weights,
 else (B, H, Tq, Tk). is_causal applies a top-left causal mask (query i sees keys j <= i), combined with attn_mask;
 PyTorch requires attn_mask with it and treats it as a hint that attn_mask is causal, so the results agree then.
-A query row whose every key is masked gives 0 (out = out_proj.bias there) and weights 0, where PyTorch gives NaN.)doc");
+A query row whose every key is masked gives 0 (out = out_proj.bias there) and weights 0, where PyTorch gives NaN.
+Beyond PyTorch (keyword-only, as qkv.scaled_dot_product_attention takes them): window_size=(left, right), -1 =
+unbounded, FlashAttention's sliding window aligned bottom-right: query i sees key j iff
+i + Tk - Tq - left <= j <= i + Tk - Tq + right (a model's sliding_window W is (W - 1, 0)); softcap c > 0: scores
+become c·tanh(scores / c) before the masks and the softmax (Gemma 2). Both combine with the masks and is_causal,
+and the weights show them. A side below -1 or a softcap not finite and >= 0 raises ValueError.)doc");
   cls.attr("forward") = cls.attr("__call__");
   def_module_methods(cls, kName);
   cls.def_property_readonly("embed_dim", [](PyMha& s) { return s.m->embed_dim(); });

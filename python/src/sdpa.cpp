@@ -52,8 +52,13 @@ auto in_our_words(const char* fn, const char* op, F&& f) {
   }
 }
 
-// window_size (left, right) and softcap into the options (checked by attention_check, which names `fn`).
+}  // namespace
+
 void set_variants(AttentionOptions& o, std::pair<int64_t, int64_t> window_size, double softcap, const char* fn) {
+  if (window_size.first < -1 || window_size.second < -1) {
+    throw py::value_error(std::string("[") + fn + "] window_size (" + std::to_string(window_size.first) + ", " +
+                          std::to_string(window_size.second) + ") must be >= -1 on each side (-1 = unbounded)");
+  }
   o.window_left = window_size.first;
   o.window_right = window_size.second;
   if (!(std::isfinite(softcap) && softcap >= 0.0 && softcap <= 3.0e38)) {
@@ -62,6 +67,8 @@ void set_variants(AttentionOptions& o, std::pair<int64_t, int64_t> window_size, 
   }
   o.softcap = static_cast<float>(softcap);
 }
+
+namespace {
 
 // The private kernels behind qkv.torch: strided float32 inputs read in place (numpy views of torch tensors), results
 // handed back without a copy. A bool mask keeps (SDPA), a floating one is added; is_causal is top-left and combines

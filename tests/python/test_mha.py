@@ -2,7 +2,8 @@
 
 Random configurations: self- and cross-attention, kdim/vdim, bias on/off, key_padding_mask (bool/float), attn_mask
 (bool/float, (Tq, Tk) or (B*H, Tq, Tk)), need_weights averaged or per head, is_causal with the causal attn_mask that
-PyTorch requires. Outputs and weights must meet torch_parity.assert_parity.
+PyTorch requires. Outputs and weights must meet torch_parity.assert_parity. Beyond PyTorch: window_size and softcap
+against the module written out over qkv.scaled_dot_product_attention with the same options, and their errors.
 """
 import warnings
 
@@ -230,3 +231,98 @@ def test_dropout_acts_only_in_training_mode():
     out_eval2, _ = mine(x, x, x)
     np.testing.assert_array_equal(out_eval, out_eval2)
     assert not np.allclose(out_train, out_eval)
+
+
+# ----- beyond PyTorch: window_size and softcap (keyword-only), as qkv.scaled_dot_product_attention takes them -------
+
+def written_out(mine, q, k, v, kpm, is_causal, window, softcap):
+    """The module written out: its projections (float64), qkv.scaled_dot_product_attention with the same options,
+    out_proj; beside it the per-head weights in float64 (scores, cap, masks, softmax; a row that sees no key: 0)."""
+    sd, H = {n: a.astype(np.float64) for n, a in mine.state_dict().items()}, mine.num_heads
+    if "in_proj_weight" in sd:
+        wq, wk, wv = np.split(sd["in_proj_weight"], 3)
+    else:
+        wq, wk, wv = sd["q_proj_weight"], sd["k_proj_weight"], sd["v_proj_weight"]
+    bq, bk, bv = np.split(sd["in_proj_bias"], 3) if "in_proj_bias" in sd else (0.0, 0.0, 0.0)
+
+    def heads(x, w, b):  # (B, T, d) -> (B, H, T, D)
+        y = x.astype(np.float64) @ w.T + b
+        return y.reshape(y.shape[0], y.shape[1], H, -1).transpose(0, 2, 1, 3)
+
+    qh, kh, vh = heads(q, wq, bq), heads(k, wk, bk), heads(v, wv, bv)
+    keep = None if kpm is None else ~kpm[:, None, None, :]
+    o = qkv.scaled_dot_product_attention(*(a.astype(np.float32) for a in (qh, kh, vh)), attn_mask=keep,
+                                         is_causal=is_causal, window_size=window, softcap=softcap)
+    B, _, Tq, D = o.shape
+    out = o.transpose(0, 2, 1, 3).reshape(B, Tq, H * D).astype(np.float64) @ sd["out_proj.weight"].T
+    out = out + sd.get("out_proj.bias", 0.0)
+    s = qh @ kh.swapaxes(-1, -2) / np.sqrt(D)
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    Tk = k.shape[1]
+    i, j = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
+    allowed = np.ones((Tq, Tk), bool)
+    if is_causal:
+        allowed &= j <= i  # top-left, as MultiheadAttention's is_causal
+    if window[0] >= 0:
+        allowed &= j >= i + Tk - Tq - window[0]  # the window aligned bottom-right
+    if window[1] >= 0:
+        allowed &= j <= i + Tk - Tq + window[1]
+    allowed = np.broadcast_to(allowed, s.shape) & (True if keep is None else keep)
+    s = np.where(allowed, s, -np.inf)
+    mx = np.max(s, -1, keepdims=True)
+    e = np.where(allowed, np.exp(s - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
+    w = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+    return out, w
+
+
+WINDOWED = {
+    "self_window_causal": dict(E=8, H=2, Tq=9, Tk=9, window=(2, 0), is_causal=True),
+    "cross_window_softcap_padding": dict(E=12, H=3, Tq=5, Tk=11, window=(3, 1), softcap=0.8, padding=True),
+    "right_window_softcap_kdim": dict(E=8, H=4, Tq=7, Tk=6, window=(-1, 1), softcap=2.0, kdim=5, vdim=3,
+                                      padding=True),
+    "rows_see_nothing": dict(E=8, H=2, Tq=8, Tk=3, window=(0, 0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_window_and_softcap_match_the_functional_attention_with_the_same_options(name):
+    c = WINDOWED[name]
+    rng = np.random.default_rng(len(name))
+    E, H, Tq, Tk = c["E"], c["H"], c["Tq"], c["Tk"]
+    mine = qkv.MultiheadAttention(E, H, kdim=c.get("kdim"), vdim=c.get("vdim"), batch_first=True, seed=5)
+    mine.eval()
+    sd = mine.state_dict()
+    mine.load_state_dict({**sd, "in_proj_bias": rand(rng, *sd["in_proj_bias"].shape),
+                          "out_proj.bias": rand(rng, E)})  # nonzero biases, so that they are checked
+    q = rand(rng, 2, Tq, E, scale=2.0)
+    k, v = (q, q) if Tq == Tk and "kdim" not in c else (rand(rng, 2, Tk, c.get("kdim", E), scale=2.0),
+                                                         rand(rng, 2, Tk, c.get("vdim", E)))
+    kpm = None
+    if c.get("padding"):
+        kpm = np.zeros((2, Tk), bool)
+        kpm[1, -2:] = True
+    opts = dict(window_size=c["window"], softcap=c.get("softcap", 0.0))
+    out, w = mine(q, k, v, key_padding_mask=kpm, is_causal=c.get("is_causal", False), average_attn_weights=False,
+                  **opts)
+    want_out, want_w = written_out(mine, q, k, v, kpm, c.get("is_causal", False), c["window"], opts["softcap"])
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w, want_w, atol=1e-6)
+    assert np.all(w[~np.broadcast_to(want_w > 0, w.shape)] == 0.0)  # outside the window: exactly 0
+    plain, _ = mine(q, k, v, key_padding_mask=kpm, window_size=(-1, -1), softcap=0.0)
+    np.testing.assert_array_equal(plain, mine(q, k, v, key_padding_mask=kpm)[0])  # the defaults are no window
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(window_size=(-2, 0)), r"\[MultiheadAttention\] window_size \(-2, 0\) must be >= -1 on each side"),
+    (dict(window_size=(0, -5)), r"\[MultiheadAttention\] window_size \(0, -5\) must be >= -1 on each side"),
+    (dict(softcap=-1.0), r"\[MultiheadAttention\] softcap must be a finite float >= 0"),
+    (dict(softcap=float("nan")), r"\[MultiheadAttention\] softcap must be a finite float >= 0"),
+    (dict(softcap=float("inf")), r"\[MultiheadAttention\] softcap must be a finite float >= 0"),
+])
+def test_bad_window_or_softcap_raise_one_line_value_error(kwargs, message):
+    mine = qkv.MultiheadAttention(8, 2, batch_first=True, seed=0)
+    x = np.zeros((1, 3, 8), np.float32)
+    with pytest.raises(ValueError, match=message) as e:
+        mine(x, x, x, **kwargs)
+    assert "\n" not in str(e.value)
