@@ -3,12 +3,16 @@
 // KV cache (contiguous and paged) for the next step; a row of zeros gives finite outputs; a mask of ones is no mask.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "ops_testing.h"
 #include "qkv/models/llama.h"
+#include "qkv/nn/context.h"
 #include "qkv/nn/kv_cache.h"
+#include "qkv/ops/functional.h"
 #include "tiny_llama.h"
 
 namespace qkv::models {
@@ -181,6 +185,33 @@ TEST(LlamaMask, MaskOfTheWrongShapeThrows) {
   model.forward(p.ids, ForwardOptions(), &caches, p.mask);
   EXPECT_TRUE(ThrowsArg([&] { model.forward(Ids{{1, 2}, {2, 1}}, ForwardOptions(), &caches, Ids{{1, 0}, {2, 1}}); },
                         "[llama] attention_mask (2, 1) holding 2 values must be empty or (B, T_keys) = (2, 10)"));
+}
+
+// One process holding every position: enough for the model's refusal, which comes before any attention runs.
+class WholeSequence : public nn::SequenceShard {
+ public:
+  int64_t padded_length(int64_t t) const override { return t; }
+  std::vector<int64_t> positions(int64_t t) const override {
+    std::vector<int64_t> p(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) p[static_cast<size_t>(i)] = i;
+    return p;
+  }
+  ad::Var attention(const ad::Var& q, const ad::Var& k, const ad::Var& v, const AttentionOptions& o) const override {
+    return ad::attention(q, k, v, o);
+  }
+};
+
+TEST(LlamaMask, MaskUnderASequenceShardThrows) {
+  Rng rng(4);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
+  const Padded p = padded(true);
+  const WholeSequence shard;
+  nn::Context c;
+  c.set_sequence_shard(&shard);
+  const std::vector<int64_t> positions = shard.positions(9);
+  EXPECT_NO_THROW(model.forward(c, p.ids, nullptr, 0, &positions));
+  EXPECT_TRUE(qkv::testing::ThrowsArg([&] { model.forward(c, p.ids, nullptr, 0, &positions, p.mask); },
+                                      "[llama] attention_mask (2, 9) with the ids (2, 9) under context parallelism"));
 }
 
 }  // namespace
