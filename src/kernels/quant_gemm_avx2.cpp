@@ -15,6 +15,7 @@ struct V256 {
   using I = __m256i;
   using F = __m256;
   static constexpr int kLanes = 8;
+  static constexpr bool kReadsPacked = false;  // kinds 0..4 in place (Q8_0 tiles hold w + 128)
   static I zero() { return _mm256_setzero_si256(); }
   static F fzero() { return _mm256_setzero_ps(); }
   static I load(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -41,6 +42,25 @@ struct V256 {
     if constexpr (kKind != 4) return dot(acc, w, group);
     const I pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(group), w));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  // Fused rows (quant_gemm_simd.h rows_fused): row r's block operand in z[r], each row's products reduced.
+  template <int kKind>
+  static void operands(const uint8_t* blk, int64_t row_bytes, I z[8]) {
+    for (int r = 0; r < 8; ++r) z[r] = block_operand<kKind>(blk + r * row_bytes);
+  }
+  template <int kKind>
+  static I block_sums(const I z[8], const int8_t* xq) {
+    const I xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    I p[8];
+    for (int r = 0; r < 8; ++r) {
+      const I pairs = kKind == 4 ? _mm256_maddubs_epi16(_mm256_abs_epi8(z[r]), _mm256_sign_epi8(xv, z[r]))
+                                 : _mm256_maddubs_epi16(z[r], xv);
+      p[r] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    }
+    const I h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const I h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
   }
   static I offsets(int64_t stride) {  // r · stride in lane r
     return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(stride)));
@@ -75,71 +95,8 @@ struct V256 {
   }
 };
 
-// Up to 4 activation rows: the 8 rows' operands unpacked row by row, each row's products reduced; more rows:
-// quant_gemm_simd.h's column-interleaved tile.
-template <int kKind>
-void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  const QuantMatrix& w = *t.w;
-  const QuantActivations& a = *t.a;
-  if (a.rows > 4) return tile_interleaved<V256, kKind>(t, j0, scratch);
-  const int64_t nb = w.cols / kQK, bs = gguf::type_size(w.type);
-  constexpr bool kMin = kKind == 1 || kKind == 3;
-  // Unpacked tile: per block, 8 rows x 32 operand bytes, then the rows' d and m as float32.
-  const size_t vbytes = static_cast<size_t>(nb) * 8 * 32, fbytes = static_cast<size_t>(nb) * 8 * sizeof(float);
-  if (scratch.size() < vbytes + 2 * fbytes + 64) scratch.resize(vbytes + 2 * fbytes + 64);
-  uint8_t* vals = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 31);
-  float* dw = reinterpret_cast<float*>(vals + vbytes);
-  float* mw = dw + nb * 8;
-  const uint8_t* row0 = w.data + j0 * w.row_bytes;
-  const __m256i rows = V256::offsets(w.row_bytes);
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int r = 0; r < 8; ++r) V256::operand<kKind>(row0 + r * w.row_bytes + b * bs, vals + (b * 8 + r) * 32);
-    const __m256i head = V256::gather(row0 + b * bs, rows);  // each row's first 4 bytes: d, and m above it
-    _mm256_store_ps(dw + b * 8, V256::half_lo(head));
-    if constexpr (kMin) _mm256_store_ps(mw + b * 8, V256::half_hi(head));
-  }
-  for (int64_t i = 0; i < a.rows; ++i) {
-    const int8_t* xq = a.q.data() + i * a.cols;
-    const float* dx = a.d.data() + i * a.blocks;
-    const float* sx = a.s.data() + i * a.blocks;
-    const int32_t* xs = a.sum.data() + i * a.blocks;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQK));
-      __m256i p[8];
-      for (int r = 0; r < 8; ++r) {
-        const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(vals + (b * 8 + r) * 32));
-        const __m256i pairs = kKind == 4 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv))
-                                         : _mm256_maddubs_epi16(wv, xv);
-        p[r] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-      }
-      const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-      const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-      __m256i sumi = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                                      _mm256_permute2x128_si256(h0123, h4567, 0x31));
-      if constexpr (kOffset[kKind] != 0) sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(kOffset[kKind] * xs[b]));
-      __m256 term = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(_mm256_load_ps(dw + b * 8),
-                                                                          _mm256_set1_ps(dx[b])));
-      if constexpr (kMin) term = _mm256_add_ps(term, _mm256_mul_ps(_mm256_load_ps(mw + b * 8), _mm256_set1_ps(sx[b])));
-      acc = _mm256_add_ps(acc, term);
-    }
-    V256::store(t.y + i * t.ldy + j0, acc, t.bias ? t.bias + j0 : nullptr);
-  }
-}
-
 }  // namespace
 
-void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  switch (block_layout(t.w->type).kind) {
-    case 0: return tile_kind<0>(t, j0, scratch);
-    case 1: return tile_kind<1>(t, j0, scratch);
-    case 2: return tile_kind<2>(t, j0, scratch);
-    case 3: return tile_kind<3>(t, j0, scratch);
-    case 4: return tile_kind<4>(t, j0, scratch);
-    case 5: return tile_packed<V256, 5>(t, j0, scratch);
-    case 6: return tile_packed<V256, 6>(t, j0, scratch);
-    default: return tile_packed<V256, 7>(t, j0, scratch);
-  }
-}
+void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) { tile_for<V256>(t, j0, scratch); }
 
 }  // namespace qkv::kernels::quant_detail::avx2

@@ -75,22 +75,6 @@ inline __m512i row_sums(const __m512i p[8]) {
                           _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
-// One block of one activation row against the tile's 16 rows, added to acc by quant_gemm_impl.h's epilogue.
-template <int kKind>
-inline __m512 accumulate(__m512 acc, const __m512i z[8], const QuantActivations& a, int64_t i, int64_t b,
-                         __m512 dw, __m512 mw) {
-  const __m512i xz = activation_operand(a.q.data() + i * a.cols + b * kQK);
-  __m512i p[8];
-  for (int v = 0; v < 8; ++v) p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[v], xz);
-  __m512i sumi = row_sums(p);
-  const size_t o = static_cast<size_t>(i * a.blocks + b);
-  if constexpr (kPackedOffset[kKind] != 0)
-    sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(kPackedOffset[kKind] * a.sum[o]));
-  __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[o])));
-  if constexpr (kKind == 1 || kKind == 3) term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(a.s[o])));
-  return _mm512_add_ps(acc, term);
-}
-
 // Software prefetch into L2 of the tiles 16 KB ahead: a matrix streamed from DRAM (an output head) then reads at
 // the rate of a plain streaming read or above it (the hardware prefetcher alone keeps fewer lines in flight).
 inline constexpr int64_t kPrefetchAhead = 16384;
@@ -100,6 +84,7 @@ struct V512 {
   using I = __m512i;
   using F = __m512;
   static constexpr int kLanes = 16;
+  static constexpr bool kReadsPacked = true;  // kinds 0..4 on repacked tiles too
   static I zero() { return _mm512_setzero_si512(); }
   static F fzero() { return _mm512_setzero_ps(); }
   static I load(const uint8_t* p) { return _mm512_load_si512(p); }
@@ -128,6 +113,21 @@ struct V512 {
   }
   template <int kKind>
   static I dot_kind(I acc, I w, int32_t group) { return dot(acc, w, group); }
+  // Fused rows (quant_gemm_simd.h rows_fused): the 8 pair_operand vectors, the products reduced by row_sums.
+  template <int kKind>
+  static void operands(const uint8_t* blk, int64_t row_bytes, I z[8]) {
+    for (int v = 0; v < 8; ++v) {
+      const uint8_t* pa = blk + row_a(v) * row_bytes;
+      z[v] = pair_operand<kKind>(pa, pa + 4 * row_bytes);
+    }
+  }
+  template <int kKind>
+  static I block_sums(const I z[8], const int8_t* xq) {
+    const I xz = activation_operand(xq);
+    I p[8];
+    for (int v = 0; v < 8; ++v) p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[v], xz);
+    return row_sums(p);
+  }
   static I offsets(int64_t stride) {  // r · stride in lane r
     return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                               _mm512_set1_epi32(static_cast<int>(stride)));
@@ -162,54 +162,6 @@ struct V512 {
   }
 };
 
-struct TileRows {
-  const uint8_t* row0;
-  int64_t row_bytes, bs;
-  __m512i offsets;  // r * row_bytes
-  TileRows(const QuantMatrix& w, int64_t j0)
-      : row0(w.data + j0 * w.row_bytes), row_bytes(w.row_bytes), bs(gguf::type_size(w.type)),
-        offsets(V512::offsets(w.row_bytes)) {}
-  template <int kKind>
-  void operands(int64_t b, __m512i z[8]) const {
-    for (int v = 0; v < 8; ++v) {
-      const uint8_t* pa = row0 + row_a(v) * row_bytes + b * bs;
-      z[v] = pair_operand<kKind>(pa, pa + 4 * row_bytes);
-    }
-  }
-  // The first 4 bytes of each row's block: d, and m (when the type has one) in the high half.
-  __m512i heads(int64_t b) const { return V512::gather(row0 + b * bs, offsets); }
-};
-
-// Up to 4 activation rows (decode, small batches): each block's operands built in registers and used at once.
-template <int kKind, int R>
-void tile_fused(const TileArgs& t, int64_t j0, int64_t i0) {
-  const QuantActivations& a = *t.a;
-  const TileRows rows(*t.w, j0);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    __m512i z[8];
-    rows.operands<kKind>(b, z);
-    const __m512i head = rows.heads(b);
-    const __m512 dw = V512::half_lo(head);
-    const __m512 mw = kKind == 1 || kKind == 3 ? V512::half_hi(head) : _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r) acc[r] = accumulate<kKind>(acc[r], z, a, i0 + r, b, dw, mw);
-  }
-  for (int r = 0; r < R; ++r) V512::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
-}
-
-
-template <int kKind>
-void tile_kind(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  if (t.w->packed) return tile_packed<V512, kKind>(t, j0, scratch);
-  switch (t.a->rows) {
-    case 1: return tile_fused<kKind, 1>(t, j0, 0);
-    case 2: return tile_fused<kKind, 2>(t, j0, 0);
-    case 3: return tile_fused<kKind, 3>(t, j0, 0);
-    case 4: return tile_fused<kKind, 4>(t, j0, 0);
-    default: return tile_interleaved<V512, kKind>(t, j0, scratch);
-  }
-}
 
 }  // namespace
 
@@ -253,17 +205,6 @@ void quantize_blocks(const float* x, int64_t nb, int8_t* q, float* d, float* s, 
   }
 }
 
-void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
-  switch (block_layout(t.w->type).kind) {
-    case 0: return tile_kind<0>(t, j0, scratch);
-    case 1: return tile_kind<1>(t, j0, scratch);
-    case 2: return tile_kind<2>(t, j0, scratch);
-    case 3: return tile_kind<3>(t, j0, scratch);
-    case 4: return tile_kind<4>(t, j0, scratch);
-    case 5: return tile_packed<V512, 5>(t, j0, scratch);
-    case 6: return tile_packed<V512, 6>(t, j0, scratch);
-    default: return tile_packed<V512, 7>(t, j0, scratch);
-  }
-}
+void tile(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) { tile_for<V512>(t, j0, scratch); }
 
 }  // namespace qkv::kernels::quant_detail::avx512

@@ -143,6 +143,44 @@ void tile_interleaved(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scrat
   row_groups(t.a->rows, [&](auto r, int64_t i) { rows_interleaved<V, kKind, decltype(r)::value>(t, j0, i, u); });
 }
 
+// Up to 4 activation rows against the V::kLanes rows from j0 of a matrix without repacked tiles (kinds 0..4), read
+// in place: per block the rows' operands built in registers (V::operands) and used at once, each activation row's
+// products reduced to the rows' exact sums in lanes (V::block_sums), then block_term in lanes.
+template <class V, int kKind, int R>
+void rows_fused(const TileArgs& t, int64_t j0, int64_t i0) {
+  const QuantActivations& a = *t.a;
+  const QuantMatrix& w = *t.w;
+  const uint8_t* row0 = w.data + j0 * w.row_bytes;
+  const int64_t bs = gguf::type_size(w.type);
+  const typename V::I rows = V::offsets(w.row_bytes);
+  typename V::F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::fzero();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    typename V::I z[8];
+    V::template operands<kKind>(row0 + b * bs, w.row_bytes, z);
+    const typename V::I head = V::gather(row0 + b * bs, rows);  // each row's first 4 bytes: d, and m above it
+    const typename V::F dw = V::half_lo(head);
+    const typename V::F mw = kKind == 1 || kKind == 3 ? V::half_hi(head) : V::fzero();
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = i0 + r;
+      typename V::I sumi = V::template block_sums<kKind>(z, a.q.data() + i * a.cols + b * kQK);
+      const size_t o = static_cast<size_t>(i * a.blocks + b);
+      if constexpr (V::kOffset[kKind] != 0) sumi = V::sub_i(sumi, V::kOffset[kKind] * a.sum[o]);
+      typename V::F term = V::mul(V::cvt(sumi), V::mul(dw, V::set1(a.d[o])));
+      if constexpr (kKind == 1 || kKind == 3) term = V::add(term, V::mul(mw, V::set1(a.s[o])));
+      acc[r] = V::add(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
+}
+
+// A matrix without repacked tiles (kinds 0..4): up to 4 activation rows fused, more through the interleaved tile.
+template <class V, int kKind>
+void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  if (t.a->rows > 4) return tile_interleaved<V, kKind>(t, j0, scratch);
+  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_fused<V, kKind, decltype(r)::value>(t, j0, i); });
+}
+
 // A repacked 16-row tile (QuantMatrix::repacked, quant_gemm_impl.h k_tile_layout), written once over the vector
 // width: V, the lane traits of a build, holds V::kLanes weight rows in the 32-bit lanes of a vector (part `part` of
 // the tile: rows kLanes · part ..). Per block of 32 the nibble vectors with their high bits (Q8_0: its 8 vectors of
@@ -263,6 +301,32 @@ void tile_packed(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   row_groups(t.a->rows, [&](auto r, int64_t i) {
     rows_packed<V, kKind, decltype(r)::value>(t, j0, i, tile, stride, part);
   });
+}
+
+// A build's TileFn (quant_gemm_impl.h) over its lane traits V: kinds 0..4 on the matrix's repacked tiles where it
+// has them and V::kReadsPacked, else read in place; the K-quants always on repacked tiles.
+template <class V>
+void tile_for(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
+  const auto run = [&]<int kKind>() {
+    if constexpr (kKind >= 5) {
+      tile_packed<V, kKind>(t, j0, scratch);
+    } else if constexpr (V::kReadsPacked) {
+      if (t.w->packed) tile_packed<V, kKind>(t, j0, scratch);
+      else tile_unpacked<V, kKind>(t, j0, scratch);
+    } else {
+      tile_unpacked<V, kKind>(t, j0, scratch);
+    }
+  };
+  switch (block_layout(t.w->type).kind) {
+    case 0: return run.template operator()<0>();
+    case 1: return run.template operator()<1>();
+    case 2: return run.template operator()<2>();
+    case 3: return run.template operator()<3>();
+    case 4: return run.template operator()<4>();
+    case 5: return run.template operator()<5>();
+    case 6: return run.template operator()<6>();
+    default: return run.template operator()<7>();
+  }
 }
 
 }  // namespace
