@@ -48,19 +48,10 @@ void gemm(const Gemm& g) {
   for_row_blocks<6>(g.rows, [&]<int R>(int64_t r) { row_block<R>(g, r); });
 }
 
-void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, float* l, float* alpha) {
-  softmax_cols_impl<Avx2>(st, ld, nk, ncols, m, l, alpha);
-}
-
-void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
-               const float* delta, float scale) {
-  bwd_probs_impl<Avx2>(s, bias, dp, ld, rows, cols, lse2, delta, scale);
-}
-
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{"avx2", gemm, softmax_cols, dot_scores_impl<Avx2>, bwd_probs};
+  static const Kernels k{"avx2", gemm, softmax_cols_impl<Avx2>, dot_scores_impl<Avx2>, bwd_probs_impl<Avx2>};
   return k;
 }
 

@@ -48,15 +48,10 @@ void softmax_cols(float* st, int64_t ld, int64_t nk, int64_t ncols, float* m, fl
   softmax_cols_impl<Avx512>(st, ld, nk, ncols, m, l, alpha);
 }
 
-void bwd_probs(float* s, const float* bias, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* lse2,
-               const float* delta, float scale) {
-  bwd_probs_impl<Avx512>(s, bias, dp, ld, rows, cols, lse2, delta, scale);
-}
-
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{"avx512", gemm, softmax_cols, dot_scores_impl<Avx512>, bwd_probs};
+  static const Kernels k{"avx512", gemm, softmax_cols, dot_scores_impl<Avx512>, bwd_probs_impl<Avx512>};
   return k;
 }
 
