@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -305,9 +306,10 @@ static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& co
     return r;
   }
 
-  // Split keys: partial (m, l, o) per (unit, split), then a fixed-order merge.
-  const int64_t part_floats = 2 * fq + fq * dv;
-  std::vector<float> parts(static_cast<size_t>(units * splits * part_floats));
+  // Split keys: partial (m, l, o) per (unit, split), then a fixed-order merge. A part holds the rows a tile has (a
+  // decoding step's few query rows, not a whole query tile), and nothing reads it before fwd_tile writes it.
+  const int64_t rows = cx.fwd_rows(), part_floats = 2 * rows + rows * dv;
+  const std::unique_ptr<float[]> parts(new float[static_cast<size_t>(units * splits * part_floats)]);
 #pragma omp parallel num_threads(team_size(threads, work, units * splits, config.min_work_per_thread))
   {
     FwdWork w(cx);
@@ -319,15 +321,15 @@ static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& co
       const int64_t per = ceil_div(ceil_div(kend - kbeg, fk), splits) * fk;
       const int64_t j_begin = std::min(kend, kbeg + s * per), j_end = std::min(kend, kbeg + (s + 1) * per);
       fwd_tile(cx, b, i0, bq, j_begin, j_end, w);
-      float* part = parts.data() + it * part_floats;
+      float* part = parts.get() + it * part_floats;
       std::copy(w.m.begin(), w.m.begin() + bq, part);
-      std::copy(w.l.begin(), w.l.begin() + bq, part + fq);
-      std::copy(w.o.begin(), w.o.begin() + bq * dv, part + 2 * fq);
+      std::copy(w.l.begin(), w.l.begin() + bq, part + rows);
+      std::copy(w.o.begin(), w.o.begin() + bq * dv, part + 2 * rows);
     }
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t b = u / nqt, i0 = (u % nqt) * fq, bq = std::min(fq, tq - i0);
-      const float* first = parts.data() + u * splits * part_floats;
+      const float* first = parts.get() + u * splits * part_floats;
       for (int64_t i = 0; i < bq; ++i) {
         float mx = kNegInf;
         for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, first[s * part_floats + i]);
@@ -338,8 +340,8 @@ static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& co
           for (int64_t s = 0; s < splits; ++s) {
             const float* part = first + s * part_floats;
             const float wgt = std::exp2(part[i] - mx);  // 0 for a split that saw no key of this row
-            l += wgt * part[fq + i];
-            const float* src = part + 2 * fq + i * dv;
+            l += wgt * part[rows + i];
+            const float* src = part + 2 * rows + i * dv;
             for (int64_t c = 0; c < dv; ++c) orow[c] += wgt * src[c];
           }
         }
