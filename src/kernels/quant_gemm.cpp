@@ -446,29 +446,41 @@ int64_t tiles_end(const QuantMatrix& w, const Tiles& b) {
   return w.rows / b.tile * b.tile;
 }
 
-// The integer product: activations quantized once, whole tiles by the build and the columns past the last whole
-// tile by the reference, in one parallel region.
-void run_integer(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
-                 int64_t ldy, const Tiles& b) {
+// The integer products of one x: activations quantized once; per product its whole tiles by the build and the
+// columns past its last whole tile by the reference; one parallel region over the items of all products in order.
+void run_integer(const float* x, int64_t m, int64_t ldx, const QuantProduct* p, int64_t count, const Tiles& b) {
   QuantActivations a;
-  quantize_rows(x, m, ldx, w.cols, a, b.vector_quantizer);
-  const TileArgs t{&a, &w, bias, y, ldy};
-  const int64_t n = w.rows, done = tiles_end(w, b);
-  const int64_t tiles = done / b.tile, items = tiles + (n - done);  // whole tiles, then single columns
-  const bool parallel = m * n * w.cols >= (int64_t{1} << 18);  // as the int8 product: below, one thread
-  if (!parallel || items <= 1) {  // no parallel region at all (even a one-thread one costs)
+  quantize_rows(x, m, ldx, p[0].w->cols, a, b.vector_quantizer);
+  struct Part {
+    TileArgs t;
+    int64_t done, tiles, first;  // whole tiles end at column done; its items start at `first` of all
+  };
+  std::vector<Part> parts(static_cast<size_t>(count));
+  int64_t items = 0, work = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const QuantMatrix& w = *p[i].w;
+    const int64_t done = tiles_end(w, b), tiles = done / b.tile;
+    parts[i] = Part{TileArgs{&a, &w, p[i].bias, p[i].y, p[i].ldy}, done, tiles, items};
+    items += tiles + (w.rows - done);  // whole tiles, then single columns
+    work += m * w.rows * w.cols;
+  }
+  const auto item = [&](int64_t c, std::vector<uint8_t>& scratch) {
+    size_t i = 0;
+    while (i + 1 < parts.size() && parts[i + 1].first <= c) ++i;
+    const Part& q = parts[i];
+    const int64_t u = c - q.first, j0 = u < q.tiles ? u * b.tile : q.done + (u - q.tiles);
+    columns(q.t, b, q.done, j0, u < q.tiles ? j0 + b.tile : j0 + 1, scratch);
+  };
+  if (work < (int64_t{1} << 18) || items <= 1) {  // as the int8 product: below, no parallel region at all
     std::vector<uint8_t> scratch;
-    columns(t, b, done, 0, n, scratch);
+    for (int64_t c = 0; c < items; ++c) item(c, scratch);
     return;
   }
 #pragma omp parallel
   {
     std::vector<uint8_t> scratch;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < items; ++c) {
-      const int64_t j0 = c < tiles ? c * b.tile : done + (c - tiles);
-      columns(t, b, done, j0, c < tiles ? j0 + b.tile : j0 + 1, scratch);
-    }
+    for (int64_t c = 0; c < items; ++c) item(c, scratch);
   }
 }
 
@@ -487,7 +499,8 @@ void run(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const flo
   check_rows_kept(w, b, kOp);
   if (m == 0 || w.rows == 0) return;
   if (!quant_gemm_integer(w.type)) return float_path(x, m, ldx, w, bias, y, ldy);
-  run_integer(x, m, ldx, w, bias, y, ldy, b);
+  const QuantProduct p{&w, bias, y, ldy};
+  run_integer(x, m, ldx, &p, 1, b);
 }
 
 enum class Build { kPortable, kAvx2, kAvx512Vnni };
@@ -547,6 +560,7 @@ Tiles active_tiles() {
 }
 
 constexpr const char* kMlpOp = "[gated_mlp_quant]";
+constexpr const char* kManyOp = "[gemm_quant_many]";
 
 void check_mlp(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate, const QuantMatrix& up,
                const QuantMatrix& down, const float* y, int64_t ldy) {
@@ -568,6 +582,27 @@ void check_mlp(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate, 
 }
 
 }  // namespace
+
+void gemm_quant_many(const float* x, int64_t m, int64_t ldx, const QuantProduct* products, int64_t count) {
+  QKV_CHECK_ARG(count >= 0 && (products != nullptr || count == 0), kManyOp, " ", count, " products");
+  const Tiles b = active_tiles();
+  std::vector<QuantProduct> integer;
+  for (int64_t i = 0; i < count; ++i) {
+    const QuantProduct& p = products[i];
+    QKV_CHECK_ARG(p.w != nullptr, kManyOp, " product ", i, " of ", count, " has no weight");
+    QKV_CHECK_ARG(p.w->cols == products[0].w->cols, kManyOp, " the weights (", products[0].w->rows, ", ",
+                  products[0].w->cols, ") and (", p.w->rows, ", ", p.w->cols, ") of products 0 and ", i,
+                  " take inputs of different lengths");
+    check_args(x, m, ldx, *p.w, p.y, p.ldy);
+    check_rows_kept(*p.w, b, kManyOp);
+    if (m == 0 || p.w->rows == 0) continue;
+    if (quant_gemm_integer(p.w->type))
+      integer.push_back(p);
+    else
+      float_path(x, m, ldx, *p.w, p.bias, p.y, p.ldy);
+  }
+  if (!integer.empty()) run_integer(x, m, ldx, integer.data(), static_cast<int64_t>(integer.size()), b);
+}
 
 void gated_mlp_quant_reference(const float* x, int64_t m, int64_t ldx, const QuantMatrix& gate,
                                const float* gate_bias, const QuantMatrix& up, const float* up_bias,

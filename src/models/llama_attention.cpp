@@ -9,6 +9,7 @@
 #include "qkv/models/llama.h"
 #include "qkv/nn/attention_core.h"
 #include "qkv/ops/functional.h"
+#include "stored_weights.h"
 
 namespace qkv::models {
 
@@ -53,11 +54,34 @@ ad::Var LlamaAttention::forward(const nn::Context& c, const ad::Var& x, int64_t 
   QKV_CHECK_ARG(!attention_mask.defined() || attention_mask.shape() == (Shape{b, keys}), "[llama] attention_mask ",
                 attention_mask.defined() ? str(attention_mask.shape()) : "()", " must be (B, T_keys) = ",
                 str(Shape{b, keys}), " for the input ", str(x.shape()));
+  ad::Var qx, kx, vx;
+  const kernels::QuantMatrix* wq = detail::stored_integer_weight(q_proj);
+  const kernels::QuantMatrix* wk = detail::stored_integer_weight(k_proj);
+  const kernels::QuantMatrix* wv = detail::stored_integer_weight(v_proj);
+  if (c.tape() == nullptr && x.value.defined() && tq == t && wq && wk && wv && wq->cols == k.hidden_size &&
+      wk->cols == k.hidden_size && wv->cols == k.hidden_size && detail::bias_ok(q_proj) && detail::bias_ok(k_proj) &&
+      detail::bias_ok(v_proj)) {
+    // Inference on a GGUF's integer-product weights: Q, K and V in one call (x quantized once, one parallel region),
+    // the bits of the three products.
+    const Tensor xc = x.value.contiguous();
+    Tensor yq = Tensor::empty({b, t, wq->rows}), yk = Tensor::empty({b, t, wk->rows}),
+           yv = Tensor::empty({b, t, wv->rows});
+    const kernels::QuantProduct p[3] = {{wq, detail::bias_data(q_proj), yq.data(), wq->rows},
+                                        {wk, detail::bias_data(k_proj), yk.data(), wk->rows},
+                                        {wv, detail::bias_data(v_proj), yv.data(), wv->rows}};
+    kernels::gemm_quant_many(xc.data(), b * t, k.hidden_size, p, 3);
+    qx = ad::Var(yq);
+    kx = ad::Var(yk);
+    vx = ad::Var(yv);
+  } else {
+    qx = q_proj.forward(c, tq < t ? ad::slice(x, 1, t - tq, t) : x);
+    kx = k_proj.forward(c, x);
+    vx = v_proj.forward(c, x);
+  }
   // (B, T, H·D) -> (B, H, T, D) views
-  const ad::Var q = ad::permute(
-      ad::reshape(q_proj.forward(c, tq < t ? ad::slice(x, 1, t - tq, t) : x), {b, tq, hq, d}), {0, 2, 1, 3});
-  const ad::Var kk = ad::permute(ad::reshape(k_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
-  const ad::Var v = ad::permute(ad::reshape(v_proj.forward(c, x), {b, t, hkv, d}), {0, 2, 1, 3});
+  const ad::Var q = ad::permute(ad::reshape(qx, {b, tq, hq, d}), {0, 2, 1, 3});
+  const ad::Var kk = ad::permute(ad::reshape(kx, {b, t, hkv, d}), {0, 2, 1, 3});
+  const ad::Var v = ad::permute(ad::reshape(vx, {b, t, hkv, d}), {0, 2, 1, 3});
 
   // The core: HF's rotary angles (the model's shared table), causal bottom-right (the new positions follow the
   // cached ones), the window W as window_size (W - 1, 0) and soft-capping, so the fused kernels skip key tiles

@@ -84,6 +84,19 @@ bool quant_gemm_integer(gguf::Type type);
 void gemm_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& w, const float* bias, float* y,
                 int64_t ldy);
 
+// Several products of one x (m, k), each y_i (m, n_i) = x · W_iᵀ + bias_i (an attention layer's Q, K and V): x
+// quantized once and one OpenMP region over the column tiles of all of them (a decode step's small K and V run beside
+// Q instead of on one thread after it). Every output has gemm_quant's bits. The weights must share k; a product whose
+// type has no integer product runs gemm_quant on its own. Errors: gemm_quant's, "[gemm_quant_many] ..." naming the
+// shapes where the weights' k differ.
+struct QuantProduct {
+  const QuantMatrix* w = nullptr;
+  const float* bias = nullptr;  // (n) or nullptr
+  float* y = nullptr;           // rows ldy apart
+  int64_t ldy = 0;
+};
+void gemm_quant_many(const float* x, int64_t m, int64_t ldx, const QuantProduct* products, int64_t count);
+
 // The gated MLP (SwiGLU) of a Llama layer on integer-type weights, y (m, e) = h · Dᵀ + bd with
 // h (m, f) = silu(x · Gᵀ + bg) ⊙ (x · Uᵀ + bu): x (m, e) rows ldx apart, gate and up (f, e), down (e, f), biases
 // (or nullptr) of their outputs; y rows ldy apart. The same bits as its reference, the composition gemm_quant(gate),
