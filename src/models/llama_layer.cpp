@@ -7,6 +7,7 @@
 #include "qkv/kernels/quant_gemm.h"
 #include "qkv/models/llama.h"
 #include "qkv/ops/functional.h"
+#include "stored_weights.h"
 
 namespace qkv::models {
 
@@ -20,22 +21,9 @@ LlamaMlp::LlamaMlp(const LlamaConfig& c, Rng& rng)
   register_module("down_proj", &down_proj);
 }
 
-namespace {
-
-// A linear layer's weight as the file stores it, where it has the integer block product (nullptr otherwise).
-const kernels::QuantMatrix* stored_integer_weight(const nn::Linear& l) {
-  if (!l.has_stored_weights()) return nullptr;
-  const LinearWeight& w = l.linear_weight(l.weight);
-  const kernels::QuantMatrix* q = w.quant();
-  if (q == nullptr || !kernels::quant_gemm_integer(q->type) || w.out_features() != q->rows) return nullptr;
-  return q;
-}
-
-const float* bias_data(const nn::Linear& l) {
-  return l.has_bias() && l.bias.is_contiguous() ? l.bias.data() : nullptr;
-}
-
-}  // namespace
+using detail::bias_data;
+using detail::bias_ok;
+using detail::stored_integer_weight;
 
 ad::Var LlamaMlp::forward(const nn::Context& c, const ad::Var& x) const {
   // Inference on a GGUF's integer-product weights: the whole SwiGLU MLP in one kernel (x quantized once for gate
@@ -44,8 +32,7 @@ ad::Var LlamaMlp::forward(const nn::Context& c, const ad::Var& x) const {
     const kernels::QuantMatrix* g = stored_integer_weight(gate_proj);
     const kernels::QuantMatrix* u = stored_integer_weight(up_proj);
     const kernels::QuantMatrix* d = stored_integer_weight(down_proj);
-    const bool biases_ok = (!gate_proj.has_bias() || bias_data(gate_proj)) &&
-                           (!up_proj.has_bias() || bias_data(up_proj)) && (!down_proj.has_bias() || bias_data(down_proj));
+    const bool biases_ok = bias_ok(gate_proj) && bias_ok(up_proj) && bias_ok(down_proj);
     if (g && u && d && biases_ok && g->type == u->type && g->rows == u->rows && g->cols == x.size(-1) &&
         g->cols == u->cols && d->rows == g->cols && d->cols == g->rows && g->rows % 32 == 0) {
       const Tensor xc = x.value.contiguous();
