@@ -184,12 +184,18 @@ Tensor unstack_heads(const Tensor& x, const Shape& batch, int64_t group, int64_t
   return x.contiguous().view(split).transpose(-3, -2).contiguous().view(full);
 }
 
+constexpr int64_t kSplitKeys = 16;
+
 // Key splits per query tile: 1 while there are enough tiles to keep every thread busy and balanced; otherwise
 // (decoding one query against a long cache, B·H below the thread count) the keys of each tile are split and the
-// partial (max, sum, output) merged afterwards in a fixed order.
+// partial (max, sum, output) merged afterwards in a fixed order. The parts are a multiple of the team where the keys
+// allow it (3 KV heads on 2 threads: 12 parts, not 9), each an equal share of the keys in
+// multiples of kSplitKeys.
 int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
   if (units >= 4 * threads || units % threads == 0) return 1;
-  return std::clamp<int64_t>(ceil_div(4 * threads, units), 1, std::max<int64_t>(1, max_key_tiles));
+  int64_t s = ceil_div(4 * threads, units);
+  while (s < max_key_tiles && (units * s) % threads != 0) ++s;
+  return std::clamp<int64_t>(s, 1, std::max<int64_t>(1, max_key_tiles));
 }
 
 }  // namespace
@@ -318,7 +324,7 @@ static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& co
       const int64_t u = it / splits, s = it % splits;
       const int64_t b = u / nqt, i0 = (u % nqt) * fq, bq = std::min(fq, tq - i0);
       const int64_t kbeg = cx.key_begin(i0), kend = std::max(kbeg, cx.key_end(i0 + bq - 1));
-      const int64_t per = ceil_div(ceil_div(kend - kbeg, fk), splits) * fk;
+      const int64_t per = ceil_div(ceil_div(kend - kbeg, kSplitKeys), splits) * kSplitKeys;
       const int64_t j_begin = std::min(kend, kbeg + s * per), j_end = std::min(kend, kbeg + (s + 1) * per);
       fwd_tile(cx, b, i0, bq, j_begin, j_end, w);
       float* part = parts.get() + it * part_floats;
