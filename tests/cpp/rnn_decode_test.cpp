@@ -1,8 +1,9 @@
-// Tests of the RNN Seq2Seq step model: greedy search through RnnStep gives Seq2Seq::greedy_decode's tokens, beam
-// search and forced attention run on the same rows machinery.
+// Tests of the RNN Seq2Seq step model: greedy search through RnnStep gives the plain greedy loop's tokens and
+// alignments (rnn_oracle.h), beam search and forced attention run on the same rows machinery.
 #include <gtest/gtest.h>
 
 #include "ops_testing.h"
+#include "rnn_oracle.h"
 #include "qkv/decode/rnn_step.h"
 #include "qkv/decode/search.h"
 
@@ -11,7 +12,7 @@ namespace {
 
 // --- RNN Seq2Seq ---------------------------------------------------------------------------------------------------
 
-TEST(RnnStep, GreedyMatchesTheModelsOwnGreedyDecode) {
+TEST(RnnStep, GreedyMatchesThePlainGreedyLoop) {
   for (auto att : {models::Seq2SeqAttention::kNone, models::Seq2SeqAttention::kBahdanau,
                    models::Seq2SeqAttention::kLuongGeneral}) {
     for (auto cell : {models::RnnCell::kGRU, models::RnnCell::kLSTM}) {
@@ -29,12 +30,23 @@ TEST(RnnStep, GreedyMatchesTheModelsOwnGreedyDecode) {
       const std::vector<int64_t> lengths = {4, 2, 3};
       RnnStep step(model, src, lengths);
       const auto g = greedy_search(step, SearchOptions{9, 1, 2});
-      const models::Seq2SeqDecoded ref = model.greedy_decode(src, lengths, 9, 1, 2);
+      const testing::RnnGreedyDecoded ref = testing::rnn_greedy_decode(model, src, lengths, 9, 1, 2);
       for (int64_t s = 0; s < 3; ++s) {
         std::vector<int64_t> want(ref.tokens.data.begin() + s * ref.tokens.shape[1],
                                   ref.tokens.data.begin() + s * ref.tokens.shape[1] +
                                       ref.lengths[static_cast<size_t>(s)]);
         EXPECT_EQ(g[static_cast<size_t>(s)].tokens, want) << "source " << s;
+      }
+      if (att != models::Seq2SeqAttention::kNone) {  // the greedy tokens' attention is the loop's alignments
+        std::vector<std::vector<int64_t>> tokens;
+        for (const Hypothesis& h : g) tokens.push_back(h.tokens);
+        const auto al = forced_attention(step, tokens, 1);
+        for (int64_t s = 0; s < 3; ++s) {
+          const int64_t len = ref.lengths[static_cast<size_t>(s)];
+          EXPECT_TRUE(testing::AllClose(al[static_cast<size_t>(s)],
+                                        ref.alignments.select(0, s).slice(0, 0, len).contiguous(), {1e-5, 1e-6}))
+              << "source " << s;
+        }
       }
       // beam search runs on the same rows machinery and scores at least as well as greedy without a penalty
       const auto b = beam_search(step, SearchOptions{9, 1, 2}, BeamOptions{4, LengthPenalty::kNone, 0.0});

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "ops_testing.h"
+#include "qkv/decode/rnn_step.h"
+#include "qkv/decode/search.h"
 #include "qkv/ops/elementwise.h"
 #include "qkv/ops/embedding.h"
 #include "qkv/ops/matmul.h"
@@ -252,6 +254,23 @@ TEST(Seq2Seq, NoAttentionWithoutFedContextHasPlainDecoderInput) {
             (Shape{1, 2, kVt}));
 }
 
+// Greedy decoding goes through decode::RnnStep and decode::greedy_search; the alignments of its tokens are
+// decode::forced_attention's.
+struct Greedy {
+  std::vector<std::vector<int64_t>> tokens;  // per source, up to and including eos
+  std::vector<Tensor> alignments;            // per source (|tokens|, Ts); undefined for kNone
+};
+
+Greedy greedy(const Seq2Seq& m, const Ids& src, const std::vector<int64_t>& lengths, int64_t max_len, int64_t bos,
+              int64_t eos) {
+  decode::RnnStep step(m, src, lengths);
+  Greedy g;
+  for (const decode::Hypothesis& h : decode::greedy_search(step, decode::SearchOptions{max_len, bos, eos}))
+    g.tokens.push_back(h.tokens);
+  g.alignments = decode::forced_attention(step, g.tokens, bos);
+  return g;
+}
+
 TEST(Seq2Seq, GreedyDecodeIsDeterministicAndAgreesWithTeacherForcing) {
   const Ids src = random_ids(2, 5, kVs, 23);
   const std::vector<int64_t> lengths{5, 3};
@@ -259,28 +278,34 @@ TEST(Seq2Seq, GreedyDecodeIsDeterministicAndAgreesWithTeacherForcing) {
   for (Seq2SeqAttention a : kAllAttention) {
     Rng r1(24), r2(24);
     Seq2Seq m1(config(a), r1), m2(config(a), r2);
-    const Seq2SeqDecoded d1 = m1.greedy_decode(src, lengths, max_len, bos, eos);
-    const Seq2SeqDecoded d2 = m2.greedy_decode(src, lengths, max_len, bos, eos);
-    EXPECT_EQ(d1.tokens.data, d2.tokens.data) << name(a, RnnCell::kGRU);
-    EXPECT_EQ(d1.lengths, d2.lengths);
-    const int64_t n = d1.tokens.shape[1];
-    ASSERT_GE(n, 1);
-    ASSERT_LE(n, max_len);
-    if (a != Seq2SeqAttention::kNone) {
-      ASSERT_EQ(d1.alignments.shape(), (Shape{2, n, 5}));
-      EXPECT_TRUE(AllClose(d1.alignments, d2.alignments, testing::kExact));
+    const Greedy d1 = greedy(m1, src, lengths, max_len, bos, eos);
+    const Greedy d2 = greedy(m2, src, lengths, max_len, bos, eos);
+    EXPECT_EQ(d1.tokens, d2.tokens) << name(a, RnnCell::kGRU);
+    int64_t n = 0;
+    for (int64_t b = 0; b < 2; ++b) {
+      const int64_t len = static_cast<int64_t>(d1.tokens[b].size());
+      ASSERT_GE(len, 1);
+      ASSERT_LE(len, max_len);
+      n = std::max(n, len);
+      if (a != Seq2SeqAttention::kNone) {
+        ASSERT_EQ(d1.alignments[b].shape(), (Shape{len, 5}));
+        EXPECT_TRUE(AllClose(d1.alignments[b], d2.alignments[b], testing::kExact));
+      } else {
+        EXPECT_FALSE(d1.alignments[b].defined());
+      }
     }
-    // Teacher forcing on [bos, y_0 .. y_{n-2}] has argmax y_t at every step before each row's eos.
+    // Teacher forcing on [bos, y_0 .. y_{n-2}] has argmax y_t at every step up to each row's eos.
     Ids tgt_in{{}, {2, n}};
     for (int64_t b = 0; b < 2; ++b) {
+      const std::vector<int64_t>& y = d1.tokens[b];
       tgt_in.data.push_back(bos);
-      for (int64_t t = 0; t + 1 < n; ++t) tgt_in.data.push_back(d1.tokens.data[b * n + t]);
+      for (int64_t t = 0; t + 1 < n; ++t) tgt_in.data.push_back(t < static_cast<int64_t>(y.size()) ? y[t] : eos);
     }
     const Tensor logits = m1.forward(src, lengths, tgt_in).logits.contiguous();
     for (int64_t b = 0; b < 2; ++b)
-      for (int64_t t = 0; t < d1.lengths[b]; ++t) {
+      for (int64_t t = 0; t < static_cast<int64_t>(d1.tokens[b].size()); ++t) {
         const float* row = logits.data() + (b * n + t) * kVt;
-        EXPECT_EQ(std::max_element(row, row + kVt) - row, d1.tokens.data[b * n + t]) << name(a, RnnCell::kGRU);
+        EXPECT_EQ(std::max_element(row, row + kVt) - row, d1.tokens[b][t]) << name(a, RnnCell::kGRU);
       }
   }
 }
@@ -292,11 +317,9 @@ TEST(Seq2Seq, GreedyDecodeStopsAtEos) {
   sd.at("out.bias").fill(0.0f);
   sd.at("out.bias").at({3}) = 1e4f;  // eos = 3 wins every step
   m.load_state_dict(sd);
-  const Seq2SeqDecoded d = m.greedy_decode(random_ids(2, 4, kVs, 26), {}, 10, 0, 3);
-  EXPECT_EQ(d.tokens.shape, (Shape{2, 1}));
-  EXPECT_EQ(d.tokens.data, (std::vector<int64_t>{3, 3}));
-  EXPECT_EQ(d.lengths, (std::vector<int64_t>{1, 1}));
-  EXPECT_EQ(d.alignments.shape(), (Shape{2, 1, 4}));
+  const Greedy d = greedy(m, random_ids(2, 4, kVs, 26), {}, 10, 0, 3);
+  EXPECT_EQ(d.tokens, (std::vector<std::vector<int64_t>>{{3}, {3}}));
+  for (const Tensor& al : d.alignments) EXPECT_EQ(al.shape(), (Shape{1, 4}));
 }
 
 TEST(Seq2Seq, BadInputsThrowNamingSeq2Seq) {
@@ -320,9 +343,10 @@ TEST(Seq2Seq, BadInputsThrowNamingSeq2Seq) {
   EXPECT_TRUE(ThrowsArg([&] { m.forward(src, {4}, tgt); }, "[Seq2Seq] src_lengths"));
   EXPECT_TRUE(ThrowsArg([&] { m.forward(src, {4, 5}, tgt); }, "[Seq2Seq] src length 5"));
   EXPECT_TRUE(ThrowsArg([&] { m.forward(src, {}, Ids{{}, {2, 0}}); }, "[Seq2Seq] tgt_in"));
-  EXPECT_TRUE(ThrowsArg([&] { m.greedy_decode(src, {}, 0, 1, 2); }, "[Seq2Seq] greedy_decode max_len"));
-  EXPECT_TRUE(ThrowsArg([&] { m.greedy_decode(src, {}, 5, kVt, 2); }, "[Seq2Seq] greedy_decode bos"));
-  EXPECT_TRUE(ThrowsArg([&] { m.greedy_decode(src, {}, 5, 1, -1); }, "[Seq2Seq] greedy_decode bos"));
+  decode::RnnStep step(m, src);
+  EXPECT_TRUE(ThrowsArg([&] { decode::greedy_search(step, {0, 1, 2}); }, "[greedy_search] max_len"));
+  EXPECT_TRUE(ThrowsArg([&] { decode::greedy_search(step, {5, kVt, 2}); }, "[greedy_search] bos"));
+  EXPECT_TRUE(ThrowsArg([&] { decode::greedy_search(step, {5, 1, kVt}); }, "[greedy_search] eos"));
   const Seq2SeqEncoded enc = m.encode(src);
   EXPECT_TRUE(ThrowsArg([&] { m.decode_step(enc, m.initial_state(enc), {1}); }, "[Seq2Seq] decoder state"));
   EXPECT_TRUE(ThrowsArg([&] { m.initial_state(Seq2SeqEncoded{}); }, "[Seq2Seq] encoded h_n"));

@@ -1,5 +1,6 @@
 // Seq2Seq: an RNN encoder-decoder (GRU or LSTM) without attention (the fixed-size bottleneck) or with
-// Bahdanau / Luong attention over all encoder states; teacher-forced forward and greedy decoding.
+// Bahdanau / Luong attention over all encoder states; teacher-forced forward and one decoder step (greedy / beam
+// search over it: decode::RnnStep).
 #pragma once
 
 #include <cstdint>
@@ -86,12 +87,6 @@ using Seq2SeqStateVars = BasicSeq2SeqState<ad::Var>;
 using Seq2SeqStepVars = BasicSeq2SeqStep<ad::Var>;
 using Seq2SeqOutputVars = BasicSeq2SeqOutput<ad::Var>;
 
-struct Seq2SeqDecoded {
-  Ids tokens;                    // (B, N), N <= max_len; after a row's eos the row is filled with eos
-  std::vector<int64_t> lengths;  // per row: tokens up to and including the first eos, else N
-  Tensor alignments;             // (B, N, Ts), 0 after a row's eos; undefined for kNone
-};
-
 // Parameters (PyTorch-style dotted names): src_embed.weight (Vs, E), tgt_embed.weight (Vt, E),
 // encoder.{weight_ih_l{k}, weight_hh_l{k}, bias_ih_l{k}, bias_hh_l{k}}, decoder.{same},
 // attention.{W,U,v}.weight (Bahdanau) | attention.W.weight (Luong general), attn_combine.weight (H, 2H) (Luong),
@@ -130,11 +125,6 @@ class Seq2Seq : public nn::Module {
   Seq2SeqOutputVars forward(const nn::Context& c, const Ids& src, const std::vector<int64_t>& src_lengths,
                             const Ids& tgt_in) const;
   Seq2SeqOutput forward(const Ids& src, const std::vector<int64_t>& src_lengths, const Ids& tgt_in) const;
-
-  // Greedy decoding: argmax each step (lowest id on ties) until every row has produced eos or max_len steps.
-  // max_len >= 1; bos, eos in [0, Vt).
-  Seq2SeqDecoded greedy_decode(const Ids& src, const std::vector<int64_t>& src_lengths, int64_t max_len,
-                               int64_t bos, int64_t eos) const;
 
  private:
   // One decoder RNN step, whichever cell is configured.

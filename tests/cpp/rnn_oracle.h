@@ -1,30 +1,39 @@
-// Seq2Seq greedy decoding: argmax per step from bos until every row has emitted eos or max_len is reached,
-// collecting the per-step alignments.
-#include <algorithm>
+// The oracle of RNN Seq2Seq decoding: greedy decoding written plainly over Seq2Seq::decode_step, every row kept in
+// the batch until all have emitted eos. The library's path (decode::RnnStep + decode::greedy_search) must give its
+// tokens.
+#pragma once
 
-#include "qkv/core/error.h"
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "qkv/models/seq2seq.h"
 #include "qkv/ops/shape_ops.h"
 
-namespace qkv::models {
+namespace qkv::testing {
 
-Seq2SeqDecoded Seq2Seq::greedy_decode(const Ids& src, const std::vector<int64_t>& src_lengths, int64_t max_len,
-                                      int64_t bos, int64_t eos) const {
-  const int64_t v = config_.tgt_vocab;
-  QKV_CHECK_ARG(max_len >= 1, "[Seq2Seq] greedy_decode max_len ", max_len, " must be >= 1");
-  QKV_CHECK_ARG(bos >= 0 && bos < v && eos >= 0 && eos < v, "[Seq2Seq] greedy_decode bos ", bos, " and eos ", eos,
-                " must be in [0, ", v, ")");
-  const Seq2SeqEncoded enc = encode(src, src_lengths);
+struct RnnGreedyDecoded {
+  Ids tokens;                    // (B, N), N <= max_len; after a row's eos the row is filled with eos
+  std::vector<int64_t> lengths;  // per row: tokens up to and including the first eos, else N
+  Tensor alignments;             // (B, N, Ts), 0 after a row's eos; undefined for kNone
+};
+
+// Argmax each step (lowest id on ties) from bos until every row has produced eos or max_len steps.
+inline RnnGreedyDecoded rnn_greedy_decode(const models::Seq2Seq& model, const Ids& src,
+                                          const std::vector<int64_t>& src_lengths, int64_t max_len, int64_t bos,
+                                          int64_t eos) {
+  const int64_t v = model.config().tgt_vocab;
+  const models::Seq2SeqEncoded enc = model.encode(src, src_lengths);
   const int64_t nb = src.shape[0];
-  Seq2SeqState state = initial_state(enc);
+  models::Seq2SeqState state = model.initial_state(enc);
   std::vector<int64_t> prev(static_cast<size_t>(nb), bos);
   std::vector<bool> done(static_cast<size_t>(nb), false);
   std::vector<std::vector<int64_t>> steps;
   std::vector<Tensor> weights;
-  Seq2SeqDecoded res;
+  RnnGreedyDecoded res;
   res.lengths.assign(static_cast<size_t>(nb), 0);
   for (int64_t t = 0; t < max_len; ++t) {
-    Seq2SeqStep st = decode_step(enc, state, prev);
+    models::Seq2SeqStep st = model.decode_step(enc, state, prev);
     const Tensor logits = st.logits.contiguous();  // (B, V)
     std::vector<int64_t> tok(static_cast<size_t>(nb));
     for (int64_t b = 0; b < nb; ++b) {
@@ -35,7 +44,7 @@ Seq2SeqDecoded Seq2Seq::greedy_decode(const Ids& src, const std::vector<int64_t>
         continue;
       }
       const float* row = logits.data() + b * v;
-      tok[bi] = std::max_element(row, row + v) - row;  // first maximum: lowest id on ties
+      tok[bi] = std::max_element(row, row + v) - row;
       res.lengths[bi] = t + 1;
       if (tok[bi] == eos) done[bi] = true;
     }
@@ -55,4 +64,4 @@ Seq2SeqDecoded Seq2Seq::greedy_decode(const Ids& src, const std::vector<int64_t>
   return res;
 }
 
-}  // namespace qkv::models
+}  // namespace qkv::testing
