@@ -4,6 +4,7 @@
 // lanes), and quant_gemm_impl.h's float epilogue in 8 lanes.
 // vpmaddubsw never saturates here: nibble types 2 · 31 · 127 < 32767 (the offset taken back as offset · Σx), Q8_0
 // on |w| and sign(x, w): 2 · 128 · 127 < 32767.
+#include "micro.h"
 #include "quant_gemm_simd.h"
 
 namespace qkv::kernels::quant_detail::avx2 {
@@ -11,13 +12,10 @@ namespace {
 
 // The avx2 build's lane traits for quant_gemm_simd.h's kernels: 8 rows per vector (rows_packed: half of a repacked
 // 16-row tile). vpmaddubsw never saturates there: 2 · 63 · 127 < 32767.
-struct V256 {
-  using I = __m256i;
-  using F = __m256;
+struct V256 : detail::Lanes256 {  // micro.h's float lanes (zero, set1, add, sub, mul, to_float) and these
   static constexpr int kLanes = 8;
   static constexpr bool kReadsPacked = false;  // kinds 0..4 in place (Q8_0 tiles hold w + 128)
-  static I zero() { return _mm256_setzero_si256(); }
-  static F fzero() { return _mm256_setzero_ps(); }
+  static I izero() { return _mm256_setzero_si256(); }
   static I load(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
   static I low_nibbles(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I high_nibbles(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
@@ -75,16 +73,11 @@ struct V256 {
   static F half_hi(I v) { return fp16_lanes_to_float(_mm256_srli_epi32(v, 16)); }
   static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
   static I sub_i(I a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
-  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
-  static F set1(float v) { return _mm256_set1_ps(v); }
-  static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F scales_u8(const uint8_t* p) {
-    return cvt(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    return to_float(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   static F scales_s8(const uint8_t* p) {
-    return cvt(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    return to_float(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   static F fp16(const uint8_t* p) {
     return fp16_lanes_to_float(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));

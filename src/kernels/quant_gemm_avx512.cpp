@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "qkv/core/half.h"
+#include "micro.h"
 #include "quant_gemm_simd.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every use.
@@ -80,13 +81,10 @@ inline __m512i row_sums(const __m512i p[8]) {
 inline constexpr int64_t kPrefetchAhead = 16384;
 
 // The avx512vnni build's lane traits for quant_gemm_simd.h's kernels: 16 rows per vector.
-struct V512 {
-  using I = __m512i;
-  using F = __m512;
+struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub, mul, to_float) and these
   static constexpr int kLanes = 16;
   static constexpr bool kReadsPacked = true;  // kinds 0..4 on repacked tiles too
-  static I zero() { return _mm512_setzero_si512(); }
-  static F fzero() { return _mm512_setzero_ps(); }
+  static I izero() { return _mm512_setzero_si512(); }
   static I load(const uint8_t* p) { return _mm512_load_si512(p); }
   static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
@@ -140,16 +138,11 @@ struct V512 {
   static F half_hi(I v) { return fp16_lanes_to_float512(_mm512_srli_epi32(v, 16)); }
   static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub_i(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
-  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F scales_u8(const uint8_t* p) {
-    return cvt(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
+    return to_float(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static F scales_s8(const uint8_t* p) {
-    return cvt(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
+    return to_float(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static F fp16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
   static void prefetch(const uint8_t* tile, int64_t stride, int64_t b, int64_t nb) {  // this block's share

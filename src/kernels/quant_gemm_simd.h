@@ -113,13 +113,13 @@ void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const Unpacked&
   constexpr int kLanes = V::kLanes;
   const QuantActivations& a = *t.a;
   typename V::F acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::fzero();
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
   for (int64_t b = 0; b < a.blocks; ++b) {
     const typename V::F d = V::load_f(u.dw + b * kLanes);
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
       const int8_t* xq = a.q.data() + i * a.cols + b * kQK;
-      typename V::I sumi = V::zero();
+      typename V::I sumi = V::izero();
       for (int g = 0; g < 8; ++g) {
         int32_t group;
         std::memcpy(&group, xq + 4 * g, 4);
@@ -127,7 +127,7 @@ void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const Unpacked&
       }
       const size_t o = static_cast<size_t>(i * a.blocks + b);
       if constexpr (V::kOffset[kKind] != 0) sumi = V::sub_i(sumi, V::kOffset[kKind] * a.sum[o]);
-      typename V::F term = V::mul(V::cvt(sumi), V::mul(d, V::set1(a.d[o])));
+      typename V::F term = V::mul(V::to_float(sumi), V::mul(d, V::set1(a.d[o])));
       if constexpr (kKind == 1 || kKind == 3)
         term = V::add(term, V::mul(V::load_f(u.mw + b * kLanes), V::set1(a.s[o])));
       acc[r] = V::add(acc[r], term);
@@ -154,19 +154,19 @@ void rows_fused(const TileArgs& t, int64_t j0, int64_t i0) {
   const int64_t bs = gguf::type_size(w.type);
   const typename V::I rows = V::offsets(w.row_bytes);
   typename V::F acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::fzero();
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
   for (int64_t b = 0; b < a.blocks; ++b) {
     typename V::I z[8];
     V::template operands<kKind>(row0 + b * bs, w.row_bytes, z);
     const typename V::I head = V::gather(row0 + b * bs, rows);  // each row's first 4 bytes: d, and m above it
     const typename V::F dw = V::half_lo(head);
-    const typename V::F mw = kKind == 1 || kKind == 3 ? V::half_hi(head) : V::fzero();
+    const typename V::F mw = kKind == 1 || kKind == 3 ? V::half_hi(head) : V::zero();
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
       typename V::I sumi = V::template block_sums<kKind>(z, a.q.data() + i * a.cols + b * kQK);
       const size_t o = static_cast<size_t>(i * a.blocks + b);
       if constexpr (V::kOffset[kKind] != 0) sumi = V::sub_i(sumi, V::kOffset[kKind] * a.sum[o]);
-      typename V::F term = V::mul(V::cvt(sumi), V::mul(dw, V::set1(a.d[o])));
+      typename V::F term = V::mul(V::to_float(sumi), V::mul(dw, V::set1(a.d[o])));
       if constexpr (kKind == 1 || kKind == 3) term = V::add(term, V::mul(mw, V::set1(a.s[o])));
       acc[r] = V::add(acc[r], term);
     }
@@ -205,8 +205,8 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
   const int8_t* xq[R];
   for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
   F acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::fzero();
-  F d = V::fzero(), dmin = V::fzero();
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  F d = V::zero(), dmin = V::zero();
   for (int64_t b = 0; b < nb; ++b) {
     V::prefetch(tile, stride, b, nb);
     if (kQuantK && b % 8 == 0) {
@@ -214,13 +214,13 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
       d = V::fp16(dp);
       if constexpr (kKind != 7) dmin = V::fp16(dp + 32);
     }
-    I top_lo = V::zero(), top_hi = V::zero();
+    I top_lo = V::izero(), top_hi = V::izero();
     if constexpr (kKind == 7) {
       top_lo = V::load(tile + l.hi + b * 128 + at);
       top_hi = V::load(tile + l.hi + b * 128 + 64 + at);
     }
     I s0[R], s1[R];
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = V::zero();
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = V::izero();
     for (int h = 0; h < 4; ++h) {
       I lo, hi;
       int glo = h, ghi = h + 4;  // the activations' 4-byte groups (elements 4g..4g+3)
@@ -250,7 +250,7 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
         s1[r] = V::dot(s1[r], hi, gh);
       }
     }
-    F dw = V::fzero(), mw = V::fzero();
+    F dw = V::zero(), mw = V::zero();
     if constexpr (!kQuantK) {
       dw = V::fp16(d16 + b * 32 + at / 2);
       if constexpr (kMin) mw = V::fp16(d16 + nb * 32 + b * 32 + at / 2);
@@ -263,15 +263,15 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
       if constexpr (kKind == 7) {  // k6_term: the unsigned values' sums less 32 · Σq of their half
         const F dsc_lo = V::mul(d, V::scales_s8(sc)), dsc_hi = V::mul(d, V::scales_s8(sc + 16));
         const I lo = V::sub_i(s0[r], 32 * a.sum_lo[o]), hi = V::sub_i(s1[r], 32 * (a.sum[o] - a.sum_lo[o]));
-        term = V::add(V::mul(V::cvt(lo), V::mul(dsc_lo, dx)), V::mul(V::cvt(hi), V::mul(dsc_hi, dx)));
+        term = V::add(V::mul(V::to_float(lo), V::mul(dsc_lo, dx)), V::mul(V::to_float(hi), V::mul(dsc_hi, dx)));
       } else if constexpr (kQuantK) {  // k_term
         const F dsc = V::mul(d, V::scales_u8(sc)), mm = V::mul(dmin, V::scales_u8(sc + 16));
-        term = V::mul(V::cvt(V::add_i(s0[r], s1[r])), V::mul(dsc, dx));
+        term = V::mul(V::to_float(V::add_i(s0[r], s1[r])), V::mul(dsc, dx));
         term = V::sub(term, V::mul(mm, V::set1(a.d[o] * static_cast<float>(a.sum[o]))));
       } else {  // block_term
         I sumi = V::add_i(s0[r], s1[r]);
         if constexpr (kPackedOffset[kKind] != 0) sumi = V::sub_i(sumi, kPackedOffset[kKind] * a.sum[o]);
-        term = V::mul(V::cvt(sumi), V::mul(dw, dx));
+        term = V::mul(V::to_float(sumi), V::mul(dw, dx));
         if constexpr (kMin) term = V::add(term, V::mul(mw, V::set1(a.s[o])));
       }
       acc[r] = V::add(acc[r], term);
