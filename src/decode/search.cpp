@@ -48,6 +48,13 @@ Tensor checked_logits(const Tensor& logits, int64_t N, int64_t V, const char* op
 
 }  // namespace
 
+int64_t kv_row_bytes(int64_t layers, int64_t width, int64_t positions) {
+  const double bytes = 2.0 * static_cast<double>(std::max<int64_t>(layers, 0)) *
+                       static_cast<double>(std::max<int64_t>(width, 0)) *
+                       static_cast<double>(std::max<int64_t>(positions, 0)) * sizeof(float);
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
 double length_penalty(int64_t length, LengthPenalty penalty, double alpha) {
   QKV_CHECK_ARG(length >= 1, "[length_penalty] length must be >= 1, got ", length);
   QKV_CHECK_ARG(alpha >= 0.0 && std::isfinite(alpha), "[length_penalty] alpha must be finite and >= 0, got ", alpha);

@@ -3,6 +3,7 @@
 #include "qkv/decode/transformer_step.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "qkv/core/error.h"
@@ -59,6 +60,13 @@ TransformerCachedStep::TransformerCachedStep(models::Seq2SeqTransformer& model, 
 }
 
 int64_t TransformerCachedStep::vocab_size() const { return model_->config().tgt_vocab; }
+
+int64_t TransformerCachedStep::row_bytes(int64_t steps) const {
+  const int64_t L = static_cast<int64_t>(model_->transformer.decoder.layers.size());
+  const int64_t E = model_->config().transformer.layer.d_model;
+  const int64_t self = kv_row_bytes(L, E, steps), memory = kv_row_bytes(L, E, memory_.size(1));
+  return self > std::numeric_limits<int64_t>::max() - memory ? std::numeric_limits<int64_t>::max() : self + memory;
+}
 
 void TransformerCachedStep::start() {
   cache_ = nn::DecoderCache(model_->transformer.decoder.layers.size());
@@ -132,6 +140,12 @@ DecoderOnlyCachedStep::DecoderOnlyCachedStep(models::DecoderOnlyTransformer& mod
 
 int64_t DecoderOnlyCachedStep::vocab_size() const { return model_->config().vocab; }
 int64_t DecoderOnlyCachedStep::capacity() const { return model_->config().max_len - prompt_len_; }
+
+int64_t DecoderOnlyCachedStep::row_bytes(int64_t steps) const {
+  const models::DecoderOnlyConfig& c = model_->config();
+  return kv_row_bytes(static_cast<int64_t>(model_->layers.size()), c.layer.d_model,
+                      prompt_len_ + std::max<int64_t>(steps, 0));
+}
 
 Tensor DecoderOnlyCachedStep::forward(const Ids& ids, const std::vector<int64_t>& positions, bool record) {
   const int64_t N = ids.shape[0];

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "ops_testing.h"
@@ -495,6 +496,34 @@ TEST(DecoderOnlyCache, CapacityStopsDecodingAtMaxLen) {
   EXPECT_TRUE(ThrowsArg([&] { DecoderOnlyCachedStep(model, {{40}}); }, "[DecoderOnlyCachedStep] prompt token 40"));
   EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({0}, {23}); }, "[DecoderOnlyCachedStep] token 23"));
   EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({1}, {3}); }, "[DecoderOnlyCachedStep] row 1"));
+}
+
+// row_bytes counts float32 K and V of every layer (d_model values each): the Seq2Seq decoder's self-attention over
+// the steps and its cross-attention over the source, the decoder-only model's over the longest prompt and the steps.
+// A beam search's max_bytes then refuses a limit that holds the candidate scores but only half the caches.
+TEST(TransformerCache, RowBytesCountTheCachesAndBoundBeamSearch) {
+  const auto fits = [](StepModel& m, int64_t sources, int64_t beams, int64_t max_len, int64_t cache_bytes) {
+    BeamOptions b{beams, LengthPenalty::kNone, 0.0};
+    b.max_bytes = sources * beams * (cache_bytes + m.vocab_size() * 64);  // 64 bytes a candidate: more than used
+    return beam_search(m, SearchOptions{max_len, 1, 2}, b);
+  };
+  const auto check = [&](StepModel& m, int64_t sources, int64_t max_len) {
+    const int64_t full = m.row_bytes(max_len);
+    EXPECT_EQ(fits(m, sources, 2, max_len, full).size(), static_cast<size_t>(sources));
+    EXPECT_TRUE(ThrowsArg([&] { fits(m, sources, 2, max_len, full / 2); }, "[beam_search] 2 beams x"));
+    EXPECT_TRUE(ThrowsArg([&] { fits(m, sources, 2, max_len, full / 2); }, "(KV caches"));
+  };
+  Rng rng(8);
+  models::Seq2SeqTransformer s2s(s2s_config(false), rng);  // 2 decoder layers, d_model 32
+  TransformerCachedStep cached(s2s, padded_sources(), 0);  // Ts = 5
+  EXPECT_EQ(cached.row_bytes(10), 2 * 2 * 32 * (10 + 5) * 4);
+  check(cached, 3, 12);
+  models::DecoderOnlyTransformer lm(lm_config(true), rng);  // 2 layers, d_model 32
+  DecoderOnlyCachedStep prompted(lm, {{5, 6, 7}, {8}});     // longest prompt 3
+  EXPECT_EQ(prompted.row_bytes(10), 2 * 2 * 32 * (3 + 10) * 4);
+  check(prompted, 2, 10);
+  EXPECT_EQ(kv_row_bytes(2, 32, 0), 0);
+  EXPECT_EQ(kv_row_bytes(int64_t{1} << 20, int64_t{1} << 20, int64_t{1} << 30), std::numeric_limits<int64_t>::max());
 }
 
 // Measures the speed-up of the cache (printed; asserted loosely since the machine is shared).

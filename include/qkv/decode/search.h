@@ -34,6 +34,10 @@ class StepModel {
   virtual Tensor last_attention() const { return {}; }
 };
 
+// Bytes of float32 keys and values of `layers` layers, `width` values (heads x head_dim) each, over `positions`
+// positions: what one row of a KV-cached step model holds (its row_bytes). Saturates at INT64_MAX.
+int64_t kv_row_bytes(int64_t layers, int64_t width, int64_t positions);
+
 struct SearchOptions {
   int64_t max_len = 64;  // at most this many tokens generated per source (EOS included); >= 1
   int64_t bos = 1;       // the first token fed to every row

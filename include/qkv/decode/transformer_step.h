@@ -23,6 +23,8 @@ class TransformerCachedStep : public StepModel {
   TransformerCachedStep(models::Seq2SeqTransformer& model, const Ids& src, int64_t pad_id);
   int64_t num_sources() const override { return sources_; }
   int64_t vocab_size() const override;
+  // float32 K and V of every decoder layer: self-attention over `steps` target positions, cross-attention over Ts.
+  int64_t row_bytes(int64_t steps) const override;
   void start() override;
   Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
   void record_attention(bool on) override { record_ = on; }
@@ -50,6 +52,7 @@ class DecoderOnlyCachedStep : public StepModel {
   int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
   int64_t vocab_size() const override;
   int64_t capacity() const override;  // max_len - longest prompt
+  int64_t row_bytes(int64_t steps) const override;  // float32 K and V of every layer over longest prompt + steps
   void start() override;
   Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
   void record_attention(bool on) override { record_ = on; }
