@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/parallel_for.h"
 #include "qkv/core/storage_pool.h"
 
 namespace qkv {
@@ -36,14 +37,13 @@ void copy_strided(const Shape& shape, float* dst, const Shape& dst_strides, cons
   // A destination that repeats an element (stride 0: an expanded view) keeps one writer, as before.
   bool repeats = false;
   for (size_t d = 0; d < shape.size(); ++d) repeats |= shape[d] > 1 && dst_strides[d] == 0;
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 18) && !repeats)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(n >= (int64_t{1} << 18) && !repeats, rows, [&](int64_t r) {
     const float* s = src + src_starts[static_cast<size_t>(r)];
     float* d = dst + dst_starts[static_cast<size_t>(r)];
     if (ds == 1 && ss == 1) std::memcpy(d, s, static_cast<size_t>(cols) * sizeof(float));
     else
       for (int64_t j = 0; j < cols; ++j) d[j * ds] = s[j * ss];
-  }
+  });
 }
 
 }  // namespace

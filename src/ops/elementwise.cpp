@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/parallel_for.h"
 #include "qkv/kernels/activations.h"
 
 namespace qkv {
@@ -33,9 +34,8 @@ void walk2(const Shape& shape, const Shape& sa, const Shape& sb, bool parallel, 
                   [&](int64_t i, int64_t off) { off_a[static_cast<size_t>(i)] = off; });
   for_each_offset(outer, Shape(sb.begin(), sb.begin() + keep),
                   [&](int64_t i, int64_t off) { off_b[static_cast<size_t>(i)] = off; });
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t r = 0; r < rows; ++r)
-    f(r, inner, off_a[static_cast<size_t>(r)], ia, off_b[static_cast<size_t>(r)], ib);
+  parallel_for(parallel, rows,
+               [&](int64_t r) { f(r, inner, off_a[static_cast<size_t>(r)], ia, off_b[static_cast<size_t>(r)], ib); });
 }
 
 template <typename F>
@@ -49,20 +49,17 @@ Tensor binary(const Tensor& a, const Tensor& b, const char* op, F f) {
   const float* pa = a.data();
   const float* pb = b.data();
   if (a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous()) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for_simd(n >= kParallelMin, n, [&](int64_t i) { po[i] = f(pa[i], pb[i]); });
     return out;
   }
   if (b.numel() == 1 && a.shape() == shape && a.is_contiguous()) {
     const float s = pb[0];
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+    parallel_for_simd(n >= kParallelMin, n, [&](int64_t i) { po[i] = f(pa[i], s); });
     return out;
   }
   if (a.numel() == 1 && b.shape() == shape && b.is_contiguous()) {
     const float s = pa[0];
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
+    parallel_for_simd(n >= kParallelMin, n, [&](int64_t i) { po[i] = f(s, pb[i]); });
     return out;
   }
   // General case: outer loop over all but the last dim, inner loop with the last-dim strides.
@@ -85,8 +82,7 @@ Tensor unary(const Tensor& x, const char* op, F f) {
   float* po = out.data();
   const float* px = x.data();
   if (x.is_contiguous()) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(px[i]);
+    parallel_for_simd(n >= kParallelMin, n, [&](int64_t i) { po[i] = f(px[i]); });
   } else {
     for_each_offset(x.shape(), x.strides(), [&](int64_t i, int64_t off) { po[i] = f(px[off]); });
   }
@@ -178,8 +174,9 @@ Tensor silu(const Tensor& x) {
     const int64_t n = x.numel(), chunk = int64_t{1} << 14;
     const float* px = x.data();
     float* py = y.data();
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; i += chunk) kernels::silu_forward(px + i, py + i, std::min(chunk, n - i));
+    parallel_for(n >= kParallelMin, (n + chunk - 1) / chunk, [&](int64_t c) {
+      kernels::silu_forward(px + c * chunk, py + c * chunk, std::min(chunk, n - c * chunk));
+    });
     return y;
   }
   return silu_reference(x);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/parallel_for.h"
 #include "qkv/kernels/layer_norm.h"
 #include "qkv/ops/elementwise.h"
 
@@ -163,8 +164,7 @@ RmsNormResult rms_norm(const Tensor& x_in, const Tensor& weight, float eps, bool
   const float* px = x.data();
   float* py = r.y.data();
   float* pr = r.rstd.data();
-#pragma omp parallel for schedule(static) if (rows * e >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < rows; ++i) {
+  parallel_for(rows * e >= (int64_t{1} << 16), rows, [&](int64_t i) {
     const float* xi = px + i * e;
     // Eight partial sums, added in a fixed order (the same bits on every CPU): eight independent chains instead of
     // one, so the row costs its loads, not e times an add's latency.
@@ -178,7 +178,7 @@ RmsNormResult rms_norm(const Tensor& x_in, const Tensor& weight, float eps, bool
     pr[i] = rstd;
     float* yi = py + i * e;
     for (int64_t j = 0; j < e; ++j) yi[j] = xi[j] * rstd * g[static_cast<size_t>(j)];
-  }
+  });
   return r;
 }
 

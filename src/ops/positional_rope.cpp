@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "qkv/core/error.h"
+#include "qkv/core/parallel_for.h"
 #include "qkv/ops/positional/rope.h"
 
 namespace qkv {
@@ -222,8 +223,7 @@ Tensor rope_apply(const Tensor& x, const RopeTable& tb, RopeVariant variant) {
   Tensor out = Tensor::empty(x.shape());
   const float* src = xs.data();
   float* dst = out.data();
-#pragma omp parallel for schedule(static) if (rows * D >= (int64_t{1} << 15))
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows * D >= (int64_t{1} << 15), rows, [&](int64_t r) {
     const int64_t t = r % T;
     const float* c = tb.cos.data() + t * half;
     const float* s = tb.sin.data() + t * half;
@@ -242,7 +242,7 @@ Tensor rope_apply(const Tensor& x, const RopeTable& tb, RopeVariant variant) {
         o[i + half] = x0 * s[i] + x1 * c[i];
       }
     }
-  }
+  });
   return out;
 }
 
