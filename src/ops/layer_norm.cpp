@@ -147,7 +147,9 @@ std::vector<float> rms_gain(const Tensor& weight, int64_t e, bool unit_offset) {
   std::vector<float> g(static_cast<size_t>(e), unit_offset ? 2.0f : 1.0f);
   if (weight.defined()) {
     const Tensor w = weight.contiguous();
-    for (int64_t j = 0; j < e; ++j) g[static_cast<size_t>(j)] = w.data()[j] + (unit_offset ? 1.0f : 0.0f);
+    const float* pw = w.data();
+    const float offset = unit_offset ? 1.0f : 0.0f;
+    for (int64_t j = 0; j < e; ++j) g[static_cast<size_t>(j)] = pw[j] + offset;
   }
   return g;
 }
