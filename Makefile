@@ -109,11 +109,19 @@ bench-lowp: python
 	OMP_NUM_THREADS=2 $(PY) bench/minilm_bench.py --sides qkv,qkv-bf16,qkv-int8,torch,torch-bf16,openvino \
 	  --json out/bench/minilm_lowp.json
 
-# qkv's Llama decoder against llama.cpp, fp32, two threads (bench/llama_cpp_bench.py). Installs the benchmark-only
-# peers of scripts/requirements-bench.txt first (llama-cpp-python compiles llama.cpp: minutes on 2 cores).
+# qkv's Llama decoder against llama.cpp, two threads (bench/llama_cpp_bench.py): the random 12 x 768 Llama at fp32,
+# Q8_0 and Q4_K_M, then SmolLM2-135M-Instruct Q4_1 (the test asset) with a 512-token prompt and 128 new tokens, its
+# decode also as weight bytes per second over the read sweep. Installs the benchmark-only peers of
+# scripts/requirements-bench.txt first (llama-cpp-python compiles llama.cpp: minutes on 2 cores).
 bench-llama: python
 	$(PY) -m pip install -q -r scripts/requirements-bench.txt
-	OMP_NUM_THREADS=2 $(PY) bench/llama_cpp_bench.py --threads 2 --json out/bench/llama_cpp.json
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DQKV_BUILD_BENCHMARKS=ON
+	cmake --build build-bench --target attention_bench -j$(JOBS)
+	mkdir -p out/bench
+	OMP_NUM_THREADS=2 $(PY) bench/llama_cpp_bench.py --threads 2 --weights all --json out/bench/llama_cpp.json
+	OMP_NUM_THREADS=2 $(PY) bench/llama_cpp_bench.py --threads 2 --prompt 512 --new-tokens 128 \
+	  --gguf "$$($(PY) -c 'import sys; sys.path.insert(0, "tests/python"); import smollm2; print(smollm2.gguf_path())')" \
+	  --read-sweep build-bench/bench/attention_bench --json out/bench/llama_cpp_smollm2.json
 
 # `qkv serve` against llama.cpp's llama-server and llama-cpp-python's server on SmolLM2's GGUF, the same HTTP clients
 # (bench/serve_compare.py): 1 and 8 concurrent streams, the prefix cache's second turn; then the scheduler alone

@@ -43,6 +43,7 @@ struct Args {
   bool python = true;
   bool quick = false;
   bool variants_only = false;  // --variants: only the attention-variant rows (GQA, window, packed)
+  bool sweep_only = false;     // --read-sweep: only the read sweep's GB/s
   bool tiny = false;           // --tiny: the variant rows at small sizes (a smoke run, no numbers)
   std::string python_exe = std::string(QKV_SOURCE_DIR) + "/.venv/bin/python";
   std::string script = std::string(QKV_SOURCE_DIR) + "/bench/torch_sdpa.py";
@@ -309,13 +310,14 @@ Args parse(int argc, char** argv) {
     else if (s == "--no-python") a.python = false;
     else if (s == "--quick") a.quick = true;
     else if (s == "--variants") a.variants_only = true;
+    else if (s == "--read-sweep") a.sweep_only = true;
     else if (s == "--tiny") a.tiny = true;
     else if (s == "--cpu-time") g_cpu_time = true;
     else if (s == "--memory-child") a.memory_child = next();
     else {
       std::fprintf(stderr,
                    "usage: attention_bench [--threads N] [--reps N] [--json PATH] [--python EXE] [--no-python] "
-                   "[--quick] [--variants] [--tiny] [--cpu-time]\n");
+                   "[--quick] [--variants] [--read-sweep] [--tiny] [--cpu-time]\n");
       std::exit(2);
     }
   }
@@ -414,6 +416,11 @@ int main(int argc, char** argv) {
       {"decode B1 H32 Tq1 Tk4096 D128", 1, 32, 1, 4096, 128, false, "decode", "K/V GB/s >= 0.7 x stream copy"},
   };
   if (a.quick) rows.erase(rows.begin() + 4);  // the 32k row takes the longest
+  if (a.sweep_only) {  // the ceiling alone, for another benchmark's bytes-read ratio (llama_cpp_bench.py)
+    std::printf("read sweep %.2f GB/s (%d threads, 512 MiB, best of 5)\n",
+                stream_read_gbs(int64_t{512} << 20, 5, a.threads), a.threads);
+    return 0;
+  }
   if (a.variants_only) {
     const double sweep = stream_read_gbs(int64_t{a.tiny ? 32 : 512} << 20, a.tiny ? 1 : 5, a.threads);
     std::printf("qkv attention variants: %d threads, kernels %s, %s, read sweep %.1f GB/s%s\n", a.threads,

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +45,9 @@ def parse():
                    help="the random Llama's file types (see above)")
     p.add_argument("--gguf", help="run this GGUF file on both engines instead of the random Llama")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--read-sweep", metavar="ATTENTION_BENCH",
+                   help="with --gguf: run this attention_bench binary's --read-sweep first and give each engine's "
+                        "decode as the file's weight bytes read per second over that ceiling")
     return p.parse_args()
 
 
@@ -200,6 +204,17 @@ def gguf_vocab_size(path):
     return len(reader.fields["tokenizer.ggml.tokens"].data)
 
 
+def gguf_weight_bytes(path):
+    """Bytes of every tensor in the file: what one decoded token reads (the tied head reads the whole table)."""
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+
+
+def read_sweep_gbs(binary, threads):
+    out = subprocess.run([binary, "--read-sweep", "--threads", str(threads)], check=True, capture_output=True,
+                         text=True).stdout
+    return float(out.split()[2])
+
+
 def timed(engine, prompt, n):
     t0 = time.perf_counter()
     tokens, first = engine.generate(prompt, n)
@@ -255,8 +270,17 @@ def main():
     if args.gguf:
         vocab = gguf_vocab_size(args.gguf)
         prompt = [int(t) for t in np.random.default_rng(0).integers(3, vocab, size=args.prompt)]
+        sweep = read_sweep_gbs(args.read_sweep, args.threads) if args.read_sweep else None
         engines = {"qkv": Qkv(args.gguf), "llama.cpp": LlamaCpp(args.gguf)}
         run, _ = bench(os.path.basename(args.gguf), engines, prompt, n)
+        if sweep:
+            mb = gguf_weight_bytes(args.gguf) / 1e6
+            run["weights_mb_per_token"], run["read_sweep_gbs"] = mb, sweep
+            print(f"  weights read per decoded token {mb:.1f} MB; read sweep {sweep:.1f} GB/s")
+            for name, r in run["engines"].items():
+                gbs = r["decode_tokens_per_s"] * mb / 1e3
+                r["decode_weight_gbs"], r["decode_of_read_sweep"] = gbs, gbs / sweep
+                print(f"  {name:10s} decode reads weights at {gbs:5.1f} GB/s = {gbs / sweep:.2f} of the read sweep")
         runs.append(run)
         del engines
     else:
