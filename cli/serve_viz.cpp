@@ -1,7 +1,7 @@
 // The live viewer of `qkv serve --model` (see serve_viz.h): a chat prompt through the model with every layer's
-// attention probabilities and hidden states recorded (LlamaForCausalLM::forward's CausalLMOutput), then one
-// recording step per greedy token over paged KV caches; the maps and the logit lens written by the offline page's
-// writers (viz_llm.h, plot::viz_data).
+// attention probabilities and hidden states recorded, then one recording step per greedy token, both on the
+// scheduler's decoding step (decode::RecordingDecoder, LlamaForCausalLM::forward's CausalLMOutput); the maps and the
+// logit lens written by the offline page's writers (viz_llm.h, plot::viz_data).
 #include "serve_viz.h"
 
 #include <omp.h>
@@ -121,11 +121,12 @@ bool LiveViz::Stream::next(std::string& event, bool stopping) {
 std::string LiveViz::Stream::prompt_event() {
   const models::LlamaForCausalLM& model = *viz_.lm_.model;
   const auto p = static_cast<int64_t>(prompt_.size());
-  // Paged caches as the scheduler's: the same attention kernel, so the same greedy tokens as /v1/chat/completions.
-  caches_ = model.new_caches(1, p + max_tokens_, viz_.page_size_);
+  // The scheduler's decoding step: the same paged caches and kernels, so the same greedy tokens as
+  // /v1/chat/completions.
+  decoder_ = std::make_unique<decode::RecordingDecoder>(model, viz_.page_size_, p + max_tokens_);
   models::ForwardOptions fo;
   fo.output_attentions = fo.output_hidden_states = true;
-  models::CausalLMOutput out = model.forward(Ids{prompt_, {1, p}}, fo, &caches_);
+  models::CausalLMOutput out = decoder_->prefill(prompt_, fo);
   tokens_ = page_tokens(*viz_.lm_.tokenizer, prompt_);
   json::Value page = llm_page_data(out.attentions, tokens_, p, short_model_name(viz_.lm_.path));
   out.attentions.clear();
@@ -150,7 +151,7 @@ std::string LiveViz::Stream::token_event() {
   const bool stop = std::find(viz_.lm_.stop_ids.begin(), viz_.lm_.stop_ids.end(), id) != viz_.lm_.stop_ids.end();
   models::ForwardOptions fo;
   fo.output_attentions = fo.output_hidden_states = true;
-  models::CausalLMOutput out = model.forward(Ids{{id}, {1, 1}}, fo, &caches_);
+  models::CausalLMOutput out = decoder_->step(id, fo);
   tokens_.push_back(page_tokens(tok, {id})[0]);
   std::string piece;
   if (!stop) {

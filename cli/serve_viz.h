@@ -12,7 +12,7 @@
 
 #include "qkv/core/json.h"
 #include "qkv/models/language_model.h"
-#include "qkv/nn/kv_cache.h"
+#include "qkv/decode/recording.h"
 #include "qkv/serve/openai.h"
 
 namespace qkv::cli {
@@ -81,7 +81,7 @@ class LiveViz::Stream {
   std::vector<int64_t> prompt_;
   int64_t max_tokens_, lens_top_;
   std::shared_ptr<std::atomic<bool>> slot_;
-  std::vector<nn::KvCache> caches_;
+  std::unique_ptr<decode::RecordingDecoder> decoder_;  // made by the prompt's event
   serve::ChoiceText text_;
   std::vector<std::string> tokens_;  // prompt and reply so far, as the page shows them
   int64_t generated_ = 0;            // reply tokens given (the end-of-turn token not counted)

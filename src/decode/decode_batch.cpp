@@ -82,7 +82,7 @@ Batch::Batch(const models::LlamaForCausalLM& model, int64_t page_size, int64_t c
 }
 
 Tensor Batch::add(const std::vector<int64_t>& prompt, const std::vector<std::vector<int32_t>>& prefix_pages,
-                  int64_t prefix_len) {
+                  int64_t prefix_len, Record* record) {
   const auto p = static_cast<int64_t>(prompt.size());
   QKV_CHECK_ARG(prefix_len >= 0 && prefix_len < p, "[decode] a cached prefix of ", prefix_len,
                 " positions for a prompt of ", p);
@@ -103,19 +103,27 @@ Tensor Batch::add(const std::vector<int64_t>& prompt, const std::vector<std::vec
         fresh_[l].add_row({}, 0);
     }
   }
-  const std::vector<int64_t> rest(prompt.begin() + prefix_len, prompt.end());
-  const Tensor logits =
-      model_->forward(nn::Context(), Ids{rest, {1, p - prefix_len}}, target, /*logits_to_keep=*/1).value;
+  const Ids rest{{prompt.begin() + prefix_len, prompt.end()}, {1, p - prefix_len}};
+  Tensor logits;  // (1, T, V)
+  if (record != nullptr) {
+    record->output = model_->forward(rest, record->options, target);
+    logits = record->output.logits.select(1, rest.shape[1] - 1).contiguous();
+  } else {
+    logits = model_->forward(nn::Context(), rest, target, /*logits_to_keep=*/1).value;
+  }
   if (page_ > 0)
     for (size_t l = 0; l < caches_.size(); ++l) caches_[l].take_rows(fresh_[l]);
   ++rows_;
-  return logits.reshape({logits.size(2)});
+  return logits.reshape({logits.size(-1)});
 }
 
-Tensor Batch::step(const std::vector<int64_t>& tokens) {
+Tensor Batch::step(const std::vector<int64_t>& tokens, Record* record) {
   const auto n = static_cast<int64_t>(tokens.size());
   QKV_CHECK_ARG(n == rows_ && n >= 1, "[decode] ", n, " tokens for a step of ", rows_, " rows");
-  const Tensor logits = model_->forward(nn::Context(), Ids{tokens, {n, 1}}, &caches_).value;  // (N, 1, V)
+  const Ids ids{tokens, {n, 1}};
+  if (record != nullptr) record->output = model_->forward(ids, record->options, &caches_);
+  const Tensor logits =
+      record != nullptr ? record->output.logits : model_->forward(nn::Context(), ids, &caches_).value;  // (N, 1, V)
   return logits.reshape({n, logits.size(2)});
 }
 

@@ -13,6 +13,7 @@
 #include "qkv/decode/generate.h"
 #include "qkv/decode/scheduler.h"
 #include "qkv/models/llama.h"
+#include "qkv/models/outputs.h"
 #include "qkv/nn/kv_cache.h"
 
 namespace qkv::decode::detail {
@@ -50,6 +51,12 @@ class Reply {
 // log softmax(logits) in float64 at `id`, and the k most likely ids (decreasing, lower id first on ties) with theirs.
 void log_probabilities(const float* logits, int64_t vocab, int64_t id, int64_t k, TokenEvent& event);
 
+// What a forward of a Batch records when asked (a viewer's attention maps and logit lens).
+struct Record {
+  models::ForwardOptions options;  // in
+  models::CausalLMOutput output;   // out: the forward's logits (N, T, V) and what options ask
+};
+
 // Rows decoding together: one KV cache per layer. page_size > 0: paged caches on one pool per layer, rows of
 // their own lengths, joining and leaving at any step. page_size 0: contiguous caches of one row (generate()).
 class Batch {
@@ -60,10 +67,13 @@ class Batch {
   // Prefills prompt[prefix_len ..] as a new last row, its first prefix_len positions read from prefix_pages (one
   // list a layer, pages of this pool; prefix_len a multiple of page_size, < prompt.size()). -> the logits (V) of
   // the prompt's last position.
+  // record non-null: the forward also computes the logits of every prefilled position and what record->options
+  // asks (attentions over every cached key, hidden states) into record->output; null: logits of the last position
+  // only, nothing recorded.
   Tensor add(const std::vector<int64_t>& prompt, const std::vector<std::vector<int32_t>>& prefix_pages,
-             int64_t prefix_len);
-  // One token a row, in row order -> logits (N, V): one forward for all rows.
-  Tensor step(const std::vector<int64_t>& tokens);
+             int64_t prefix_len, Record* record = nullptr);
+  // One token a row, in row order -> logits (N, V): one forward for all rows. record: as add's, for the step.
+  Tensor step(const std::vector<int64_t>& tokens, Record* record = nullptr);
   // Keeps rows keep[0], keep[1], ... (in that order); the others' pages no one else holds return to the pool.
   void keep(const std::vector<int64_t>& rows);
   int64_t row_length(int64_t row) const { return caches_.at(0).row_length(row); }
