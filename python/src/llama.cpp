@@ -113,12 +113,12 @@ py::object config_of(const LlamaForCausalLM& m) {
   return namespace_of(d);
 }
 
-// model(ids, output_attentions=..., output_hidden_states=..., attention_mask=...): a types.SimpleNamespace with
+// model(ids, output_attentions=..., output_hidden_states=..., attention_mask=..., position_ids=...): a namespace with
 // logits, attentions and hidden_states (tuples of float32 arrays, or None when not asked), batch axis dropped for
 // 1-D ids.
 py::object forward_outputs(const CausalLM& m, const py::object& ids_obj, bool output_attentions,
                            bool output_hidden_states, const py::object& attention_layers,
-                           const py::object& mask_obj) {
+                           const py::object& mask_obj, const py::object& positions_obj) {
   const char* fn = "CausalLM.forward";
   bool one_d = false;
   const Ids ids = to_ids(ids_obj, fn, one_d);
@@ -129,11 +129,24 @@ py::object forward_outputs(const CausalLM& m, const py::object& ids_obj, bool ou
     if (mask_1d != one_d || mask.shape != ids.shape)
       throw py::value_error(std::string("[") + fn + "] attention_mask must have the shape of ids");
   }
+  // position_ids: the shape of ids (one set per row), or (T) / (1, T) shared by the rows, as transformers takes them
+  std::vector<int64_t> positions;
+  if (!positions_obj.is_none()) {
+    bool positions_1d = false;
+    const Ids p = to_ids(positions_obj, fn, positions_1d, "position_ids");
+    const int64_t t = ids.shape[1];
+    if (p.shape != ids.shape && p.shape != (Shape{1, t}))
+      throw py::value_error(std::string("[") + fn + "] position_ids must have the shape of ids, or (T) / (1, T) "
+                            "shared by the rows, T = " + std::to_string(t));
+    for (int64_t x : p.data)
+      if (x < 0) throw py::value_error(std::string("[") + fn + "] position_ids holds " + std::to_string(x) + " < 0");
+    positions = p.data;
+  }
   const models::ForwardOptions o = forward_options(fn, output_attentions, output_hidden_states, attention_layers);
   models::CausalLMOutput out;
   {
     py::gil_scoped_release nogil;
-    out = m.model->forward(ids, o, nullptr, mask);
+    out = m.model->forward(ids, o, nullptr, mask, positions_obj.is_none() ? nullptr : &positions);
   }
   py::dict d;
   d["logits"] = output_array(out.logits, one_d);
@@ -193,12 +206,13 @@ void bind_llama(py::module_& m) {
       .def(
           "forward",
           [](const CausalLM& m, const py::object& ids, bool output_attentions, bool output_hidden_states,
-             const py::object& attention_layers, const py::object& attention_mask) {
+             const py::object& attention_layers, const py::object& attention_mask, const py::object& position_ids) {
             return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers,
-                                   attention_mask);
+                                   attention_mask, position_ids);
           },
           py::arg("ids"), py::arg("output_attentions") = false, py::arg("output_hidden_states") = false,
           py::kw_only(), py::arg("attention_layers") = py::none(), py::arg("attention_mask") = py::none(),
+          py::arg("position_ids") = py::none(),
           "transformers' model(ids, output_attentions=..., output_hidden_states=..., attention_mask=...). ids: int "
           "(T) or (B, T) -> an object with .logits (B, T, V); .attentions: one (B, H, T, T) array of probabilities "
           "per layer (H = num_attention_heads; None for a layer outside attention_layers when given), else None; "
@@ -206,19 +220,23 @@ void bind_llama(py::module_& m) {
           "norm (as transformers), else None. The batch axis is dropped for 1-D ids. The attention still runs its "
           "fused kernel; the probabilities are recomputed beside it.\n"
           "attention_mask: integers of the shape of ids, 1 = token, 0 = padding (left, as generate pads, or right); "
-          "positions are 0 .. T-1 as in transformers' forward. Each row then gets, at its tokens, what it gets alone "
+          "positions are 0 .. T-1 as in transformers' forward unless position_ids gives them: integers >= 0 of the "
+          "shape of ids (one set per row; a left-padded batch with cumsum(mask) - 1, as transformers' generate, puts "
+          "each row's tokens at the positions they have alone), or (T) / (1, T) shared by the rows. Each row then "
+          "gets, at its tokens, what it gets alone "
           "(0 probability on padded keys). A query whose keys are all padding (a left-padded row's padding) gets "
           "attention output 0 and probabilities 0, where transformers' eager attention spreads it uniformly: finite "
           "values that belong to no sequence.")
       .def(
           "__call__",
           [](const CausalLM& m, const py::object& ids, bool output_attentions, bool output_hidden_states,
-             const py::object& attention_layers, const py::object& attention_mask) {
+             const py::object& attention_layers, const py::object& attention_mask, const py::object& position_ids) {
             return forward_outputs(m, ids, output_attentions, output_hidden_states, attention_layers,
-                                   attention_mask);
+                                   attention_mask, position_ids);
           },
           py::arg("ids"), py::arg("output_attentions") = false, py::arg("output_hidden_states") = false,
           py::kw_only(), py::arg("attention_layers") = py::none(), py::arg("attention_mask") = py::none(),
+          py::arg("position_ids") = py::none(),
           "The same as forward.")
       .def(
           "generate",

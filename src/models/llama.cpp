@@ -76,8 +76,14 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
                   " is outside [0, vocab_size = ", v, ")");
   QKV_CHECK_ARG(!caches || caches->size() == layers.size(), "[llama] ", caches ? caches->size() : 0,
                 " caches for ", layers.size(), " layers");
-  QKV_CHECK_ARG(c.sequence_shard() == nullptr || (positions != nullptr && !caches), "[llama] ids ", str(ids.shape),
-                ": context parallelism needs the ids' global positions and no KV caches");
+  const int64_t b = ids.shape[0], t = ids.shape[1];
+  const auto given = positions != nullptr ? static_cast<int64_t>(positions->size()) : 0;
+  QKV_CHECK_ARG(positions == nullptr || given == t || given == b * t, "[llama] ", given, " positions for ids ",
+                str(ids.shape), " (T shared by the rows, or B*T: one set per row)");
+  const bool per_row = positions != nullptr && given != t;
+  QKV_CHECK_ARG(c.sequence_shard() == nullptr || (positions != nullptr && !per_row && !caches), "[llama] ids ",
+                str(ids.shape), ": context parallelism needs the ids' global positions (T, shared by the rows) and "
+                "no KV caches");
   const int64_t offset = caches && !caches->empty() ? (*caches)[0].length() : 0;
   const Tensor mask = keep_mask(attention_mask, ids, offset);
   QKV_CHECK_ARG(!mask.defined() || c.sequence_shard() == nullptr, "[llama] attention_mask ",
@@ -85,12 +91,13 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
                 " under context parallelism (a sequence shard): not supported");
   ad::Var x = embed_tokens.forward(c, ids);
   if (embed_scale_ != 1.0f) x = ad::scale(x, embed_scale_);
-  // The rotary angles once for every layer (positions of the wrong count are refused by the first attention).
-  const int64_t t = ids.shape[1];
-  const bool given = positions != nullptr && static_cast<int64_t>(positions->size()) == t;
+  // The rotary angles once for every layer: T rows, or B·T (row b's at [b·T, (b + 1)·T)), which the attention core
+  // applies per row. The layers see the positions themselves only under a shard (the ring's global positions);
+  // otherwise the table carries them, also through the caches (each row continuing from its own positions).
   const auto rope =
-      std::make_shared<const RopeTable>(given ? rope_table(*positions, head_dim_, rope_theta_, rope_scaling_)
-                                              : rope_table(offset, t, head_dim_, rope_theta_, rope_scaling_));
+      std::make_shared<const RopeTable>(positions ? rope_table(*positions, head_dim_, rope_theta_, rope_scaling_)
+                                                  : rope_table(offset, t, head_dim_, rope_theta_, rope_scaling_));
+  const std::vector<int64_t>* layer_positions = c.sequence_shard() != nullptr ? positions : nullptr;
   QKV_CHECK_ARG(last >= 0, "[llama] last must be >= 0, got ", last, " for ids ", str(ids.shape));
   const bool attentions = record && options && options->output_attentions;
   const bool hidden = record && options && options->output_hidden_states;
@@ -102,7 +109,7 @@ ad::Var LlamaModel::forward(const nn::Context& c, const Ids& ids, std::vector<nn
   if (attentions) record->attentions.assign(layers.size(), Tensor());
   if (hidden) record->hidden_states.assign(1, x.value);
   for (size_t i = 0; i < layers.size(); ++i) {
-    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, positions, rope,
+    x = layers[i]->forward(c, x, offset, caches ? &(*caches)[i] : nullptr, layer_positions, rope,
                            i + 1 == layers.size() ? last : 0, asked[i] ? &record->attentions[i] : nullptr, mask);
     if (hidden && i + 1 < layers.size()) record->hidden_states.push_back(x.value);
   }
@@ -142,10 +149,11 @@ ad::Var LlamaForCausalLM::head(const nn::Context& c, const ad::Var& h) const {
 }
 
 CausalLMOutput LlamaForCausalLM::forward(const Ids& ids, const ForwardOptions& options,
-                                         std::vector<nn::KvCache>* caches, const Ids& attention_mask) const {
+                                         std::vector<nn::KvCache>* caches, const Ids& attention_mask,
+                                         const std::vector<int64_t>* positions) const {
   const nn::Context c;
   CausalLMOutput out;
-  out.logits = head(c, model.forward(c, ids, caches, nullptr, 0, &options, &out, attention_mask)).value;
+  out.logits = head(c, model.forward(c, ids, caches, positions, 0, &options, &out, attention_mask)).value;
   return out;
 }
 

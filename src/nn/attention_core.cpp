@@ -59,51 +59,78 @@ AttendResult attend_packed(const Context& c, const ad::Var& q, const ad::Var& k,
   return r;
 }
 
+// Row b of q rotated by queries[b] and row b of k by keys[b] (tables of Tq and Tn rows): rows at their own
+// positions, on the tape when q or k is.
+void rotate_rows(ad::Var& q, ad::Var& k, const std::vector<std::shared_ptr<const RopeTable>>& queries,
+                 const std::vector<std::shared_ptr<const RopeTable>>& keys, RopeVariant variant) {
+  std::vector<ad::Var> qs, ks;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    const auto i = static_cast<int64_t>(b);
+    qs.push_back(ad::rope(ad::slice(q, 0, i, i + 1), queries[b], variant));
+    ks.push_back(ad::rope(ad::slice(k, 0, i, i + 1), keys[b], variant));
+  }
+  q = ad::concat(qs, 0);
+  k = ad::concat(ks, 0);
+}
+
 // Rotates q (its rows at new rows query_first ..) and the new keys k (Tn rows) in place of the Vars.
 void rotate(const Context& c, ad::Var& q, ad::Var& k, int64_t offset, const AttendOptions& o) {
   const AttendRotary& r = o.rotary;
   const int64_t B = q.size(0), Tq = q.size(2), Tn = k.size(2), D = q.size(3);
   const int64_t first = o.query_first;
   QKV_CHECK_ARG(first >= 0, "[", o.op, "] query_first ", first, " must be >= 0 (q ", shape_of(q), ")");
+  std::vector<std::shared_ptr<const RopeTable>> queries(static_cast<size_t>(B)), keys(static_cast<size_t>(B));
+  auto queries_of = [&](const std::shared_ptr<const RopeTable>& row_keys, int64_t row_offset) {
+    return first == 0 && Tq == Tn ? row_keys
+           : first + Tq <= Tn     ? std::make_shared<const RopeTable>(rope_table_rows(*row_keys, first, Tq))
+                                  : std::make_shared<const RopeTable>(
+                                        rope_table(row_offset + first, Tq, D, r.base, r.scaling));
+  };
   if (o.cache != nullptr && o.cache->ready() && o.cache->ragged()) {
     // Rows at different positions (a server's running batch): row b's angles start at its own cache length.
     // A model's shared table (the rows of one position range) does not apply to them.
-    QKV_CHECK_ARG(!c.tape() && r.positions == nullptr && o.cache->rows() == B, "[", o.op, "] the ragged KV cache of ",
-                  o.cache->rows(), " rows takes q ", shape_of(q), " at inference, without positions");
-    Tensor qr = Tensor::empty(q.shape()), kr = Tensor::empty(k.shape());
+    QKV_CHECK_ARG(!c.tape() && r.positions == nullptr && (r.table == nullptr || r.table->rows == Tn) &&
+                      o.cache->rows() == B,
+                  "[", o.op, "] the ragged KV cache of ", o.cache->rows(), " rows takes q ", shape_of(q),
+                  " at inference, without positions");
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = o.cache->row_length(b);
-      const RopeTable keys = rope_table(len, Tn, D, r.base, r.scaling);
-      kr.select(0, b).copy_from(rope_apply(k.value.select(0, b), keys, r.variant));
-      const RopeTable queries = first == 0 && Tq == Tn       ? keys
-                                : first + Tq <= Tn           ? rope_table_rows(keys, first, Tq)
-                                                             : rope_table(len + first, Tq, D, r.base, r.scaling);
-      qr.select(0, b).copy_from(rope_apply(q.value.select(0, b), queries, r.variant));
+      const auto i = static_cast<size_t>(b);
+      keys[i] = std::make_shared<const RopeTable>(rope_table(len, Tn, D, r.base, r.scaling));
+      queries[i] = queries_of(keys[i], len);
     }
-    q = ad::Var(qr);
-    k = ad::Var(kr);
+    rotate_rows(q, k, queries, keys, r.variant);
     return;
   }
-  if (r.positions != nullptr)
-    QKV_CHECK_ARG(static_cast<int64_t>(r.positions->size()) == Tn, "[", o.op, "] ", r.positions->size(),
-                  " rotary positions for the new keys ", shape_of(k), " (one per row)");
-  const std::shared_ptr<const RopeTable> keys =
+  const int64_t given = r.table != nullptr       ? r.table->rows
+                        : r.positions != nullptr ? static_cast<int64_t>(r.positions->size())
+                                                 : Tn;
+  QKV_CHECK_ARG(given == Tn || given == B * Tn, "[", o.op, "] ", given, " rotary ",
+                r.table != nullptr ? "angles" : "positions", " for the new keys ", shape_of(k),
+                " (Tn shared by the rows, or B*Tn: one set per row)");
+  if (given != Tn) {  // per-row positions: row b's angles are rows [b·Tn, (b + 1)·Tn) of the table
+    QKV_CHECK_ARG(first + Tq <= Tn, "[", o.op, "] q ", shape_of(q), " has rows beyond the new keys ", shape_of(k),
+                  " whose per-row rotary positions were given");
+    const std::shared_ptr<const RopeTable> all =
+        r.table != nullptr ? r.table : std::make_shared<const RopeTable>(rope_table(*r.positions, D, r.base, r.scaling));
+    for (int64_t b = 0; b < B; ++b) {
+      const auto i = static_cast<size_t>(b);
+      keys[i] = std::make_shared<const RopeTable>(rope_table_rows(*all, b * Tn, Tn));
+      queries[i] = queries_of(keys[i], 0);
+    }
+    rotate_rows(q, k, queries, keys, r.variant);
+    return;
+  }
+  const std::shared_ptr<const RopeTable> shared =
       r.table != nullptr ? r.table
                          : std::make_shared<const RopeTable>(
                                r.positions != nullptr ? rope_table(*r.positions, D, r.base, r.scaling)
                                                       : rope_table(offset, Tn, D, r.base, r.scaling));
-  std::shared_ptr<const RopeTable> queries = keys;
-  if (first != 0 || Tq != Tn) {
-    if (first + Tq <= keys->rows) {
-      queries = std::make_shared<const RopeTable>(rope_table_rows(*keys, first, Tq));
-    } else {  // more queries than new keys (cross-attention): their positions continue from offset
-      QKV_CHECK_ARG(r.table == nullptr && r.positions == nullptr, "[", o.op, "] q ", shape_of(q),
-                    " has rows beyond the new keys ", shape_of(k), " whose rotary positions were given");
-      queries = std::make_shared<const RopeTable>(rope_table(offset + first, Tq, D, r.base, r.scaling));
-    }
-  }
-  q = ad::rope(q, queries, r.variant);
-  k = ad::rope(k, keys, r.variant);
+  if (first + Tq > Tn)  // more queries than new keys (cross-attention): their positions continue from offset
+    QKV_CHECK_ARG(r.table == nullptr && r.positions == nullptr, "[", o.op, "] q ", shape_of(q),
+                  " has rows beyond the new keys ", shape_of(k), " whose rotary positions were given");
+  q = ad::rope(q, queries_of(shared, offset), r.variant);
+  k = ad::rope(k, shared, r.variant);
 }
 
 }  // namespace

@@ -219,6 +219,39 @@ TEST(AttentionCore, CachedStepsWithRotaryEqualOneCall) {
   EXPECT_EQ(cache.length(), 6);
 }
 
+// Per-row rotary positions (B·Tn of them, or a table of B·Tn rows; a left-padded batch): each row rotated at its own
+// positions gives the bits of the row alone at them.
+TEST(AttentionCore, PerRowPositionsRotateEachRowAtItsOwn) {
+  const Tensor q = randn({2, 2, 3, 4}, 1), k = randn({2, 2, 3, 4}, 2), v = randn({2, 2, 3, 4}, 3);
+  const std::vector<int64_t> positions = {0, 1, 2, 5, 6, 7};
+  AttendOptions o;
+  o.attention.causal = Causal::kBottomRight;
+  o.rotary.enabled = true;
+  o.rotary.positions = &positions;
+  const Tensor got = attend(Context(), ad::Var(q), ad::Var(k), ad::Var(v), o).out.value;
+  for (int64_t b = 0; b < 2; ++b) {
+    const std::vector<int64_t> own(positions.begin() + 3 * b, positions.begin() + 3 * b + 3);
+    AttendOptions one = o;
+    one.rotary.positions = &own;
+    auto row = [&](const Tensor& t) { return ad::Var(t.slice(0, b, b + 1)); };
+    const Tensor alone = attend(Context(), row(q), row(k), row(v), one).out.value;
+    EXPECT_TRUE(AllClose(got.slice(0, b, b + 1), alone, Tol{0.0, 0.0})) << b;
+  }
+  AttendOptions table = o;
+  table.rotary.positions = nullptr;
+  table.rotary.table = std::make_shared<const RopeTable>(rope_table(positions, 4));
+  EXPECT_TRUE(AllClose(attend(Context(), ad::Var(q), ad::Var(k), ad::Var(v), table).out.value, got, Tol{0.0, 0.0}));
+  // the queries of the last row only (a prefill's last layer): rows 2 and 7
+  AttendOptions last = o;
+  last.query_first = 2;
+  const Tensor tail = attend(Context(), ad::Var(q.slice(2, 2, 3)), ad::Var(k), ad::Var(v), last).out.value;
+  EXPECT_TRUE(AllClose(tail, got.slice(2, 2, 3), kReorder));
+  const std::vector<int64_t> four = {0, 1, 2, 3};
+  o.rotary.positions = &four;
+  EXPECT_TRUE(ThrowsArg([&] { attend(Context(), ad::Var(q), ad::Var(k), ad::Var(v), o); },
+                        "[attend] 4 rotary positions for the new keys (2, 2, 3, 4) (Tn shared by the rows, or B*Tn"));
+}
+
 // Under a sequence shard the attention runs through the shard's attention, and what the ring cannot do is refused.
 class LocalShard : public SequenceShard {
  public:

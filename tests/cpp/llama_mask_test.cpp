@@ -1,6 +1,7 @@
 // LlamaForCausalLM with HF's attention_mask (B, T_keys): a padded row (left padding, as generation pads, and right
 // padding) gives at its tokens the logits, attention probabilities and hidden states it has alone, also through the
-// KV cache (contiguous and paged) for the next step; a row of zeros gives finite outputs; a mask of ones is no mask.
+// KV cache (contiguous and paged) for the next step, also at per-row positions (transformers' position_ids); a row of
+// zeros gives finite outputs; a mask of ones is no mask.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "qkv/nn/context.h"
 #include "qkv/nn/kv_cache.h"
 #include "qkv/ops/functional.h"
+#include "qkv/train/loss.h"
 #include "tiny_llama.h"
 
 namespace qkv::models {
@@ -143,6 +145,102 @@ TEST(LlamaMask, LeftPaddedPrefillThenStepsThroughTheCacheMatchTheRowAlone) {
     }
 }
 
+// transformers' generate: position_ids = cumsum(mask) - 1 per row, the padding at 1 (its positions are never seen).
+std::vector<int64_t> positions_of(const Ids& mask) {
+  std::vector<int64_t> p;
+  const int64_t t = mask.shape[1];
+  for (int64_t b = 0; b < mask.shape[0]; ++b) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < t; ++j) {
+      n += mask.data[static_cast<size_t>(b * t + j)] != 0 ? 1 : 0;
+      p.push_back(mask.data[static_cast<size_t>(b * t + j)] != 0 ? n - 1 : 1);
+    }
+  }
+  return p;
+}
+
+TEST(LlamaMask, LeftPaddedRowsAtTheirOwnPositionsGiveTheRowAloneThroughTheCache) {
+  for (bool gemma : {false, true})
+    for (int64_t page : {0, 3}) {
+      Rng rng(13);
+      const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
+      const Padded p = padded(true);
+      std::vector<int64_t> positions = positions_of(p.mask);  // (2, 9): 0 .. 8 and 1 1 1 1 0 .. 4
+      std::vector<nn::KvCache> caches = model.new_caches(2, 4, page);
+      const CausalLMOutput prefill = model.forward(p.ids, everything(), &caches, p.mask, &positions);
+      std::vector<nn::KvCache> alone_long = model.new_caches(1, 4, page), alone_short = model.new_caches(1, 4, page);
+      expect_row_alone(prefill, 0, 0, model.forward(one_row(kLong), everything(), &alone_long), "prefill long");
+      expect_row_alone(prefill, 1, p.first, model.forward(one_row(kShort), everything(), &alone_short), "prefill");
+      // the training forward takes the same positions: the same logits
+      std::vector<nn::KvCache> again = model.new_caches(2, 4, page);
+      EXPECT_TRUE(AllClose(model.forward(nn::Context(), p.ids, &again, 0, &positions, p.mask).value, prefill.logits,
+                           Tol{0.0, 0.0}));
+      Ids mask = p.mask;
+      std::vector<int64_t> next = {9, 5};  // each row's next position: its count of tokens
+      for (int64_t token : {17, 4, 21}) {
+        std::vector<int64_t> m;
+        for (int64_t b = 0; b < 2; ++b) {
+          m.insert(m.end(), mask.data.begin() + b * mask.shape[1], mask.data.begin() + (b + 1) * mask.shape[1]);
+          m.push_back(1);
+        }
+        mask = Ids{m, {2, mask.shape[1] + 1}};
+        positions = next;
+        const CausalLMOutput step = model.forward(Ids{{token, token}, {2, 1}}, everything(), &caches, mask, &positions);
+        const CausalLMOutput one = model.forward(one_row({token}), everything(), &alone_short);
+        const CausalLMOutput one_long = model.forward(one_row({token}), everything(), &alone_long);
+        const std::string what = "gemma " + std::to_string(gemma) + " page " + std::to_string(page);
+        expect_row_alone(step, 0, 0, CausalLMOutput{one_long.logits, {}, one_long.hidden_states}, what.c_str());
+        for (size_t l = 0; l < 2; ++l)
+          EXPECT_TRUE(AllClose(step.attentions[l].slice(0, 0, 1), one_long.attentions[l], kPaddedTol)) << what;
+        expect_row_alone(step, 1, 0, CausalLMOutput{one.logits, {}, one.hidden_states}, what.c_str());
+        for (size_t l = 0; l < 2; ++l) {
+          const Tensor keys = step.attentions[l].slice(0, 1, 2).slice(3, p.first, mask.shape[1]);
+          EXPECT_TRUE(AllClose(keys, one.attentions[l], kPaddedTol)) << what << " layer " << l;
+        }
+        for (int64_t& n : next) ++n;
+      }
+    }
+}
+
+TEST(LlamaMask, PerRowPositionsOnATapeGiveTheInferenceLogitsAndGradients) {
+  Rng rng(8);
+  LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(true), rng);
+  const Padded p = padded(true);
+  const std::vector<int64_t> positions = positions_of(p.mask);
+  const Tensor want = model.forward(nn::Context(), p.ids, nullptr, 0, &positions, p.mask).value;
+  ad::ParameterSet params(model);
+  ad::Tape tape;
+  const nn::Context ctx(tape, params);
+  const ad::Var logits = model.forward(ctx, p.ids, nullptr, 0, &positions, p.mask);
+  EXPECT_TRUE(AllClose(logits.value, want, Tol{1e-6, 1e-6}));
+  tape.backward(train::cross_entropy(ad::reshape(logits, {18, logits.size(2)}), std::vector<int64_t>(18, 3)));
+  const ad::Parameter* k = params.find("model.layers.0.self_attn.k_proj.weight");
+  ASSERT_TRUE(k != nullptr && k->has_grad);
+  EXPECT_TRUE(all_finite(k->grad));
+  double norm = 0.0;
+  for (int64_t i = 0; i < k->grad.numel(); ++i) norm += std::fabs(k->grad.data()[i]);
+  EXPECT_GT(norm, 0.0);
+}
+
+TEST(LlamaMask, SharedPositionsThroughTheCacheAreTheDefaultAndOtherCountsThrow) {
+  using qkv::testing::ThrowsArg;
+  Rng rng(5);
+  const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
+  const Padded p = padded(false);
+  std::vector<nn::KvCache> a = model.new_caches(2), b = model.new_caches(2);
+  std::vector<int64_t> shared = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_TRUE(AllClose(model.forward(p.ids, ForwardOptions(), &a, {}, &shared).logits,
+                       model.forward(p.ids, ForwardOptions(), &b).logits, Tol{0.0, 0.0}));
+  shared = {9};
+  EXPECT_TRUE(AllClose(model.forward(Ids{{3, 4}, {2, 1}}, ForwardOptions(), &a, {}, &shared).logits,
+                       model.forward(Ids{{3, 4}, {2, 1}}, ForwardOptions(), &b).logits, Tol{0.0, 0.0}));
+  const std::vector<int64_t> three = {0, 1, 2};
+  EXPECT_TRUE(ThrowsArg([&] { model.forward(p.ids, ForwardOptions(), nullptr, {}, &three); },
+                        "[llama] 3 positions for ids (2, 9) (T shared by the rows, or B*T: one set per row)"));
+  const std::vector<int64_t> negative(18, -1);
+  EXPECT_THROW(model.forward(p.ids, ForwardOptions(), nullptr, {}, &negative), std::invalid_argument);
+}
+
 TEST(LlamaMask, RowOfZerosIsFiniteAndLeavesTheOtherRowAlone) {
   Rng rng(2);
   const LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(true), rng);
@@ -212,6 +310,9 @@ TEST(LlamaMask, MaskUnderASequenceShardThrows) {
   EXPECT_NO_THROW(model.forward(c, p.ids, nullptr, 0, &positions));
   EXPECT_TRUE(qkv::testing::ThrowsArg([&] { model.forward(c, p.ids, nullptr, 0, &positions, p.mask); },
                                       "[llama] attention_mask (2, 9) with the ids (2, 9) under context parallelism"));
+  const std::vector<int64_t> per_row = positions_of(p.mask);  // B·T positions: not around the ring
+  EXPECT_TRUE(qkv::testing::ThrowsArg([&] { model.forward(c, p.ids, nullptr, 0, &per_row); },
+                                      "[llama] ids (2, 9): context parallelism needs the ids' global positions"));
 }
 
 }  // namespace

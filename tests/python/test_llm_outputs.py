@@ -2,7 +2,8 @@
 layer's attention probabilities (B, H, T, T) and the L + 1 hidden states (the embeddings, each layer's output, the
 last after the final norm) within 1e-4, on SmolLM2-135M-Instruct (the GGUF at fp32 and the HF folder) and on tiny
 random Llama, Mistral (sliding window) and Gemma 2 (window on alternating layers, soft-caps, GQA) models; a left- or
-right-padded batch with attention_mask at each row's tokens, a row of zeros (finite, probabilities 0)."""
+right-padded batch with attention_mask at each row's tokens, a left-padded one with position_ids (transformers'
+generate's prefill), a row of zeros (finite, probabilities 0)."""
 import numpy as np
 import pytest
 import torch
@@ -121,6 +122,45 @@ def test_padded_batch_with_attention_mask_matches_eager_transformers(kind, left,
     alone = model(ids[1, tokens], True, True)  # the short row alone, 1-D
     np.testing.assert_allclose(out.logits[1, tokens], alone.logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.attentions[1][1][:, tokens, tokens], alone.attentions[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_left_padded_batch_with_position_ids_matches_eager_transformers(kind, tmp_path):
+    """transformers' generate's prefill: attention_mask and position_ids = cumsum(mask) - 1 (the padding at 1), so
+    each row's tokens sit at the positions they have alone: logits, probabilities and hidden states at each row's
+    tokens as transformers', and the short row's logits as the row alone."""
+    torch.set_num_threads(2)
+    ref = build(kind, str(tmp_path))
+    ref.set_attn_implementation("eager")
+    ids, mask, first, n = padded_batch(True)
+    positions = np.cumsum(mask, axis=1) - 1
+    positions[mask == 0] = 1
+    with torch.no_grad():
+        want = ref(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(positions),
+                   output_attentions=True, output_hidden_states=True)
+    model = qkv.CausalLM.from_pretrained(tmp_path)
+    out = model(ids, True, True, attention_mask=mask, position_ids=positions)
+    tokens = slice(first, first + n)
+    for b, at in ((0, slice(None)), (1, tokens)):
+        assert relative_error(out.logits[b, at], want.logits[b, at].numpy()) <= TOL, (kind, b)
+        att = max(float(np.max(np.abs(a[b, :, at] - w[b, :, at].numpy())))
+                  for a, w in zip(out.attentions, want.attentions))
+        hid = max(hidden_error(h[b, at], w[b, at].numpy()) for h, w in zip(out.hidden_states, want.hidden_states))
+        assert att <= TOL and hid <= TOL, (kind, b, att, hid)
+    alone = model(ids[1, tokens], True, True)
+    np.testing.assert_allclose(out.logits[1, tokens], alone.logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.attentions[1][1][:, tokens, tokens], alone.attentions[1], atol=1e-6)
+    # positions shared by the rows: (T) or (1, T), as transformers broadcasts them; 0 .. T-1 is the default
+    arange = np.arange(ids.shape[1])
+    np.testing.assert_array_equal(model(ids, position_ids=arange).logits, model(ids).logits)
+    np.testing.assert_array_equal(model(ids, position_ids=arange[None]).logits, model(ids).logits)
+    with pytest.raises(ValueError, match=r"\[CausalLM.forward\] position_ids must have the shape of ids") as e:
+        model(ids, position_ids=positions[:, 1:])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="position_ids holds -2 < 0"):
+        model(ids, position_ids=positions - 2)
+    with pytest.raises(TypeError, match="position_ids must hold integers"):
+        model(ids, position_ids=positions.astype(np.float32))
 
 
 def test_attention_mask_row_of_zeros_and_errors():

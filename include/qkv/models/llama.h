@@ -90,7 +90,8 @@ class LlamaAttention : public nn::Module {
   // positions: T global positions of x's rows instead (context parallelism, c.sequence_shard(): the rotary angles
   // are the global ones and the attention runs through the shard, across the processes; no cache then).
   // rope: the angles of those positions (rope_table with D = head_dim, base rope_theta, rope_scaling), made once by
-  // the model for all its layers; null: made here.
+  // the model for all its layers; null: made here. T rows, or B·T rows (row b's positions at [b·T, (b + 1)·T):
+  // per-row positions, also with a cache, as nn::AttendRotary takes them).
   // last: 0, or n > 0 for the outputs of x's last min(n, T) rows only (B, n, E): the keys and values of every row
   // go to the attention (and the cache), the queries of those rows only (a prefill's last layer, whose other rows
   // no logit reads). Not under a sequence shard.
@@ -157,7 +158,11 @@ class LlamaModel : public nn::Module {
  public:
   LlamaModel(const LlamaConfig& config, Rng& rng);
   // ids (B, T) -> final hidden states (B, T, E). caches: null, or one per layer (all of the same length).
-  // positions: as LlamaAttention's (required under c.sequence_shard(), with no caches).
+  // positions: null (the caches' offset .. offset + T - 1), T positions shared by the rows, or B·T, one set per row
+  // (transformers' position_ids (B, T), row-major), with or without caches: a left-padded batch with positions
+  // cumsum(mask) - 1 puts each row's first token at position 0, and its cached steps continue from the positions
+  // the caller passes (the row's own count of tokens). Required under c.sequence_shard() (T of them, the global
+  // ones, no caches). Another count throws std::invalid_argument "[llama] N positions for ids (B, T) ...".
   // last: 0, or n > 0 for the hidden states of the last min(n, T) positions only (B, n, E): the last layer runs its
   // queries, residual and MLP on those rows (every layer's keys and values still cover all T). Not under a shard.
   // record: null, or where options' attentions and hidden states go (CausalLMOutput's; its logits untouched);
@@ -169,7 +174,9 @@ class LlamaModel : public nn::Module {
   // which rotary attention does not see beyond float rounding. A query whose every key is masked (a left-padded
   // row's padding, a row of zeros) gets attention output 0 and probabilities 0 (qkv::attention's fully masked
   // rule; transformers' eager attention spreads such a row uniformly over the keys): its hidden states and logits
-  // are finite but belong to no sequence. A mask of ones only runs as no mask (the same bits). Not under a shard.
+  // are finite but belong to no sequence. With per-row positions cumsum(mask) - 1 (transformers' generate) the
+  // row's tokens sit at the positions they have alone. A mask of ones only runs as no mask (the same bits). Not
+  // under a shard.
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches,
                   const std::vector<int64_t>* positions = nullptr, int64_t last = 0,
                   const ForwardOptions* options = nullptr, CausalLMOutput* record = nullptr,
@@ -199,7 +206,8 @@ class LlamaForCausalLM : public nn::Module {
   // prompt's prefill runs the (E x V) head on one row instead of T, and the last layer its queries, o_proj and MLP
   // on those rows (LlamaModel's `last`; not under a sequence shard).
   // positions: optional, the T global positions of the ids' columns under context parallelism (c.sequence_shard():
-  // ids hold this process's positions, and every attention runs around the ring); default 0 .. T-1.
+  // ids hold this process's positions, and every attention runs around the ring); or B·T, one set per row
+  // (transformers' position_ids; see LlamaModel); default the caches' length .. + T - 1.
   // attention_mask: empty, or HF's padding mask (B, T_keys), T_keys = the caches' length + T (see LlamaModel).
   ad::Var forward(const nn::Context& c, const Ids& ids, std::vector<nn::KvCache>* caches = nullptr,
                   int64_t logits_to_keep = 0, const std::vector<int64_t>* positions = nullptr,
@@ -211,9 +219,10 @@ class LlamaForCausalLM : public nn::Module {
   // layers are recomputed beside it (LlamaAttention::forward's probs). attention_layers out of [0, L) throw
   // std::invalid_argument "[llama] ...".
   // attention_mask: HF's (B, T_keys) padding mask, as above: a padded batch gives each row, at its tokens, the
-  // logits, attentions (0 at the padded keys) and hidden states it has alone.
+  // logits, attentions (0 at the padded keys) and hidden states it has alone. positions: null, T or B·T values, as
+  // above (transformers' position_ids).
   CausalLMOutput forward(const Ids& ids, const ForwardOptions& options, std::vector<nn::KvCache>* caches = nullptr,
-                         const Ids& attention_mask = {}) const;
+                         const Ids& attention_mask = {}, const std::vector<int64_t>* positions = nullptr) const;
   // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
   // attention reads in place through attention_with_kvcache's block table.
   std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0) const;

@@ -35,8 +35,11 @@ struct AttendRotary {
   RopeVariant variant = RopeVariant::kHalfSplit;   // HF's rotate_half pairing
   // The angles of the new keys' Tn rows, made once by a model for all its layers; null: made here from base and
   // scaling at `positions`, else at offset .. offset + Tn - 1. A ragged cache's rows get their own (made here).
+  // Per-row positions (a left-padded batch, transformers' position_ids (B, Tn)): a table of B·Tn rows, or B·Tn
+  // positions, row b's at [b·Tn, (b + 1)·Tn); the queries are among the new rows then (query_first + Tq <= Tn).
   std::shared_ptr<const RopeTable> table;
-  const std::vector<int64_t>* positions = nullptr;  // Tn global positions (context parallelism), or null
+  // Tn positions shared by the rows (context parallelism: the global ones), B·Tn (one set per row), or null.
+  const std::vector<int64_t>* positions = nullptr;
 };
 
 struct AttendOptions {
