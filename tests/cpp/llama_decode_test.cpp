@@ -212,5 +212,50 @@ TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
   EXPECT_TRUE(ThrowsArg([&] { generate(model, {3, 5}, 4, {}, -1, -2); }, "[generate] page_size must be >= 0"));
 }
 
+// Prompts of different lengths run cached, left-padded with per-row positions (transformers' generate): greedy and
+// beam search give the tokens of the recomputing oracle (each row's whole sequence every step, no padding), which
+// continues the prompts without their last token, fed as the search's bos.
+TEST(CausalLmStep, UnequalPromptsGiveTheRecomputedTokens) {
+  for (bool gemma : {false, true}) {
+    Rng rng(21);
+    const models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
+    const std::vector<std::vector<int64_t>> prompts = {{3, 5, 9, 2, 7, 8}, {4, 8}, {8}, {9, 1, 6, 8}};
+    std::vector<std::vector<int64_t>> heads;
+    for (const auto& p : prompts) heads.emplace_back(p.begin(), p.end() - 1);
+    SearchOptions so;
+    so.max_len = 8;
+    so.bos = 8;
+    so.eos = 0;
+    BeamOptions b;
+    b.beam_size = 3;
+    CausalLmRecomputeStep oracle(model, heads);
+    const std::vector<Hypothesis> greedy = greedy_search(oracle, so);
+    const auto beams = beam_search(oracle, so, b);
+    size_t generated = 0;
+    for (const Hypothesis& h : greedy) generated += h.tokens.size();
+    EXPECT_GE(generated, 12u) << "the prompts' continuations run for several steps";
+    for (int64_t page : {0, 2}) {
+      CausalLmStep step(model, prompts, page);
+      const std::vector<Hypothesis> got = greedy_search(step, so);
+      ASSERT_EQ(got.size(), greedy.size());
+      for (size_t s = 0; s < got.size(); ++s) {
+        EXPECT_EQ(got[s].tokens, greedy[s].tokens) << "gemma " << gemma << " page " << page << " prompt " << s;
+        EXPECT_NEAR(got[s].log_prob, greedy[s].log_prob, 1e-4) << s;
+      }
+      const auto got_beams = beam_search(step, so, b);
+      ASSERT_EQ(got_beams.size(), beams.size());
+      for (size_t s = 0; s < beams.size(); ++s) {
+        ASSERT_EQ(got_beams[s].size(), beams[s].size()) << s;
+        for (size_t i = 0; i < beams[s].size(); ++i)
+          EXPECT_EQ(got_beams[s][i].tokens, beams[s][i].tokens) << "gemma " << gemma << " page " << page << " " << s;
+      }
+    }
+  }
+  Rng rng(1);
+  const models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
+  EXPECT_TRUE(ThrowsArg([&] { CausalLmStep(model, {{3, 8}, {}}); }, "[CausalLmStep] prompt 1 is empty"));
+  EXPECT_TRUE(ThrowsArg([&] { CausalLmStep(model, {}); }, "[CausalLmStep] no prompts"));
+}
+
 }  // namespace
 }  // namespace qkv::decode
