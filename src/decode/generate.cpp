@@ -144,39 +144,6 @@ Tensor CausalLmStep::step(const std::vector<int64_t>& rows, const std::vector<in
   return logits.reshape({n, logits.size(2)});
 }
 
-CausalLmRecomputeStep::CausalLmRecomputeStep(const models::LlamaForCausalLM& model,
-                                             std::vector<std::vector<int64_t>> prompts)
-    : model_(&model), prompts_(std::move(prompts)) {
-  QKV_CHECK_ARG(!prompts_.empty(), "[CausalLmRecomputeStep] no prompts");
-}
-
-int64_t CausalLmRecomputeStep::vocab_size() const { return model_->config().vocab_size; }
-
-void CausalLmRecomputeStep::start() { rows_ = prompts_; }
-
-Tensor CausalLmRecomputeStep::step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) {
-  const auto n = static_cast<int64_t>(rows.size());
-  QKV_CHECK_ARG(n >= 1 && tokens.size() == rows.size(), "[CausalLmRecomputeStep] ", rows.size(), " rows and ",
-                tokens.size(), " tokens");
-  std::vector<std::vector<int64_t>> next;
-  const int64_t v = vocab_size();
-  Tensor out = Tensor::empty({n, v});
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = rows[static_cast<size_t>(i)];
-    QKV_CHECK_ARG(r >= 0 && r < static_cast<int64_t>(rows_.size()), "[CausalLmRecomputeStep] row ", r,
-                  " is outside [0, ", rows_.size(), ")");
-    std::vector<int64_t> seq = rows_[static_cast<size_t>(r)];
-    seq.push_back(tokens[static_cast<size_t>(i)]);
-    const auto t = static_cast<int64_t>(seq.size());
-    const Tensor logits = model_->logits(Ids{seq, {1, t}});  // (1, T, V)
-    const Tensor last = logits.select(1, t - 1).contiguous();
-    std::copy(last.data(), last.data() + v, out.data() + i * v);
-    next.push_back(std::move(seq));
-  }
-  rows_ = std::move(next);
-  return out;
-}
-
 std::vector<int64_t> generate(const models::LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& options, int64_t eos,
                               int64_t page_size) {

@@ -154,15 +154,18 @@ class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
 };
 
 // The Llama decoder on the LM batches of kDecoderOnly (right-padded: causal rows never see their padding);
-// decoding recomputes each row, since sources differ in length. Under context parallelism the rotary angles are
-// the shard's global positions and every attention (GQA included) runs around the ring.
+// decoding runs the KV caches of CausalLmStep (sources of different lengths left-padded, each followed by BOS, the
+// search's first token). Under context parallelism the rotary angles are the shard's global positions and every
+// attention (GQA included) runs around the ring.
 class Llama : public LanguageModel<models::LlamaForCausalLM> {
  public:
   Llama(const TextModelConfig& c, Rng& rng) : LanguageModel(c, c.llama, rng) {}
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
     model_.eval();
-    return std::make_unique<decode::CausalLmRecomputeStep>(model_, sources);
+    std::vector<std::vector<int64_t>> prompts = sources;
+    for (std::vector<int64_t>& p : prompts) p.push_back(data::Vocabulary::kBos);
+    return std::make_unique<decode::CausalLmStep>(model_, std::move(prompts));
   }
 
   bool has_attention() const override { return false; }

@@ -14,6 +14,7 @@
 #include "qkv/models/llama.h"
 #include "qkv/nn/kv_cache.h"
 #include "qkv/train/loss.h"
+#include "recompute_steps.h"
 #include "tiny_llama.h"
 
 namespace qkv::decode {
@@ -21,6 +22,7 @@ using nn::KvCache;
 namespace {
 
 using qkv::testing::AllClose;
+using qkv::testing::CausalLmRecomputeStep;
 using qkv::testing::ThrowsArg;
 using qkv::testing::Tol;
 

@@ -8,6 +8,7 @@
 
 #include "qkv/core/error.h"
 #include "qkv/decode/search.h"
+#include "qkv/models/llama.h"
 #include "qkv/models/transformer.h"
 #include "qkv/nn/kv_cache.h"
 
@@ -105,6 +106,42 @@ class DecoderOnlyRecomputeStep : public decode::StepModel {
   std::vector<std::vector<int64_t>> prompts_;
   std::vector<std::vector<int64_t>> seq_;  // per row: prompt + tokens so far
   int64_t prompt_len_ = 0;
+};
+
+// models::LlamaForCausalLM over prompts of any lengths (empty allowed), recomputing prompt + prefix each step, one
+// row at a time (no cache, no padding): the oracle of decode::CausalLmStep over unequal prompts. SearchOptions::bos
+// is fed first, as to any StepModel.
+class CausalLmRecomputeStep : public decode::StepModel {
+ public:
+  CausalLmRecomputeStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts)
+      : model_(&model), prompts_(std::move(prompts)) {
+    QKV_CHECK_ARG(!prompts_.empty(), "[CausalLmRecomputeStep] no prompts");
+  }
+  int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
+  int64_t vocab_size() const override { return model_->config().vocab_size; }
+  void start() override { rows_ = prompts_; }
+  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override {
+    const auto n = static_cast<int64_t>(rows.size());
+    check_recompute_step(rows, tokens, static_cast<int64_t>(rows_.size()), vocab_size(), "CausalLmRecomputeStep");
+    std::vector<std::vector<int64_t>> next;
+    const int64_t v = vocab_size();
+    Tensor out = Tensor::empty({n, v});
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int64_t> seq = rows_[static_cast<size_t>(rows[static_cast<size_t>(i)])];
+      seq.push_back(tokens[static_cast<size_t>(i)]);
+      const auto t = static_cast<int64_t>(seq.size());
+      const Tensor last = model_->logits(Ids{seq, {1, t}}).select(1, t - 1).contiguous();  // (1, T, V) -> (V)
+      std::copy(last.data(), last.data() + v, out.data() + i * v);
+      next.push_back(std::move(seq));
+    }
+    rows_ = std::move(next);
+    return out;
+  }
+
+ private:
+  const models::LlamaForCausalLM* model_;
+  std::vector<std::vector<int64_t>> prompts_;
+  std::vector<std::vector<int64_t>> rows_;  // per row: prompt + tokens so far
 };
 
 }  // namespace qkv::testing

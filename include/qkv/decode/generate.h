@@ -52,8 +52,8 @@ Generation generate(const models::LlamaForCausalLM& model, const std::vector<int
 
 // A models::LlamaForCausalLM continuing S prompts of lengths P_s >= 1 with one KV cache per layer: start() feeds
 // each prompt but its last token at once, and the search's first token (SearchOptions::bos) must be the prompts'
-// last token (so greedy_search and beam_search continue them; to continue prompts after a bos, as
-// CausalLmRecomputeStep does, append it to each). Prompts of different lengths run as transformers' generate runs
+// last token (so greedy_search and beam_search continue them; to continue prompts after a bos, as qkv train's
+// evaluation does, append it to each). Prompts of different lengths run as transformers' generate runs
 // them: left-padded to the longest, with an attention_mask over the padding and per-row positions cumsum(mask) - 1,
 // so that each row's tokens sit at the positions they have alone; each step extends the mask and each row's
 // positions (beams reorder both with the caches). Prompts of one length run without mask or positions.
@@ -81,23 +81,6 @@ class CausalLmStep : public StepModel {
   std::vector<int64_t> mask_;
   int64_t keys_ = 0;
   std::vector<int64_t> next_;
-};
-
-// The same model over prompts of any lengths (empty allowed), recomputing prompt + prefix each step, one row at a
-// time (no cache, no padding): for searches over unequal prompts (qkv train's evaluation). SearchOptions::bos is
-// fed first, as to any StepModel.
-class CausalLmRecomputeStep : public StepModel {
- public:
-  CausalLmRecomputeStep(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts);
-  int64_t num_sources() const override { return static_cast<int64_t>(prompts_.size()); }
-  int64_t vocab_size() const override;
-  void start() override;
-  Tensor step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens) override;
-
- private:
-  const models::LlamaForCausalLM* model_;
-  std::vector<std::vector<int64_t>> prompts_;
-  std::vector<std::vector<int64_t>> rows_;  // per row: prompt + tokens so far
 };
 
 // The prompt (P >= 1 ids in [0, V), P below the context) continued by max_new_tokens >= 0 tokens, greedy or sampled
