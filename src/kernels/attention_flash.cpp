@@ -188,12 +188,12 @@ constexpr int64_t kSplitKeys = 16;
 
 // Key splits per query tile: 1 while there are enough tiles to keep every thread busy and balanced; otherwise
 // (decoding one query against a long cache, B·H below the thread count) the keys of each tile are split and the
-// partial (max, sum, output) merged afterwards in a fixed order. The parts are a multiple of the team where the keys
-// allow it (3 KV heads on 2 threads: 12 parts, not 9), each an equal share of the keys in
-// multiples of kSplitKeys.
+// partial (max, sum, output) merged afterwards in a fixed order. Each part is an equal share of its tile's keys (in
+// multiples of kSplitKeys), so the fewest parts that are a multiple of the team balance it (3 KV heads on 2 threads:
+// 6 parts, 3 a thread) where the keys allow it; more parts would only add each one's setup and merge.
 int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
   if (units >= 4 * threads || units % threads == 0) return 1;
-  int64_t s = ceil_div(4 * threads, units);
+  int64_t s = ceil_div(threads, units);
   while (s < max_key_tiles && (units * s) % threads != 0) ++s;
   return std::clamp<int64_t>(s, 1, std::max<int64_t>(1, max_key_tiles));
 }
