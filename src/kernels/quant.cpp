@@ -1,10 +1,12 @@
 // Entry points for ggml's block formats: argument checks, then the dequantizer (today the portable reference of
-// quant_reference.cpp for every type), and whole GGUF tensors to float32 Tensors.
+// quant_reference.cpp for every type), whole GGUF tensors to float32 Tensors, and rows of a quantized table
+// (a token embedding) to float32.
 #include <stdexcept>
 
 #include "qkv/core/error.h"
 #include "qkv/core/shape.h"
 #include "qkv/kernels/quant.h"
+#include "qkv/kernels/quant_gemm.h"
 
 namespace qkv::kernels {
 
@@ -41,6 +43,19 @@ Tensor dequantize(const gguf::TensorInfo& tensor) {
   float* dst = out.data();
   for (int64_t r = 0; r < rows; ++r) dequantize_row(tensor.type, tensor.data + r * stride, dst + r * row, row);
   return out;
+}
+
+void embedding_rows(const QuantMatrix& w, const int64_t* ids, int64_t count, float* out) {
+  QKV_CHECK_ARG(w.defined() && count >= 0 && ((ids != nullptr && out != nullptr) || count == 0),
+                "[embedding_rows] ", count, " ids of the ", gguf::type_name(w.type), " table (", w.rows, ", ",
+                w.cols, "): null ids or out, or a negative count");
+  for (int64_t i = 0; i < count; ++i)
+    QKV_CHECK_ARG(ids[i] >= 0 && ids[i] < w.rows, "[embedding_rows] id ", ids[i], " at position ", i,
+                  " outside the table's ", w.rows, " rows (", gguf::type_name(w.type), " (", w.rows, ", ", w.cols,
+                  "))");
+  QKV_CHECK_RUNTIME(w.data != nullptr || count == 0, "[embedding_rows] the ", gguf::type_name(w.type), " table (",
+                    w.rows, ", ", w.cols, ") was kept as repacked tiles only (packed_only)");
+  for (int64_t i = 0; i < count; ++i) dequantize_row(w.type, w.data + ids[i] * w.row_bytes, out + i * w.cols, w.cols);
 }
 
 }  // namespace qkv::kernels

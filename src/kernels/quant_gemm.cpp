@@ -692,17 +692,4 @@ std::string quant_gemm_path(gguf::Type type) {
   return quant_gemm_integer(type) ? quant_gemm_path() : "float32 (dequantized rows)";
 }
 
-void embedding_rows(const QuantMatrix& w, const int64_t* ids, int64_t count, float* out) {
-  QKV_CHECK_ARG(w.defined() && count >= 0 && ((ids != nullptr && out != nullptr) || count == 0),
-                "[embedding_rows] ", count, " ids of the ", gguf::type_name(w.type), " table (", w.rows, ", ",
-                w.cols, "): null ids or out, or a negative count");
-  for (int64_t i = 0; i < count; ++i)
-    QKV_CHECK_ARG(ids[i] >= 0 && ids[i] < w.rows, "[embedding_rows] id ", ids[i], " at position ", i,
-                  " outside the table's ", w.rows, " rows (", gguf::type_name(w.type), " (", w.rows, ", ", w.cols,
-                  "))");
-  QKV_CHECK_RUNTIME(w.data != nullptr || count == 0, "[embedding_rows] the ", gguf::type_name(w.type), " table (",
-                    w.rows, ", ", w.cols, ") was kept as repacked tiles only (packed_only)");
-  for (int64_t i = 0; i < count; ++i) dequantize_row(w.type, w.data + ids[i] * w.row_bytes, out + i * w.cols, w.cols);
-}
-
 }  // namespace qkv::kernels
