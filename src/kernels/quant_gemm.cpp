@@ -8,9 +8,11 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "qkv/core/error.h"
 #include "qkv/core/half.h"
+#include "qkv/core/storage_pool.h"
 #include "qkv/kernels/activations.h"
 #include "qkv/kernels/cpu.h"
 #include "qkv/kernels/quant.h"
@@ -638,8 +640,12 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
   ah.s.resize(ah.d.size());
   ah.sum.resize(ah.d.size());
   ah.sum_lo.resize(ah.d.size());
-  std::vector<float> g(static_cast<size_t>(m * f)), u(g.size());
-  const TileArgs tg{&ax, &gate, gate_bias, g.data(), f}, tu{&ax, &up, up_bias, u.data(), f};
+  // Gate and up rows from the tensor storage pool, left unzeroed (every element is written before it is read): a
+  // prefill's MBs per layer are then neither zeroed nor faulted in again at every call.
+  const std::shared_ptr<float> gate_up = storage_pool::allocate(2 * m * f);
+  float* const g = gate_up.get();
+  float* const u = g + m * f;
+  const TileArgs tg{&ax, &gate, gate_bias, g, f}, tu{&ax, &up, up_bias, u, f};
   const TileArgs td{&ah, &down, down_bias, y, ldy};
   const int64_t gate_done = tiles_end(gate, b), up_done = tiles_end(up, b), down_done = tiles_end(down, b);
   // Blocks of 32 columns: one quantization block of h per row, and whole tiles of every build (8, 16).
@@ -658,8 +664,8 @@ void gated_mlp_quant(const float* x, int64_t m, int64_t ldx, const QuantMatrix& 
       columns(tg, b, gate_done, j0, j1, scratch);
       columns(tu, b, up_done, j0, j1, scratch);
       for (int64_t i = 0; i < m; ++i) {
-        float* gi = g.data() + i * f;
-        const float* ui = u.data() + i * f;
+        float* gi = g + i * f;
+        const float* ui = u + i * f;
         silu(gi + j0, gi + j0, j1 - j0);
         for (int64_t j = j0; j < j1; ++j) gi[j] = gi[j] * ui[j];
         const size_t o = static_cast<size_t>(i * ah.blocks + c0);
