@@ -21,8 +21,10 @@ struct FlashConfig {
   FlashIsa isa = FlashIsa::kAuto;
   int threads = 0;  // 0 = omp_get_max_threads(); results are bit-identical across runs for a given count
   // Multiply-adds per started thread: smaller problems start fewer threads (never changes the results).
-  // 0 starts every thread whatever the size (tests, sanitizers).
-  double min_work_per_thread = 1 << 21;
+  // 0 starts every thread whatever the size (tests, sanitizers). 2^18 is about 5 us of one core's fp32 products, as
+  // the gated MLP's threshold: a decoding step's attention over 600 cached keys (charged 3.5 M, kWeightReadWork per
+  // K/V element) takes both threads, where 2^21 kept it on one while the other waited.
+  double min_work_per_thread = 1 << 18;
   // Tile sizes (queries x keys) of the forward and the backward; 0 = the tuned default. Positive multiples of 8.
   int64_t fwd_q_tile = 0, fwd_k_tile = 0, bwd_q_tile = 0, bwd_k_tile = 0;
   // false: the forward never splits a query tile's keys across threads (it splits them when the query tiles are too
