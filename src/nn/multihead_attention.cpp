@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "qkv/core/error.h"
@@ -19,11 +20,16 @@ namespace qkv::nn {
 namespace {
 
 // Validates the constructor's sizes before any member (out_proj) is built, so errors name this module.
-int64_t checked_embed_dim(int64_t embed_dim, int64_t num_heads, float dropout, int64_t kdim, int64_t vdim) {
+int64_t checked_embed_dim(int64_t embed_dim, int64_t num_heads, float dropout, int64_t kdim, int64_t vdim,
+                          std::optional<int64_t> num_kv_heads) {
   QKV_CHECK_ARG(embed_dim > 0 && num_heads > 0, "[MultiheadAttention] embed_dim ", embed_dim, " and num_heads ",
                 num_heads, " must be > 0");
   QKV_CHECK_ARG(embed_dim % num_heads == 0, "[MultiheadAttention] embed_dim ", embed_dim,
                 " must be divisible by num_heads ", num_heads);
+  if (num_kv_heads) {
+    QKV_CHECK_ARG(*num_kv_heads >= 1 && num_heads % *num_kv_heads == 0, "[MultiheadAttention] num_kv_heads ",
+                  *num_kv_heads, " must be >= 1 and divide num_heads ", num_heads);
+  }
   QKV_CHECK_ARG(dropout >= 0.0f && dropout < 1.0f, "[MultiheadAttention] dropout must be in [0, 1), got ",
                 dropout);
   QKV_CHECK_ARG(kdim >= 0 && vdim >= 0, "[MultiheadAttention] kdim ", kdim, " and vdim ", vdim,
@@ -65,6 +71,14 @@ Tensor mean_over_heads(const Tensor& w) {
   return out;
 }
 
+// The op's window and soft-cap rules, checked here so that the error names this module and the caller's query.
+void check_window_and_softcap(const MhaForwardOptions& o, const std::string& query) {
+  QKV_CHECK_ARG(o.window_left >= -1 && o.window_right >= -1, "[MultiheadAttention] window_size (", o.window_left,
+                ", ", o.window_right, ") must be >= -1 on each side (-1 = unbounded); query ", query);
+  QKV_CHECK_ARG(std::isfinite(o.softcap) && o.softcap >= 0.0f, "[MultiheadAttention] softcap ", o.softcap,
+                " must be finite and >= 0 (0 = off); query ", query);
+}
+
 struct MaskPart {
   Tensor t;  // broadcastable to (B, H, Tq, Tk)
   MaskKind kind;
@@ -73,67 +87,74 @@ struct MaskPart {
 }  // namespace
 
 MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng& rng, float dropout, bool bias,
-                                       int64_t kdim, int64_t vdim)
-    : out_proj(checked_embed_dim(embed_dim, num_heads, dropout, kdim, vdim), embed_dim, bias, rng),
+                                       int64_t kdim, int64_t vdim, std::optional<int64_t> num_kv_heads)
+    : out_proj(checked_embed_dim(embed_dim, num_heads, dropout, kdim, vdim, num_kv_heads), embed_dim, bias, rng),
       embed_dim_(embed_dim),
       num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads.value_or(num_heads)),
       head_dim_(embed_dim / num_heads),
       kdim_(kdim == 0 ? embed_dim : kdim),
       vdim_(vdim == 0 ? embed_dim : vdim),
       dropout_(dropout),
       packed_(kdim_ == embed_dim && vdim_ == embed_dim),
       dropout_rng_((static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32()) {
-  const int64_t E = embed_dim;
+  const int64_t E = embed_dim, Ekv = num_kv_heads_ * head_dim_;
   if (packed_) {
-    in_proj_weight = xavier_uniform(rng, 3 * E, E);
+    in_proj_weight = xavier_uniform(rng, row_of(3), E);
     register_parameter("in_proj_weight", &in_proj_weight);
     register_linear_weight(&in_proj_weight);
   } else {
     q_proj_weight = xavier_uniform(rng, E, E);
-    k_proj_weight = xavier_uniform(rng, E, kdim_);
-    v_proj_weight = xavier_uniform(rng, E, vdim_);
+    k_proj_weight = xavier_uniform(rng, Ekv, kdim_);
+    v_proj_weight = xavier_uniform(rng, Ekv, vdim_);
     register_parameter("q_proj_weight", &q_proj_weight);
     register_parameter("k_proj_weight", &k_proj_weight);
     register_parameter("v_proj_weight", &v_proj_weight);
     for (Tensor* w : {&q_proj_weight, &k_proj_weight, &v_proj_weight}) register_linear_weight(w);
   }
   if (bias) {
-    in_proj_bias = Tensor::zeros({3 * E});
+    in_proj_bias = Tensor::zeros({row_of(3)});
     register_parameter("in_proj_bias", &in_proj_bias);
     out_proj.bias.fill(0.0f);  // PyTorch: constant_(out_proj.bias, 0)
   }
   register_module("out_proj", &out_proj);
 }
 
-// x: (B, T, dim) -> x · W[rows which·E .. (which + n)·E)ᵀ + b: (B, T, n·E). Packed weights serve any n; separate
+// q rows [0, E), k rows [E, E + Ekv), v rows [E + Ekv, E + 2·Ekv) of in_proj_weight and in_proj_bias.
+int64_t MultiheadAttention::row_of(int64_t which) const {
+  return which == 0 ? 0 : embed_dim_ + (which - 1) * num_kv_heads_ * head_dim_;
+}
+
+// x: (B, T, dim) -> x · W[rows row_of(which) .. row_of(which + n))ᵀ + b. Packed weights serve any n; separate
 // ones serve n = 1 (which 0, 1, 2 = q, k, v).
 ad::Var MultiheadAttention::project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const {
-  const int64_t E = embed_dim_;
+  const int64_t r0 = row_of(which), r1 = row_of(which + n);
   if (uses_prepared_weights(c.tape() != nullptr, "MultiheadAttention", x.shape())) {
     const Tensor& w = packed_ ? in_proj_weight : which == 0 ? q_proj_weight : which == 1 ? k_proj_weight : v_proj_weight;
-    const LinearWeight lw = packed_ ? linear_weight(w).rows(which * E, (which + n) * E) : linear_weight(w);
-    const Tensor b = in_proj_bias.defined() ? in_proj_bias.slice(0, which * E, (which + n) * E) : Tensor();
+    const LinearWeight lw = packed_ ? linear_weight(w).rows(r0, r1) : linear_weight(w);
+    const Tensor b = in_proj_bias.defined() ? in_proj_bias.slice(0, r0, r1) : Tensor();
     return ad::Var(linear(x.value, lw, b));
   }
   // fp32, or bf16 on the live weights (see Module::set_precision)
   const Precision p = precision();
   if (packed_ && which == 0 && n == 3) return ad::linear(x, c.param(in_proj_weight), c.param(in_proj_bias), p);
-  const ad::Var bias = in_proj_bias.defined() ? ad::slice(c.param(in_proj_bias), 0, which * E, (which + n) * E)
-                                              : ad::Var();
-  if (packed_) return ad::linear(x, ad::slice(c.param(in_proj_weight), 0, which * E, (which + n) * E), bias, p);
+  const ad::Var bias = in_proj_bias.defined() ? ad::slice(c.param(in_proj_bias), 0, r0, r1) : ad::Var();
+  if (packed_) return ad::linear(x, ad::slice(c.param(in_proj_weight), 0, r0, r1), bias, p);
   QKV_ASSERT(n == 1);
   const Tensor& w = which == 0 ? q_proj_weight : which == 1 ? k_proj_weight : v_proj_weight;
   return ad::linear(x, c.param(w), bias, p);
 }
 
-// (B, T, n·E) projections -> n head views (B, H, T, D). Several pieces come from one split node (its backward
-// writes each piece into the packed gradient without a zero-fill).
-std::vector<ad::Var> MultiheadAttention::split_heads(const ad::Var& p, int64_t n) const {
-  const int64_t B = p.size(0), T = p.size(1), H = num_heads_, D = head_dim_;
-  if (n == 1) return {ad::transpose(ad::reshape(p, {B, T, H, D}), 1, 2)};
-  std::vector<ad::Var> pieces =
-      ad::split(ad::reshape(p, {B, T, n, H, D}), std::vector<int64_t>(static_cast<size_t>(n), 1), 2);
-  for (ad::Var& piece : pieces) piece = ad::transpose(ad::squeeze(piece, 2), 1, 2);
+// The projections of q, k, v (which 0, 1, 2) .. which + n - 1, (B, T, features) -> n head views (B, H, T, D)
+// for q, (B, Hkv, T, D) for k and v. Several pieces come from one split node (its backward writes each piece into
+// the packed gradient without a zero-fill).
+std::vector<ad::Var> MultiheadAttention::split_heads(const ad::Var& p, int64_t which, int64_t n) const {
+  const int64_t B = p.size(0), T = p.size(1), D = head_dim_;
+  std::vector<int64_t> heads;
+  for (int64_t i = which; i < which + n; ++i) heads.push_back(i == 0 ? num_heads_ : num_kv_heads_);
+  if (n == 1) return {ad::transpose(ad::reshape(p, {B, T, heads[0], D}), 1, 2)};
+  std::vector<ad::Var> pieces = ad::split(ad::reshape(p, {B, T, (row_of(which + n) - row_of(which)) / D, D}), heads, 2);
+  for (ad::Var& piece : pieces) piece = ad::transpose(piece, 1, 2);
   return pieces;
 }
 
@@ -145,10 +166,10 @@ std::pair<Tensor, Tensor> MultiheadAttention::project_kv(const Tensor& key, cons
                 vdim_, ")");
   const Context c;
   if (packed_ && same_tensor(key, value)) {
-    const std::vector<ad::Var> kv = split_heads(project(c, key, 1, 2), 2);
+    const std::vector<ad::Var> kv = split_heads(project(c, key, 1, 2), 1, 2);
     return {kv[0].value, kv[1].value};
   }
-  return {split_heads(project(c, key, 1, 1), 1)[0].value, split_heads(project(c, value, 2, 1), 1)[0].value};
+  return {split_heads(project(c, key, 1, 1), 1, 1)[0].value, split_heads(project(c, value, 2, 1), 2, 1)[0].value};
 }
 
 MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, const ad::Var& key,
@@ -166,10 +187,10 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
                 "[MultiheadAttention] query, key and value must be defined");
   if (fixed) {
     QKV_CHECK_ARG(query.dim() == 3 && cache->ready() && cache->rows() == query.size(0) &&
-                      cache->keys().size(1) == num_heads_ && cache->keys().size(3) == head_dim_,
+                      cache->keys().size(1) == num_kv_heads_ && cache->keys().size(3) == head_dim_,
                   "[MultiheadAttention] query ", shown(query), " and a fixed kv_cache of ",
                   cache->ready() ? str(cache->keys().shape()) : std::string("(never filled)"),
-                  " must be (B, Tq, E) and (B, H, Tk, D)");
+                  " must be (B, Tq, E) and (B, num_kv_heads = ", num_kv_heads_, ", Tk, head_dim = ", head_dim_, ")");
   } else {
     QKV_CHECK_ARG((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(),
                   "[MultiheadAttention] query ", shown(query), ", key ", shown(key), " and value ", shown(value),
@@ -177,6 +198,7 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   }
   QKV_CHECK_ARG(cache == nullptr || query.dim() == 3, "[MultiheadAttention] kv_cache needs batched (B, T, E) input, got ",
                 shown(query));
+  check_window_and_softcap(o, shown(query));
   const bool self = !fixed && same_var(query, key) && same_var(key, value);
   const bool kv_same = !fixed && same_var(key, value);
   if (!o.cu_seqlens.empty()) {
@@ -256,19 +278,19 @@ MhaResult MultiheadAttention::forward(const Context& c, const ad::Var& query, co
   // --- projections; heads as views (B, T, E) -> (B, T, H, D) -> (B, H, T, D) --------------------------------
   ad::Var qh, kh, vh;
   if (packed_ && self) {  // self-attention: one (3E, E) projection
-    const std::vector<ad::Var> qkv = split_heads(project(c, q_in, 0, 3), 3);
+    const std::vector<ad::Var> qkv = split_heads(project(c, q_in, 0, 3), 0, 3);
     qh = qkv[0];
     kh = qkv[1];
     vh = qkv[2];
   } else {
-    qh = split_heads(project(c, q_in, 0, 1), 1)[0];
-    if (packed_ && kv_same) {  // key is value (cross-attention on memory): one (2E, E) projection
-      const std::vector<ad::Var> kv = split_heads(project(c, k_in, 1, 2), 2);
+    qh = split_heads(project(c, q_in, 0, 1), 0, 1)[0];
+    if (packed_ && kv_same) {  // key is value (cross-attention on memory): one (2·Ekv, E) projection
+      const std::vector<ad::Var> kv = split_heads(project(c, k_in, 1, 2), 1, 2);
       kh = kv[0];
       vh = kv[1];
     } else if (!fixed) {  // (a fixed cache's keys and values are read by attend)
-      kh = split_heads(project(c, k_in, 1, 1), 1)[0];
-      vh = split_heads(project(c, v_in, 2, 1), 1)[0];
+      kh = split_heads(project(c, k_in, 1, 1), 1, 1)[0];
+      vh = split_heads(project(c, v_in, 2, 1), 2, 1)[0];
     }
   }
   // --- the core: rotary, the cache, the shard, the op, the weights (B, H, Tq, D) ------------------------------
@@ -315,19 +337,20 @@ MhaResult MultiheadAttention::forward_packed(const Context& c, const ad::Var& qu
                     !o.head_mask.defined(),
                 "[MultiheadAttention] packed input (cu_seqlens) takes no key_padding_mask, attn_mask, attn_bias, "
                 "kv_cache, need_weights, rotary, rel_k or head_mask (query ", str(query.shape()), ")");
+  check_window_and_softcap(o, str(query.shape()));
   QKV_CHECK_ARG(!(training() && dropout_ > 0.0f), "[MultiheadAttention] packed input (cu_seqlens) takes no "
                 "attention-weight dropout in training mode (dropout ", dropout_, ")");
-  const int64_t N = query.size(0), E = embed_dim_, H = num_heads_, D = head_dim_;
-  ad::Var qh, kh, vh;  // (N, H, D) views of the projections
+  const int64_t N = query.size(0), E = embed_dim_, H = num_heads_, Hkv = num_kv_heads_, D = head_dim_;
+  ad::Var qh, kh, vh;  // (N, H, D) and (N, Hkv, D) views of the projections
   if (packed_ && self) {
-    std::vector<ad::Var> qkv = ad::split(ad::reshape(project(c, query, 0, 3), {N, 3, H, D}), {1, 1, 1}, 1);
-    qh = ad::squeeze(qkv[0], 1);
-    kh = ad::squeeze(qkv[1], 1);
-    vh = ad::squeeze(qkv[2], 1);
+    std::vector<ad::Var> qkv = ad::split(ad::reshape(project(c, query, 0, 3), {N, H + 2 * Hkv, D}), {H, Hkv, Hkv}, 1);
+    qh = qkv[0];
+    kh = qkv[1];
+    vh = qkv[2];
   } else {
     qh = ad::reshape(project(c, query, 0, 1), {N, H, D});
-    kh = ad::reshape(project(c, key, 1, 1), {N, H, D});
-    vh = ad::reshape(project(c, value, 2, 1), {N, H, D});
+    kh = ad::reshape(project(c, key, 1, 1), {N, Hkv, D});
+    vh = ad::reshape(project(c, value, 2, 1), {N, Hkv, D});
   }
   AttendOptions core;
   core.op = "MultiheadAttention";

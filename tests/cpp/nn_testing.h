@@ -79,7 +79,8 @@ struct MhaRef {
   std::vector<double> weights;  // (B, H, Tq, Tk)
 };
 
-// The MHA weights as separate matrices: wq (E, E), wk (E, kdim), wv (E, vdim); biases (E) or empty.
+// The MHA weights as separate matrices: wq (E, E), wk (Ekv, kdim), wv (Ekv, vdim); biases (E), (Ekv) or empty
+// (Ekv = num_kv_heads · head_dim; mha_reference below reads Ekv == E only).
 struct MhaParams {
   std::vector<double> wq, wk, wv, bq, bk, bv, wo, bo;
   int64_t E = 0, H = 0, kdim = 0, vdim = 0;
@@ -91,11 +92,11 @@ inline MhaParams params_of(const nn::MultiheadAttention& m) {
   p.H = m.num_heads();
   p.kdim = m.kdim();
   p.vdim = m.vdim();
-  const int64_t E = p.E;
+  const int64_t E = p.E, Ekv = m.num_kv_heads() * m.head_dim();
   if (m.packed()) {
     p.wq = to_double(m.in_proj_weight.slice(0, 0, E));
-    p.wk = to_double(m.in_proj_weight.slice(0, E, 2 * E));
-    p.wv = to_double(m.in_proj_weight.slice(0, 2 * E, 3 * E));
+    p.wk = to_double(m.in_proj_weight.slice(0, E, E + Ekv));
+    p.wv = to_double(m.in_proj_weight.slice(0, E + Ekv, E + 2 * Ekv));
   } else {
     p.wq = to_double(m.q_proj_weight);
     p.wk = to_double(m.k_proj_weight);
@@ -103,8 +104,8 @@ inline MhaParams params_of(const nn::MultiheadAttention& m) {
   }
   if (m.in_proj_bias.defined()) {
     p.bq = to_double(m.in_proj_bias.slice(0, 0, E));
-    p.bk = to_double(m.in_proj_bias.slice(0, E, 2 * E));
-    p.bv = to_double(m.in_proj_bias.slice(0, 2 * E, 3 * E));
+    p.bk = to_double(m.in_proj_bias.slice(0, E, E + Ekv));
+    p.bv = to_double(m.in_proj_bias.slice(0, E + Ekv, E + 2 * Ekv));
   }
   p.wo = to_double(m.out_proj.weight);
   if (m.out_proj.bias.defined()) p.bo = to_double(m.out_proj.bias);

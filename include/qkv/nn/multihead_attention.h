@@ -47,7 +47,7 @@ struct MhaForwardOptions {
   bool batch_first = true;
   bool average_attn_weights = true;   // weights (B, Tq, Tk) averaged over heads, else (B, H, Tq, Tk)
   // Incremental decoding (inference only). The new rows' projected keys and values are appended to kv_cache
-  // (reset to (B, H, 0, D) on first use) and the queries attend to every position it then holds: key and value
+  // (reset to (B, Hkv, 0, D) on first use) and the queries attend to every position it then holds: key and value
   // are the new rows only, the masks are sized for the cache's new length Tk, and is_causal aligns bottom-right
   // (new query i sits at position Tk - Tq + i). With kv_cache_fixed the cache already holds the keys and values
   // (a fixed memory for cross-attention, see project_kv): key and value are not used and may be undefined.
@@ -60,7 +60,8 @@ struct MhaForwardOptions {
   float rotary_base = 10000.0f;
   // Shaw et al. relative attention (qkv::relative_attention) when rel_k is defined: rel_k (2·clip+1, D) and rel_v
   // (2·clip+1, D) or undefined, clip = (rows - 1) / 2. They take gradients when they are parameters on the tape
-  // (TransformerEncoderLayer owns them per layer). Not with kv_cache_fixed, weight dropout or a trained attn_bias.
+  // (TransformerEncoderLayer owns them per layer). Not with kv_cache_fixed, weight dropout, a trained attn_bias
+  // or grouped-query heads.
   ad::Var rel_k, rel_v;
   // Score multiplier: unset = 1/sqrt(D); 1 = unscaled.
   std::optional<float> scale;
@@ -89,21 +90,26 @@ struct MhaResult {
   Tensor weights;  // (B, Tq, Tk) or (B, H, Tq, Tk); undefined when !need_weights. After dropout, as PyTorch.
 };
 
-// Parameters (exactly torch.nn.MultiheadAttention's):
-//   kdim == vdim == E:  "in_proj_weight" (3E, E), rows [Q; K; V]       "in_proj_bias" (3E)
-//   otherwise:          "q_proj_weight" (E, E), "k_proj_weight" (E, kdim), "v_proj_weight" (E, vdim),
-//                       "in_proj_bias" (3E)
+// Parameters (exactly torch.nn.MultiheadAttention's when num_kv_heads == num_heads, i.e. Ekv == E):
+//   kdim == vdim == E:  "in_proj_weight" (E + 2·Ekv, E), rows [Q; K; V]  "in_proj_bias" (E + 2·Ekv)
+//   otherwise:          "q_proj_weight" (E, E), "k_proj_weight" (Ekv, kdim), "v_proj_weight" (Ekv, vdim),
+//                       "in_proj_bias" (E + 2·Ekv)
 //   always:             "out_proj.weight" (E, E), "out_proj.bias" (E)
 //   bias = false drops in_proj_bias and out_proj.bias.
+// Grouped-query attention (num_kv_heads < num_heads): the keys and values have Hkv = num_kv_heads heads of the
+// same head_dim D, Ekv = Hkv·D features, and query head h reads kv head h / (H / Hkv) in place (nothing is
+// repeated); the packed rows are a fused qkv layer's as transformers stores it (q rows first). A KV cache holds Hkv
+// heads; masks, head_mask and the weights stay per query head (B, H, Tq, Tk).
 // Init as PyTorch: xavier-uniform projection weights, zero biases, out_proj.weight as nn.Linear.
 // Not supported: add_bias_kv, add_zero_attn, batch_first=False (the layout is always batch-first).
 // Fully masked query rows give output 0 (only the out_proj bias remains) and weights 0; PyTorch gives NaN there.
 class MultiheadAttention : public Module {
  public:
-  // embed_dim > 0, num_heads > 0 and divides embed_dim; dropout in [0, 1); kdim/vdim 0 mean embed_dim.
+  // embed_dim > 0, num_heads > 0 and divides embed_dim; dropout in [0, 1); kdim/vdim 0 mean embed_dim;
+  // num_kv_heads >= 1 divides num_heads (unset: num_heads, torch's layer).
   // Attention-weight dropout draws from an Rng seeded from `rng` at construction.
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, Rng& rng, float dropout = 0.0f, bool bias = true,
-                     int64_t kdim = 0, int64_t vdim = 0);
+                     int64_t kdim = 0, int64_t vdim = 0, std::optional<int64_t> num_kv_heads = std::nullopt);
 
   // query: (B, Tq, E)  key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  out (B, Tq, E), weights (see MhaResult).
   // Unbatched (Tq, E), (Tk, kdim), (Tk, vdim) are accepted too, as PyTorch.
@@ -113,7 +119,7 @@ class MultiheadAttention : public Module {
   // On a tape, need_weights returns the pre-dropout weights as a constant.
   MhaResult forward(const Context& c, const ad::Var& query, const ad::Var& key, const ad::Var& value,
                     const MhaForwardOptions& options = {}, const ad::Var& attn_bias = {}) const;
-  // key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  their projections as heads (B, H, Tk, D), what forward
+  // key: (B, Tk, kdim)  value: (B, Tk, vdim)  ->  their projections as heads (B, Hkv, Tk, D), what forward
   // attends to (a fixed memory for kv_cache_fixed).
   std::pair<Tensor, Tensor> project_kv(const Tensor& key, const Tensor& value) const;
   // Inference (or dropout from this module's own Rng in training mode).
@@ -122,25 +128,27 @@ class MultiheadAttention : public Module {
 
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
   int64_t kdim() const { return kdim_; }
   int64_t vdim() const { return vdim_; }
   float dropout() const { return dropout_; }
   bool packed() const { return packed_; }  // true when kdim == vdim == embed_dim (in_proj_weight)
 
-  Tensor in_proj_weight;  // (3E, E) when packed, else undefined
+  Tensor in_proj_weight;  // (E + 2·Ekv, E) when packed, else undefined
   Tensor q_proj_weight;   // (E, E) when !packed
-  Tensor k_proj_weight;   // (E, kdim) when !packed
-  Tensor v_proj_weight;   // (E, vdim) when !packed
-  Tensor in_proj_bias;    // (3E) or undefined (bias = false)
+  Tensor k_proj_weight;   // (Ekv, kdim) when !packed
+  Tensor v_proj_weight;   // (Ekv, vdim) when !packed
+  Tensor in_proj_bias;    // (E + 2·Ekv) or undefined (bias = false)
   Linear out_proj;        // "out_proj.weight" (E, E), "out_proj.bias" (E)
 
  private:
+  int64_t row_of(int64_t which) const;  // the first in_proj row of q, k, v (which 0, 1, 2); 3: the row count
   ad::Var project(const Context& c, const ad::Var& x, int64_t which, int64_t n) const;
-  std::vector<ad::Var> split_heads(const ad::Var& p, int64_t n) const;
+  std::vector<ad::Var> split_heads(const ad::Var& p, int64_t which, int64_t n) const;
   MhaResult forward_packed(const Context& c, const ad::Var& query, const ad::Var& key, const ad::Var& value,
                            const MhaForwardOptions& o, bool self) const;
-  int64_t embed_dim_, num_heads_, head_dim_, kdim_, vdim_;
+  int64_t embed_dim_, num_heads_, num_kv_heads_, head_dim_, kdim_, vdim_;
   float dropout_;
   bool packed_;
   Rng dropout_rng_;
