@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "bindings.h"
@@ -30,19 +31,21 @@ int64_t optional_int(const py::object& obj, int64_t fallback, const char* fn, co
 
 std::unique_ptr<PyMha> make_mha(int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
                                 bool add_zero_attn, const py::object& kdim_obj, const py::object& vdim_obj,
-                                bool batch_first, const py::object& seed) {
+                                bool batch_first, const py::object& seed, const py::object& num_kv_heads_obj) {
   if (add_bias_kv || add_zero_attn) {
     throw py::value_error("[MultiheadAttention] add_bias_kv and add_zero_attn are not supported");
   }
   const int64_t kdim = optional_int(kdim_obj, embed_dim, kName, "kdim");
   const int64_t vdim = optional_int(vdim_obj, embed_dim, kName, "vdim");
+  std::optional<int64_t> num_kv_heads;  // None: num_heads (the module checks the value and names it)
+  if (!num_kv_heads_obj.is_none()) num_kv_heads = optional_int(num_kv_heads_obj, num_heads, kName, "num_kv_heads");
   check_sizes(kName, {{"embed_dim", embed_dim}, {"num_heads", num_heads}, {"kdim", kdim}, {"vdim", vdim}});
   check_sizes(kName, {{"3 * embed_dim", 3 * embed_dim}, {"max(embed_dim, kdim, vdim)", std::max({embed_dim, kdim, vdim})}});
   Rng rng(module_seed(seed));
   auto w = std::make_unique<PyMha>();
   w->batch_first = batch_first;
   w->m = std::make_unique<nn::MultiheadAttention>(embed_dim, num_heads, rng, static_cast<float>(dropout), bias,
-                                                   kdim, vdim);
+                                                   kdim, vdim, num_kv_heads);
   return w;
 }
 
@@ -85,11 +88,17 @@ Parameters (PyTorch's names and packing): in_proj_weight (3E, E) when kdim == vd
 k_proj_weight (E, kdim), v_proj_weight (E, vdim); in_proj_bias (3E); out_proj.weight (E, E); out_proj.bias (E).
 bias=False drops the biases. Initialised as PyTorch (xavier-uniform, zero biases) from `seed`, or from the
 generator qkv.manual_seed reseeds. Supported: dropout (training mode only), bias, kdim, vdim, batch_first (default
-False as in PyTorch: inputs (T, B, E); True: (B, T, E)). Not supported (ValueError): add_bias_kv, add_zero_attn.)doc");
+False as in PyTorch: inputs (T, B, E); True: (B, T, E)). Not supported (ValueError): add_bias_kv, add_zero_attn.
+Beyond PyTorch (keyword-only): num_kv_heads (default num_heads), grouped-query attention: keys and values get
+num_kv_heads heads of head_dim D (Ekv = num_kv_heads * D features) and query head h reads kv head
+h // (num_heads // num_kv_heads), as scaled_dot_product_attention(enable_gqa=True). The parameters shrink to
+in_proj_weight (E + 2*Ekv, E) (rows q, k, v, as a fused qkv layer stores them), k_proj_weight (Ekv, kdim),
+v_proj_weight (Ekv, vdim), in_proj_bias (E + 2*Ekv); masks and the weights stay per query head. num_kv_heads must
+be >= 1 and divide num_heads (ValueError).)doc");
   cls.def(py::init(&make_mha), py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0,
           py::arg("bias") = true, py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false,
           py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("batch_first") = false, py::kw_only(),
-          py::arg("seed") = py::none());
+          py::arg("seed") = py::none(), py::arg("num_kv_heads") = py::none());
   cls.def("__call__", &mha_call, py::arg("query"), py::arg("key"), py::arg("value"),
           py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights") = true, py::arg("is_causal") = false, py::kw_only(),
@@ -113,13 +122,16 @@ and the weights show them. A side below -1 or a softcap not finite and >= 0 rais
   def_module_methods(cls, kName);
   cls.def_property_readonly("embed_dim", [](PyMha& s) { return s.m->embed_dim(); });
   cls.def_property_readonly("num_heads", [](PyMha& s) { return s.m->num_heads(); });
+  cls.def_property_readonly("num_kv_heads", [](PyMha& s) { return s.m->num_kv_heads(); });
   cls.def_property_readonly("head_dim", [](PyMha& s) { return s.m->head_dim(); });
   cls.def_property_readonly("kdim", [](PyMha& s) { return s.m->kdim(); });
   cls.def_property_readonly("vdim", [](PyMha& s) { return s.m->vdim(); });
   cls.def_property_readonly("dropout", [](PyMha& s) { return s.m->dropout(); });
   cls.def("__repr__", [](PyMha& s) {
     return "MultiheadAttention(embed_dim=" + std::to_string(s.m->embed_dim()) +
-           ", num_heads=" + std::to_string(s.m->num_heads()) + ", kdim=" + std::to_string(s.m->kdim()) +
+           ", num_heads=" + std::to_string(s.m->num_heads()) +
+           (s.m->num_kv_heads() != s.m->num_heads() ? ", num_kv_heads=" + std::to_string(s.m->num_kv_heads()) : "") +
+           ", kdim=" + std::to_string(s.m->kdim()) +
            ", vdim=" + std::to_string(s.m->vdim()) + ", batch_first=" + (s.batch_first ? "True" : "False") + ")";
   });
 }
