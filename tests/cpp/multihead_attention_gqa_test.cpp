@@ -230,6 +230,56 @@ TEST(MultiheadAttentionGqa, EqualsTheModuleWithRepeatedKvHeads) {
   }
 }
 
+// Prepared bf16 / int8 weights take the grouped rows of the packed in_proj: the same numbers as the module of
+// repeated kv heads at the same precision (each repeated row is rounded or quantized as its original).
+TEST(MultiheadAttentionGqa, LowPrecisionWeightsEqualTheRepeatedModuleAtTheSamePrecision) {
+  Rng rng(61);
+  MultiheadAttention gqa(16, 4, rng, 0.0f, true, 0, 0, 2);
+  randomize_parameters(gqa, 62);
+  Rng rng_full(0);
+  MultiheadAttention full(16, 4, rng_full);
+  copy_repeated(gqa, full);
+  const Tensor x = randn({2, 5, 16}, 63), mem = randn({2, 4, 16}, 64);
+  const Tensor ref = gqa.forward(x, x, x).out.value;
+  for (const Precision p : {Precision::kBFloat16, Precision::kInt8}) {
+    gqa.set_precision(p);
+    full.set_precision(p);
+    const std::string where = p == Precision::kInt8 ? "int8" : "bf16";
+    const Tensor y = gqa.forward(x, x, x).out.value;
+    EXPECT_TRUE(AllClose(y, full.forward(x, x, x).out.value, {1e-4, 1e-3})) << where;
+    EXPECT_TRUE(AllClose(gqa.forward(x, mem, mem).out.value, full.forward(x, mem, mem).out.value, {1e-4, 1e-3}))
+        << where;
+    // bf16 stays near fp32 (precision_fronts_test's bound); int8's error is the quantizer's, tested with it.
+    if (p == Precision::kBFloat16) EXPECT_TRUE(AllClose(y, ref, {2e-2, 2e-2}));
+    EXPECT_FALSE(AllClose(y, ref, qkv::testing::kExact)) << where;
+  }
+}
+
+// Weight dropout with grouped heads: training mode draws a mask per query head (two calls differ, eval does not)
+// and, on a tape, the gradients reach every parameter.
+TEST(MultiheadAttentionGqa, WeightDropoutInTrainingMode) {
+  Rng rng(71);
+  MultiheadAttention mha(12, 6, rng, 0.5f, true, 0, 0, 2);
+  randomize_parameters(mha, 72);
+  const Tensor x = randn({2, 5, 12}, 73);
+  mha.eval();
+  const Tensor e = mha.forward(x, x, x).out.value;
+  EXPECT_TRUE(BitIdentical(e, mha.forward(x, x, x).out.value));
+  mha.train();
+  const Tensor t1 = mha.forward(x, x, x).out.value, t2 = mha.forward(x, x, x).out.value;
+  EXPECT_FALSE(BitIdentical(t1, t2));
+  EXPECT_FALSE(BitIdentical(t1, e));
+  ad::Tape tape;
+  ad::ParameterSet params(mha);
+  Rng drop(74);
+  const Context c(tape, params, &drop);
+  MhaForwardOptions o;
+  o.need_weights = false;
+  const ad::Var out = mha.forward(c, x, x, x, o).out;
+  tape.backward(out, Tensor::ones(out.shape()));
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(params[i].has_grad) << params[i].name;
+}
+
 // num_kv_heads unset or equal to num_heads is torch's module: the same parameters drawn and the same bits out.
 TEST(MultiheadAttentionGqa, DefaultIsTorchsModuleBitForBit) {
   Rng a(5), b(5);
