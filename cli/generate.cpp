@@ -16,6 +16,7 @@
 #include "run_common.h"
 #include "qkv/core/error.h"
 #include "qkv/core/json.h"
+#include "qkv/decode/cached_step.h"
 #include "qkv/decode/generate.h"
 #include "qkv/decode/sampling.h"
 #include "qkv/decode/search.h"
@@ -114,7 +115,8 @@ void run_generate(const GenerateArgs& a) {
     QKV_CHECK_ARG(a.sampling.temperature == 0.0f, "[generate] --beam searches; it does not sample (--temperature)");
     QKV_CHECK_ARG(a.beam <= vocab, "[generate] --beam ", a.beam, " is wider than the vocabulary (", vocab,
                   " tokens)");
-    decode::CausalLmStep step(*model, {prompt}, a.page_size);
+    // the prompt but its last token runs at once; the search feeds that token first
+    decode::CachedStep step = decode::cached_step(*model, {{prompt.begin(), prompt.end() - 1}}, a.page_size);
     decode::SearchOptions o;
     o.max_len = a.max_new_tokens;
     o.bos = prompt.back();

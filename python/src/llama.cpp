@@ -13,6 +13,7 @@
 
 #include "bindings.h"
 #include "qkv/core/error.h"
+#include "qkv/decode/cached_step.h"
 #include "qkv/decode/generate.h"
 #include "qkv/decode/sampling.h"
 #include "qkv/decode/search.h"
@@ -72,7 +73,8 @@ std::vector<int64_t> continue_prompt(const LlamaForCausalLM& model, const std::v
   if (o.max_new_tokens == 0) return {};
   QKV_CHECK_ARG(!prompt.empty(), "[CausalLM.generate] a prompt is empty: it needs at least one id");
   // transformers' beam search: scores are log-probabilities over the generated length (length_penalty 1.0)
-  decode::CausalLmStep step(model, {prompt}, o.page_size);
+  // the prompt but its last token runs at once; the search feeds that token first
+  decode::CachedStep step = decode::cached_step(model, {{prompt.begin(), prompt.end() - 1}}, o.page_size);
   decode::SearchOptions so;
   so.max_len = o.max_new_tokens;
   so.bos = prompt.back();

@@ -1,6 +1,6 @@
-// The TextModel kinds: the RNN Seq2Seq (decoding through decode::RnnStep), the encoder-decoder Transformer
-// and the decoder-only Transformer (decoding through the KV-cached step models, which switch the model to eval
-// mode), and the Llama decoder (decoding by recomputation). Each forwards to its model's one forward on the Context.
+// The TextModel kinds: the RNN Seq2Seq (decoding through decode::RnnStep), the encoder-decoder Transformer, the
+// decoder-only Transformer and the Llama decoder (decoding through decode::cached_step, KV caches, in eval mode).
+// Each forwards to its model's one forward on the Context.
 #include "qkv/train/text_model.h"
 
 #include <memory>
@@ -8,9 +8,8 @@
 
 #include "qkv/core/error.h"
 #include "qkv/data/vocab.h"
-#include "qkv/decode/generate.h"
+#include "qkv/decode/cached_step.h"
 #include "qkv/decode/rnn_step.h"
-#include "qkv/decode/transformer_step.h"
 
 namespace qkv::train {
 namespace {
@@ -85,7 +84,7 @@ class TransformerSeq2Seq : public TextModel {
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
     const data::Padded p = data::pad_sequences(encoder_order(config_, sources), data::Vocabulary::kPad, 1);
-    return std::make_unique<decode::TransformerCachedStep>(model_, p.ids, data::Vocabulary::kPad);
+    return std::make_unique<decode::CachedStep>(decode::cached_step(model_, p.ids, data::Vocabulary::kPad));
   }
 
   bool has_attention() const override { return true; }
@@ -142,7 +141,7 @@ class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
   DecoderOnly(const TextModelConfig& c, Rng& rng) : LanguageModel(c, c.decoder_only, rng) {}
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
-    return std::make_unique<decode::DecoderOnlyCachedStep>(model_, sources);
+    return std::make_unique<decode::CachedStep>(decode::cached_step(model_, sources));
   }
 
   bool has_attention() const override { return true; }
@@ -154,7 +153,7 @@ class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
 };
 
 // The Llama decoder on the LM batches of kDecoderOnly (right-padded: causal rows never see their padding);
-// decoding runs the KV caches of CausalLmStep (sources of different lengths left-padded, each followed by BOS, the
+// decoding runs its decode::cached_step (sources of different lengths left-padded, each followed by BOS, the
 // search's first token). Under context parallelism the rotary angles are the shard's global positions and every
 // attention (GQA included) runs around the ring.
 class Llama : public LanguageModel<models::LlamaForCausalLM> {
@@ -163,9 +162,7 @@ class Llama : public LanguageModel<models::LlamaForCausalLM> {
 
   std::unique_ptr<decode::StepModel> decoder(const std::vector<std::vector<int64_t>>& sources) override {
     model_.eval();
-    std::vector<std::vector<int64_t>> prompts = sources;
-    for (std::vector<int64_t>& p : prompts) p.push_back(data::Vocabulary::kBos);
-    return std::make_unique<decode::CausalLmStep>(model_, std::move(prompts));
+    return std::make_unique<decode::CachedStep>(decode::cached_step(model_, sources));
   }
 
   bool has_attention() const override { return false; }

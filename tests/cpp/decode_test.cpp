@@ -14,7 +14,7 @@
 #include "ops_testing.h"
 #include "qkv/nn/kv_cache.h"
 #include "qkv/decode/search.h"
-#include "qkv/decode/transformer_step.h"
+#include "qkv/decode/cached_step.h"
 #include "recompute_steps.h"
 
 namespace qkv::decode {
@@ -377,7 +377,7 @@ TEST(TransformerCache, GreedyAndBeamGiveExactlyTheTokensOfRecomputation) {
     Rng rng(norm_first ? 21 : 22);
     models::Seq2SeqTransformer model(s2s_config(norm_first), rng);
     const Ids src = padded_sources();
-    TransformerCachedStep cached(model, src, 0);
+    CachedStep cached = cached_step(model, src, 0);
     TransformerRecomputeStep full(model, src, 0);
     const SearchOptions o{12, 1, 2};
     const auto gc = greedy_search(cached, o), gf = greedy_search(full, o);
@@ -401,7 +401,7 @@ TEST(TransformerCache, StepLogitsMatchRecomputationAtEveryPosition) {
   Rng rng(5);
   models::Seq2SeqTransformer model(s2s_config(false), rng);
   const Ids src = padded_sources();
-  TransformerCachedStep cached(model, src, 0);
+  CachedStep cached = cached_step(model, src, 0);
   TransformerRecomputeStep full(model, src, 0);
   cached.start();
   full.start();
@@ -425,7 +425,7 @@ TEST(TransformerCache, RecordsCrossAttentionRowsThatSumToOneOverRealTokens) {
   Rng rng(6);
   models::Seq2SeqTransformer model(s2s_config(true), rng);
   const Ids src = padded_sources();
-  TransformerCachedStep cached(model, src, 0);
+  CachedStep cached = cached_step(model, src, 0);
   const auto att = forced_attention(cached, {{3, 4, 2}, {5, 2}, {2}}, 1);
   ASSERT_EQ(att.size(), 3u);
   EXPECT_EQ(att[0].shape(), (Shape{3, 5}));
@@ -457,7 +457,7 @@ TEST(DecoderOnlyCache, LeftPaddedPromptsGiveTheTokensOfPerRowRecomputation) {
     Rng rng(norm_first ? 31 : 32);
     models::DecoderOnlyTransformer model(lm_config(norm_first), rng);
     const std::vector<std::vector<int64_t>> prompts = {{5, 6, 7, 8, 9}, {10}, {}, {11, 12, 13}};
-    DecoderOnlyCachedStep cached(model, prompts);
+    CachedStep cached = cached_step(model, prompts);
     DecoderOnlyRecomputeStep full(model, prompts);
     EXPECT_EQ(cached.capacity(), 35);
     const SearchOptions o{10, 1, 2};
@@ -483,19 +483,40 @@ TEST(DecoderOnlyCache, LeftPaddedPromptsGiveTheTokensOfPerRowRecomputation) {
   }
 }
 
+// forced_attention over the decoder-only model's cached step: each fed token's last-layer attention, heads averaged,
+// over the prompt columns equals the full forward of its source alone, left padding at 0 (one prompt empty).
+TEST(DecoderOnlyCache, ForcedAttentionIsTheFullForwardsLastLayerOverThePrompt) {
+  Rng rng(33);
+  models::DecoderOnlyTransformer model(lm_config(true), rng);
+  const std::vector<std::vector<int64_t>> prompts = {{5, 6, 7}, {}, {10}};
+  const std::vector<std::vector<int64_t>> tokens = {{3, 2}, {4, 4, 9}, {12}};
+  CachedStep cached = cached_step(model, prompts);
+  models::ForwardOptions o;
+  o.output_attentions = true;
+  o.attention_layers = {1};
+  const auto last_layer = [&](const Ids& ids) { return model.forward(ids, o).attentions.back(); };
+  const std::vector<Tensor> want = qkv::testing::prompt_attention_oracle(last_layer, prompts, tokens, 1);
+  const std::vector<Tensor> got = forced_attention(cached, tokens, 1);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    ASSERT_EQ(got[s].shape(), (Shape{static_cast<int64_t>(tokens[s].size()), 3})) << s;
+    EXPECT_TRUE(AllClose(got[s], want[s], kCacheVsRecompute)) << "source " << s;
+  }
+}
+
 TEST(DecoderOnlyCache, CapacityStopsDecodingAtMaxLen) {
   Rng rng(3);
   models::DecoderOnlyConfig c = lm_config(true);
   c.max_len = 8;
   models::DecoderOnlyTransformer model(c, rng);
-  DecoderOnlyCachedStep cached(model, {{3, 4, 5}});
+  CachedStep cached = cached_step(model, {{3, 4, 5}});
   const auto g = greedy_search(cached, SearchOptions{100, 1, 99 % 23});
   EXPECT_LE(g[0].tokens.size(), 5u);
-  EXPECT_TRUE(ThrowsArg([&] { DecoderOnlyCachedStep(model, {{1, 2, 3, 4, 5, 6, 7, 8}}); },
-                        "[DecoderOnlyCachedStep] a prompt of 8 tokens"));
-  EXPECT_TRUE(ThrowsArg([&] { DecoderOnlyCachedStep(model, {{40}}); }, "[DecoderOnlyCachedStep] prompt token 40"));
-  EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({0}, {23}); }, "[DecoderOnlyCachedStep] token 23"));
-  EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({1}, {3}); }, "[DecoderOnlyCachedStep] row 1"));
+  EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {{1, 2, 3, 4, 5, 6, 7, 8}}); },
+                        "[CachedStep] a prompt of 8 tokens"));
+  EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {{40}}); }, "[CachedStep] prompt token 40"));
+  EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({0}, {23}); }, "[CachedStep] token 23"));
+  EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({1}, {3}); }, "[CachedStep] row 1"));
 }
 
 // row_bytes counts float32 K and V of every layer (d_model values each): the Seq2Seq decoder's self-attention over
@@ -515,11 +536,11 @@ TEST(TransformerCache, RowBytesCountTheCachesAndBoundBeamSearch) {
   };
   Rng rng(8);
   models::Seq2SeqTransformer s2s(s2s_config(false), rng);  // 2 decoder layers, d_model 32
-  TransformerCachedStep cached(s2s, padded_sources(), 0);  // Ts = 5
+  CachedStep cached = cached_step(s2s, padded_sources(), 0);  // Ts = 5
   EXPECT_EQ(cached.row_bytes(10), 2 * 2 * 32 * (10 + 5) * 4);
   check(cached, 3, 12);
   models::DecoderOnlyTransformer lm(lm_config(true), rng);  // 2 layers, d_model 32
-  DecoderOnlyCachedStep prompted(lm, {{5, 6, 7}, {8}});     // longest prompt 3
+  CachedStep prompted = cached_step(lm, {{5, 6, 7}, {8}});     // longest prompt 3
   EXPECT_EQ(prompted.row_bytes(10), 2 * 2 * 32 * (3 + 10) * 4);
   check(prompted, 2, 10);
   EXPECT_EQ(kv_row_bytes(2, 32, 0), 0);
@@ -542,7 +563,7 @@ TEST(TransformerCache, CachedDecodingIsFasterThanRecomputation) {
     for (int64_t t = 0; t < steps; ++t) m.step(rows, toks);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  TransformerCachedStep cached(model, src, 0);
+  CachedStep cached = cached_step(model, src, 0);
   TransformerRecomputeStep full(model, src, 0);
   // One thread: the work ratio, not OpenMP barrier waits on a shared machine.
   const int threads = omp_get_max_threads();

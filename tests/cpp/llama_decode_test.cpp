@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops_testing.h"
+#include "qkv/decode/cached_step.h"
 #include "qkv/decode/generate.h"
 #include "qkv/decode/sampling.h"
 #include "qkv/decode/search.h"
@@ -194,9 +195,10 @@ TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
   o.temperature = 1.0f;
   o.seed = 4;
   EXPECT_EQ(generate(model, {3, 5}, 12, o), generate(model, {3, 5}, 12, o));
-  // CausalLmStep under greedy_search continues the prompt as generate() does (eos 0 as the end token).
+  // cached_step under greedy_search continues the prompt as generate() does (eos 0 as the end token): the prompt but
+  // its last token runs at once, the search feeds that token first.
   const std::vector<int64_t> g = generate(model, {3, 5, 8}, 10, {}, 0);
-  CausalLmStep step(model, {{3, 5, 8}});
+  CachedStep step = cached_step(model, {{3, 5}});
   SearchOptions so;
   so.max_len = 10;
   so.bos = 8;
@@ -205,7 +207,7 @@ TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
   EXPECT_THROW(generate(model, {3, 23}, 4), std::invalid_argument);
   // Paged caches give the same tokens, sampled and under beam search (whose reorders fork the pages).
   EXPECT_EQ(generate(model, {3, 5}, 12, o, -1, 4), generate(model, {3, 5}, 12, o));
-  CausalLmStep paged(model, {{3, 5, 8}}, 2);
+  CachedStep paged = cached_step(model, {{3, 5}}, 2);
   BeamOptions b;
   b.beam_size = 3;
   const auto flat_beams = beam_search(step, so, b).at(0), paged_beams = beam_search(paged, so, b).at(0);
@@ -214,10 +216,10 @@ TEST(Sampling, GenerateIsSeededAndGreedyMatchesGreedySearch) {
   EXPECT_TRUE(ThrowsArg([&] { generate(model, {3, 5}, 4, {}, -1, -2); }, "[generate] page_size must be >= 0"));
 }
 
-// Prompts of different lengths run cached, left-padded with per-row positions (transformers' generate): greedy and
-// beam search give the tokens of the recomputing oracle (each row's whole sequence every step, no padding), which
-// continues the prompts without their last token, fed as the search's bos.
-TEST(CausalLmStep, UnequalPromptsGiveTheRecomputedTokens) {
+// Prompts of different lengths (one empty) run cached, left-padded with per-row positions (transformers' generate):
+// greedy and beam search give the tokens of the recomputing oracle (each row's whole sequence every step, no
+// padding), both continuing the prompts after the search's bos.
+TEST(LlamaCache, UnequalPromptsGiveTheRecomputedTokens) {
   for (bool gemma : {false, true}) {
     Rng rng(21);
     const models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
@@ -237,7 +239,7 @@ TEST(CausalLmStep, UnequalPromptsGiveTheRecomputedTokens) {
     for (const Hypothesis& h : greedy) generated += h.tokens.size();
     EXPECT_GE(generated, 12u) << "the prompts' continuations run for several steps";
     for (int64_t page : {0, 2}) {
-      CausalLmStep step(model, prompts, page);
+      CachedStep step = cached_step(model, heads, page);
       const std::vector<Hypothesis> got = greedy_search(step, so);
       ASSERT_EQ(got.size(), greedy.size());
       for (size_t s = 0; s < got.size(); ++s) {
@@ -255,8 +257,44 @@ TEST(CausalLmStep, UnequalPromptsGiveTheRecomputedTokens) {
   }
   Rng rng(1);
   const models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(false), rng);
-  EXPECT_TRUE(ThrowsArg([&] { CausalLmStep(model, {{3, 8}, {}}); }, "[CausalLmStep] prompt 1 is empty"));
-  EXPECT_TRUE(ThrowsArg([&] { CausalLmStep(model, {}); }, "[CausalLmStep] no prompts"));
+  EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {}); }, "[CachedStep] no prompts"));
+  EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {{3, 8}, {23}}); }, "[CachedStep] prompt token 23"));
+  EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {{3, 8}}, -1); }, "[CachedStep] page_size must be >= 0"));
+  EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {std::vector<int64_t>(2048, 3)}); },
+                        "[CachedStep] a prompt of 2048 tokens leaves no room in the model's context of 2048"));
+  CachedStep step = cached_step(model, {std::vector<int64_t>(2047, 3)});
+  EXPECT_EQ(step.capacity(), 1);
+  EXPECT_TRUE(ThrowsArg([&] { step.step({0}, {1}); }, "[CachedStep] step before start"));
+}
+
+// forced_attention over a Llama's cached step records the last layer's attention (output_attentions of that layer
+// only), heads averaged: each fed token's row over the prompt columns equals the full forward of its source alone,
+// left padding at 0 (unequal prompts, one empty; contiguous and paged caches; Gemma 2's window and soft-caps).
+TEST(LlamaCache, ForcedAttentionIsTheFullForwardsLastLayerOverThePrompt) {
+  constexpr Tol kAttention{1e-5, 1e-4};
+  for (bool gemma : {false, true}) {
+    Rng rng(23);
+    const models::LlamaForCausalLM model(qkv::testing::tiny_gqa_llama(gemma), rng);
+    const std::vector<std::vector<int64_t>> prompts = {{3, 5, 9, 2}, {}, {4, 7}};
+    const std::vector<std::vector<int64_t>> tokens = {{6, 1, 0}, {2, 2}, {9, 11, 13, 5}};
+    models::ForwardOptions o;
+    o.output_attentions = true;
+    o.attention_layers = {1};
+    const auto last_layer = [&](const Ids& ids) { return model.forward(ids, o).attentions.back(); };
+    const std::vector<Tensor> want = qkv::testing::prompt_attention_oracle(last_layer, prompts, tokens, 8);
+    for (int64_t page : {0, 2}) {
+      CachedStep step = cached_step(model, prompts, page);
+      const std::vector<Tensor> got = forced_attention(step, tokens, 8);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t s = 0; s < got.size(); ++s) {
+        ASSERT_EQ(got[s].shape(), (Shape{static_cast<int64_t>(tokens[s].size()), 4})) << s;
+        EXPECT_TRUE(AllClose(got[s], want[s], kAttention)) << "gemma " << gemma << " page " << page << " source " << s;
+      }
+      step.start();  // forced_attention turned recording off again
+      step.step({0, 1, 2}, {8, 8, 8});
+      EXPECT_FALSE(step.last_attention().defined());
+    }
+  }
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // The oracles of cached decoding: step models that run the model's whole forward over the prefix every step (no
-// cache, no padding). The library's cached steps (qkv/decode/transformer_step.h) must give their logits.
+// cache, no padding). The library's cached step (qkv/decode/cached_step.h) must give their logits.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "qkv/core/error.h"
@@ -109,7 +110,7 @@ class DecoderOnlyRecomputeStep : public decode::StepModel {
 };
 
 // models::LlamaForCausalLM over prompts of any lengths (empty allowed), recomputing prompt + prefix each step, one
-// row at a time (no cache, no padding): the oracle of decode::CausalLmStep over unequal prompts. SearchOptions::bos
+// row at a time (no cache, no padding): the oracle of decode::cached_step over unequal prompts. SearchOptions::bos
 // is fed first, as to any StepModel.
 class CausalLmRecomputeStep : public decode::StepModel {
  public:
@@ -143,5 +144,40 @@ class CausalLmRecomputeStep : public decode::StepModel {
   std::vector<std::vector<int64_t>> prompts_;
   std::vector<std::vector<int64_t>> rows_;  // per row: prompt + tokens so far
 };
+
+// The oracle of a causal model's recorded attention under decode::forced_attention(step, tokens, bos): source s's
+// prompt, bos and tokens[s] but its last, run alone through `last_layer` (ids (1, T) -> the last layer's attention
+// weights (1, H, T, T)); the rows of the fed tokens (bos first), heads averaged, over the step's max(P, 1) prompt
+// columns (P: the longest prompt), where source s's left padding (P - |prompt s| columns) comes first, at 0.
+inline std::vector<Tensor> prompt_attention_oracle(const std::function<Tensor(const Ids&)>& last_layer,
+                                                   const std::vector<std::vector<int64_t>>& prompts,
+                                                   const std::vector<std::vector<int64_t>>& tokens, int64_t bos) {
+  int64_t P = 0;
+  for (const auto& p : prompts) P = std::max<int64_t>(P, static_cast<int64_t>(p.size()));
+  const int64_t C = std::max<int64_t>(P, 1);
+  std::vector<Tensor> out;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const auto len = static_cast<int64_t>(prompts[s].size()), n = static_cast<int64_t>(tokens[s].size());
+    if (n == 0) {  // forced_attention's undefined tensor
+      out.emplace_back();
+      continue;
+    }
+    std::vector<int64_t> seq = prompts[s];
+    seq.push_back(bos);
+    seq.insert(seq.end(), tokens[s].begin(), tokens[s].end() - 1);
+    const auto T = static_cast<int64_t>(seq.size());
+    const Tensor w = last_layer(Ids{seq, {1, T}}).contiguous();  // (1, H, T, T)
+    const int64_t H = w.size(1), pad = P - len;
+    Tensor a = Tensor::zeros({n, C});
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = pad; c < C; ++c) {
+        double sum = 0;
+        for (int64_t h = 0; h < H; ++h) sum += w.data()[(h * T + len + t) * T + c - pad];
+        a.data()[t * C + c] = static_cast<float>(sum / static_cast<double>(H));
+      }
+    out.push_back(a);
+  }
+  return out;
+}
 
 }  // namespace qkv::testing

@@ -9,7 +9,7 @@
 #include "nn_testing.h"
 #include "qkv/data/vocab.h"
 #include "qkv/decode/rnn_step.h"
-#include "qkv/decode/transformer_step.h"
+#include "qkv/decode/cached_step.h"
 #include "qkv/models/seq2seq.h"
 #include "qkv/models/transformer.h"
 #include "qkv/train/loss.h"
@@ -250,7 +250,7 @@ TEST(TextModel, TransformerKindsForwardToTheirModels) {
   const train::TeacherForced tf = tm->teacher_forced(nn::Context(), {&kExA, &kExB});
   EXPECT_TRUE(testing::BitIdentical(tf.logits.value, ref.forward(b.src.ids, b.tgt_in.ids, masks)));
   EXPECT_EQ(tf.targets, b.tgt_out.ids.data);
-  decode::TransformerCachedStep ref_step(ref, b.src.ids, data::Vocabulary::kPad);
+  decode::CachedStep ref_step = decode::cached_step(ref, b.src.ids, data::Vocabulary::kPad);
   EXPECT_EQ(greedy_tokens(*tm->decoder({kExA.src, kExB.src})), greedy_tokens(ref_step));
 
   train::TextModelConfig dc = tiny_decoder(1);
