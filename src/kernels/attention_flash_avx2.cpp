@@ -10,7 +10,18 @@
 namespace qkv::kernels::flash {
 namespace {
 
-using Avx2 = detail::Lanes256;  // the lane traits of attention_flash_simd.h and attention_flash_blocks.h
+// The lane traits of attention_flash_simd.h and attention_flash_blocks.h: micro.h's Lanes256 and the four-row lane
+// sum of decoding's scores (pairs of rows, then pairs of pairs, then the two halves).
+struct Avx2 : detail::Lanes256 {
+  static void sums4(F a0, F a1, F a2, F a3, float* out) {
+    const __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    const __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    const __m256d d0 = _mm256_castps_pd(t0), d1 = _mm256_castps_pd(t1);
+    const __m256 u = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(d0, d1)),
+                                   _mm256_castpd_ps(_mm256_unpackhi_pd(d0, d1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+  }
+};
 
 template <int R, int NV, bool kTail>
 inline void micro(const Gemm& g, const float* a, const float* b, float* c, __m256i last) {

@@ -15,7 +15,19 @@
 namespace qkv::kernels::flash {
 namespace {
 
-using Avx512 = detail::Lanes512;  // the lane traits of attention_flash_simd.h and attention_flash_blocks.h
+// The lane traits of attention_flash_simd.h and attention_flash_blocks.h: micro.h's Lanes512 and the four-row lane
+// sum of decoding's scores (pairs of rows and pairs of pairs in each 128-bit lane, then the lanes).
+struct Avx512 : detail::Lanes512 {
+  static void sums4(F a0, F a1, F a2, F a3, float* out) {
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+    const __m512 u = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
+};
 
 // Blocks of up to kMaxNV vectors by R rows (R·NV accumulators fit the 32 registers).
 constexpr int max_vectors(int rows) { return rows <= 2 ? 8 : rows <= 6 ? 4 : 2; }

@@ -9,7 +9,8 @@
 //   eq (ordered ==), ge (ordered >=), unord (either NaN), or_
 //   select(m, a, b) = m ? a : b, zero_unless(m, a) = m ? a : 0
 //   pow2n(p, t): p · 2^n where t = x + 1.5·2^23 holds n in its low mantissa bits (integer add of t << 23)
-//   hsum(v): the sum of the lanes
+//   sums4(a0, a1, a2, a3, out): out[i] = the sum of a_i's lanes, the four in one transposing tree (a lane sum of
+//     its own per row cost decoding's scores twice the time of their products)
 // and kW (lanes) and kRegs (vector registers).
 #pragma once
 
@@ -146,8 +147,23 @@ void bwd_probs_impl(float* s, const float* bias, float* dp, int64_t ld, int64_t 
   }
 }
 
-// Scores of NI query rows (dk floats each, rows dk apart) against key row kj: out[i] = q_i · k. Each sum runs in
-// two chains (even and odd vectors of d) and ends in hsum.
+// out[i] = the lane sum of a[i][0] + a[i][1] for i < NI <= 4, through sums4 (rows past NI are zero there and
+// not written here): a row's sum has the same bits whatever the other rows hold.
+template <class V, int NI>
+inline void store_row_sums(const typename V::F (&a)[NI][2], float* out) {
+  typename V::F s[4];
+  for (int i = 0; i < 4; ++i) s[i] = i < NI ? V::add(a[i][0], a[i][1]) : V::zero();
+  if constexpr (NI == 4) {
+    V::sums4(s[0], s[1], s[2], s[3], out);
+  } else {
+    float all[4];
+    V::sums4(s[0], s[1], s[2], s[3], all);
+    for (int i = 0; i < NI; ++i) out[i] = all[i];
+  }
+}
+
+// Scores of NI <= 4 query rows (dk floats each, rows dk apart) against key row kj: out[i] = q_i · k. Each sum runs
+// in two chains (even and odd vectors of d) and ends in store_row_sums.
 template <class V, int NI>
 inline void dot_key(const float* q, int64_t dk, const float* kj, float* out) {
   using F = typename V::F;
@@ -172,7 +188,7 @@ inline void dot_key(const float* q, int64_t dk, const float* kj, float* out) {
     const F k1 = V::load_n(kj + d, t);
     for (int i = 0; i < NI; ++i) a[i][1] = V::fmadd(V::load_n(q + i * dk + d, t), k1, a[i][1]);
   }
-  for (int i = 0; i < NI; ++i) out[i] = V::hsum(V::add(a[i][0], a[i][1]));
+  store_row_sums<V, NI>(a, out);
 }
 
 // dot_key for NI query rows of dk = NV·kW floats held in registers across the nk keys (k_rs apart), into
@@ -193,7 +209,7 @@ inline void dot_keys_held(const float* q, int64_t dk, const float* k, int64_t k_
       const F x = V::load(kj + v * V::kW);
       for (int i = 0; i < NI; ++i) a[i][v & 1] = V::fmadd(qv[i][v], x, a[i][v & 1]);
     }
-    for (int i = 0; i < NI; ++i) st[j * ld + i] = V::hsum(V::add(a[i][0], a[i][1]));
+    store_row_sums<V, NI>(a, st + j * ld);
   }
 }
 

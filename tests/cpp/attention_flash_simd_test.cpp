@@ -65,10 +65,13 @@ struct Emulated {
     std::memcpy(&r, &pb, sizeof r);
     return r;
   }
-  static float hsum(F v) {
-    float s = 0.0f;
-    for (int i = 0; i < W; ++i) s += v[i];
-    return s;
+  static void sums4(F a0, F a1, F a2, F a3, float* out) {
+    const F a[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; ++r) {
+      float s = 0.0f;
+      for (int i = 0; i < W; ++i) s += a[r][i];
+      out[r] = s;
+    }
   }
 };
 
