@@ -145,7 +145,9 @@ class LlamaCached : public CachedModel {
     QKV_CHECK_ARG(page_size >= 0, "[CachedStep] page_size must be >= 0, got ", page_size);
   }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
-  int64_t context() const override { return model_->config().max_position_embeddings; }
+  // Rotary positions have no table: a search may run past max_position_embeddings (generate() stops there), and
+  // BeamOptions::max_bytes then bounds its caches.
+  int64_t context() const override { return kUnlimited; }
   int64_t row_bytes(int64_t positions) const override {
     const models::LlamaConfig& c = model_->config();
     return kv_row_bytes(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, positions);
@@ -258,8 +260,8 @@ class Seq2SeqCached : public CachedModel {
   }
   Tensor forward(const Ids& ids, const std::vector<int64_t>* positions, const Tensor& key_padding,
                  std::vector<nn::KvCache>& caches, int64_t cached, Tensor* attention) override {
-    QKV_CHECK_ARG(positions == nullptr && !key_padding.defined(), "[CachedStep] an encoder-decoder model decodes ",
-                  "from empty target prompts");
+    (void)positions;  // empty target prompts: no padding, every row at the caches' length
+    (void)key_padding;
     // The first forward projects the rows' memory into the cross-attention caches; later ones pass none.
     ad::Var memory;
     if (!projected_)

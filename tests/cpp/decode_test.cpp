@@ -517,6 +517,9 @@ TEST(DecoderOnlyCache, CapacityStopsDecodingAtMaxLen) {
   EXPECT_TRUE(ThrowsArg([&] { cached_step(model, {{40}}); }, "[CachedStep] prompt token 40"));
   EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({0}, {23}); }, "[CachedStep] token 23"));
   EXPECT_TRUE(ThrowsArg([&] { cached.start(); cached.step({1}, {3}); }, "[CachedStep] row 1"));
+  cached.start();
+  for (int t = 0; t < 5; ++t) cached.step({0}, {3});  // positions 3 .. 7
+  EXPECT_TRUE(ThrowsArg([&] { cached.step({0}, {3}); }, "[CachedStep] position 8 is past the model's context of 8"));
 }
 
 // row_bytes counts float32 K and V of every layer (d_model values each): the Seq2Seq decoder's self-attention over

@@ -87,7 +87,8 @@ class CachedStep : public StepModel {
 
 // A models::LlamaForCausalLM (a Mistral / Qwen 2 / Gemma 2 one too) continuing prompts: the attention mask and
 // positions as transformers' generate passes them; page_size > 0: paged caches (new_caches); recording through
-// ForwardOptions (output_attentions for the last layer). Throws "[CachedStep] page_size must be >= 0".
+// ForwardOptions (output_attentions for the last layer). No context limit (rotary positions have no table; a beam
+// search's BeamOptions::max_bytes bounds its caches). Throws "[CachedStep] page_size must be >= 0".
 CachedStep cached_step(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts,
                        int64_t page_size = 0);
 // A models::DecoderOnlyTransformer continuing prompts (learned positions: context = max_len). The model is switched
