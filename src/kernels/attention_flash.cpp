@@ -170,6 +170,10 @@ Tensor stack_heads(const Tensor& x, const Shape& batch, int64_t group) {
   const int64_t t = x.size(-2), c = x.size(-1), hkv = batch.back() / group;
   Shape full = batch, split(batch.begin(), batch.end() - 1), stacked = split;
   full.insert(full.end(), {t, c});
+  if (t == 1 && x.shape() == full) {  // decoding: the group's heads are already its rows, in order
+    stacked.insert(stacked.end(), {hkv, group, c});
+    return x.contiguous().view(stacked);
+  }
   split.insert(split.end(), {hkv, group, t, c});
   stacked.insert(stacked.end(), {hkv, t * group, c});
   return x.expand(full).contiguous().view(split).transpose(-3, -2).contiguous().view(stacked);
@@ -178,6 +182,11 @@ Tensor stack_heads(const Tensor& x, const Shape& batch, int64_t group) {
 // The inverse of stack_heads: (group_batch..., t·group, C) back to (batch..., t, C), contiguous.
 Tensor unstack_heads(const Tensor& x, const Shape& batch, int64_t group, int64_t t) {
   const int64_t c = x.size(-1), hkv = batch.back() / group;
+  if (t == 1) {  // one row a head: the stacked rows are already the heads, in order
+    Shape full = batch;
+    full.insert(full.end(), {1, c});
+    return x.contiguous().view(full);
+  }
   Shape split(batch.begin(), batch.end() - 1), full = batch;
   split.insert(split.end(), {hkv, t, group, c});
   full.insert(full.end(), {t, c});

@@ -95,16 +95,16 @@ Tensor scatter_rel(const Tensor& a_in, const std::vector<int32_t>& idx, int64_t 
 
 Var gather_rel_var(const Var& x, std::shared_ptr<const std::vector<int32_t>> idx, int64_t tk) {
   const int64_t R = x.size(-1);
-  return record(gather_rel(x.value, *idx, tk), {&x}, [x, idx, R](Tape& t, Douts d) {
+  return record(gather_rel(x.value, *idx, tk), {&x}, [&] { return [x, idx, R](Tape& t, Douts d) {
     t.accumulate_owned(x, scatter_rel(d[0], *idx, R));
-  });
+  }; });
 }
 
 Var scatter_rel_var(const Var& a, std::shared_ptr<const std::vector<int32_t>> idx, int64_t R) {
   const int64_t tk = a.size(-1);
-  return record(scatter_rel(a.value, *idx, R), {&a}, [a, idx, tk](Tape& t, Douts d) {
+  return record(scatter_rel(a.value, *idx, R), {&a}, [&] { return [a, idx, tk](Tape& t, Douts d) {
     t.accumulate_owned(a, gather_rel(d[0], *idx, tk));
-  });
+  }; });
 }
 
 // Negates the second member of every RoPE pair in place: R⁻¹ = P·R·P with P this negation.
@@ -153,13 +153,13 @@ Var attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& 
     o = with_additive_bias(o, extras.bias.value);  // a constant bias joins the mask
     AttentionResult r = qkv::detail::attention_checked(q.value, k.value, v.value, o, batch);
     o.return_lse = false;
-    return record(r.out, {&q, &k, &v}, [q, k, v, o, batch, out = r.out, lse = r.lse](Tape& t, Douts d) {
+    return record(r.out, {&q, &k, &v}, [&] { return [q, k, v, o, batch, out = r.out, lse = r.lse](Tape& t, Douts d) {
       AttentionGrads g =
           qkv::detail::attention_backward_checked(q.value, k.value, v.value, out, lse, d[0], o, batch);
       t.accumulate_owned(q, g.dq);
       t.accumulate_owned(k, g.dk);
       t.accumulate_owned(v, g.dv);
-    });
+    }; });
   }
   // Composed: scores -> soft cap -> bias -> mask -> softmax -> dropout -> weights·v. At bf16 q, k, v and the
   // weights are rounded to bf16 (gradients pass through the rounding); the products accumulate in float32.
@@ -262,13 +262,13 @@ Var rope(const Var& x, std::shared_ptr<const RopeTable> table, RopeVariant varia
   detail::check_defined(x, "rope", "x");
   QKV_CHECK_ARG(table != nullptr, "[rope] the table is null");
   const Tensor y = rope_apply(x.value, *table, variant);
-  return record(y, {&x}, [x, table, variant](Tape& t, Douts d) {
+  return record(y, {&x}, [&] { return [x, table, variant](Tape& t, Douts d) {
     Tensor g = d[0].clone();
     negate_pair_members(g, variant);
     g = rope_apply(g, *table, variant);
     negate_pair_members(g, variant);
     t.accumulate_owned(x, g);
-  });
+  }; });
 }
 
 Var rope(const Var& x, int64_t offset, float base, RopeVariant variant) {
@@ -291,14 +291,14 @@ Var t5_bias(const Var& table, int64_t Tq, int64_t Tk, bool bidirectional, int64_
     for (int64_t j = 0; j < Tk; ++j)
       (*bucket)[static_cast<size_t>(i * Tk + j)] =
           static_cast<int32_t>(t5_relative_bucket(j - (i + query_offset), bidirectional, nb, max_distance));
-  return record(y, {&table}, [table, bucket, H, Tq, Tk](Tape& t, Douts d) {
+  return record(y, {&table}, [&] { return [table, bucket, H, Tq, Tk](Tape& t, Douts d) {
     const Tensor dy = d[0].contiguous();
     Tensor g = t.accumulator_zeroed(table).contiguous();
     const float* pd = dy.data();
     float* pg = g.data();
     for (int64_t h = 0; h < H; ++h)
       for (int64_t ij = 0; ij < Tq * Tk; ++ij) pg[(*bucket)[static_cast<size_t>(ij)] * H + h] += pd[h * Tq * Tk + ij];
-  });
+  }; });
 }
 
 }  // namespace qkv::ad

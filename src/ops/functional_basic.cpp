@@ -53,7 +53,7 @@ Var matmul(const Var& a, const Var& b) {
   if (!same_batch(a.value, b.value) || a.size(-1) != b.size(-2) || a.numel() == 0 || b.numel() == 0) {
     // Broadcasting (or a mistake, reported by qkv::matmul): the general op and its backward half.
     const Tensor out = qkv::matmul(a.value, b.value);
-    return record(out, {&a, &b}, [a, b](Tape& t, Douts d) {
+    return record(out, {&a, &b}, [&] { return [a, b](Tape& t, Douts d) {
       const Tensor& dc = d[0];
       if (t.needs(a) && t.needs(b)) {
         MatmulGrads g = matmul_backward(a.value, b.value, dc);
@@ -64,7 +64,7 @@ Var matmul(const Var& a, const Var& b) {
       } else {
         t.accumulate_owned(b, detail::sum_to(qkv::matmul(a.value.transpose(-1, -2), dc), b.shape()));
       }
-    });
+    }; });
   }
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1), nb = a.numel() / std::max<int64_t>(m * k, 1);
   const Tensor A = a.value.contiguous(), B = b.value.contiguous();
@@ -72,7 +72,7 @@ Var matmul(const Var& a, const Var& b) {
   out_shape.back() = n;
   Tensor out = Tensor::empty(out_shape);
   batched_gemm(false, false, nb, m, n, k, A.data(), B.data(), 0.0f, out.data());
-  return record(out, {&a, &b}, [a, b, A, B, nb, m, n, k](Tape& t, Douts d) {
+  return record(out, {&a, &b}, [&] { return [a, b, A, B, nb, m, n, k](Tape& t, Douts d) {
     const Tensor dc = d[0].contiguous();
     if (t.needs(a)) {  // dA = dC·Bᵀ
       bool fresh = false;
@@ -84,7 +84,7 @@ Var matmul(const Var& a, const Var& b) {
       Tensor g = t.accumulator(b, fresh);
       batched_gemm(true, false, nb, k, n, m, A.data(), dc.data(), fresh ? 0.0f : 1.0f, g.data());
     }
-  });
+  }; });
 }
 
 Var linear(const Var& x, const Var& weight, const Var& bias) {
@@ -98,7 +98,7 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
     const kernels::SmallBlasGuard guard(kernels::blas_work(rows, weight.size(0), in));
     out = qkv::linear(x.value, weight.value, bias.value);
   }
-  return record(out, {&x, &weight, &bias}, [x, weight, bias](Tape& t, Douts d) {
+  return record(out, {&x, &weight, &bias}, [&] { return [x, weight, bias](Tape& t, Douts d) {
     const int64_t in = weight.size(1), outf = weight.size(0);
     const Tensor dy = d[0].contiguous();
     const int64_t rows = outf ? dy.numel() / outf : 0;
@@ -123,7 +123,7 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
       Tensor gb = t.accumulator(bias, fresh);
       kernels::column_sums(dy.data(), rows, outf, gb.data(), fresh);
     }
-  });
+  }; });
 }
 
 Var linear(const Var& x, const Var& weight, const Var& bias, Precision precision) {
@@ -135,7 +135,7 @@ Var linear(const Var& x, const Var& weight, const Var& bias, Precision precision
                 ", weight ", str(weight.shape()), ")");
   // The weight as it is now (a training step changes it in place): rounded or packed here, never cached.
   const Tensor out = qkv::linear(x.value, LinearWeight(weight.value, precision), bias.value);
-  return record(out, {&x, &weight, &bias}, [x, weight, bias](Tape& t, Douts d) {
+  return record(out, {&x, &weight, &bias}, [&] { return [x, weight, bias](Tape& t, Douts d) {
     const int64_t in = weight.size(1), outf = weight.size(0);
     const Tensor dy = d[0].contiguous();
     const int64_t rows = outf ? dy.numel() / outf : 0;
@@ -150,12 +150,12 @@ Var linear(const Var& x, const Var& weight, const Var& bias, Precision precision
       Tensor gb = t.accumulator(bias, fresh);
       kernels::column_sums(dy.data(), rows, outf, gb.data(), fresh);
     }
-  });
+  }; });
 }
 
 Var round_to_bf16(const Var& x) {
   detail::check_defined(x, "round_to_bf16", "x");
-  return record(qkv::round_to_bf16(x.value), {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0]); });
+  return record(qkv::round_to_bf16(x.value), {&x}, [&] { return [x](Tape& t, Douts d) { t.accumulate(x, d[0]); }; });
 }
 
 // --- elementwise -----------------------------------------------------------------------------------------------
@@ -163,38 +163,42 @@ Var round_to_bf16(const Var& x) {
 Var add(const Var& a, const Var& b) {
   detail::check_defined(a, "add", "a");
   detail::check_defined(b, "add", "b");
-  return record(qkv::add(a.value, b.value), {&a, &b}, [a, b](Tape& t, Douts d) {
+  return record(qkv::add(a.value, b.value), {&a, &b}, [&] { return [a, b](Tape& t, Douts d) {
     if (t.needs(a)) t.accumulate(a, detail::sum_to(d[0], a.shape()));
     if (t.needs(b)) t.accumulate(b, detail::sum_to(d[0], b.shape()));
-  });
+  }; });
 }
 
 Var sub(const Var& a, const Var& b) {
   detail::check_defined(a, "sub", "a");
   detail::check_defined(b, "sub", "b");
-  return record(qkv::sub(a.value, b.value), {&a, &b}, [a, b](Tape& t, Douts d) {
+  return record(qkv::sub(a.value, b.value), {&a, &b}, [&] { return [a, b](Tape& t, Douts d) {
     if (t.needs(a)) t.accumulate(a, detail::sum_to(d[0], a.shape()));
     if (t.needs(b)) t.accumulate_owned(b, qkv::scale(detail::sum_to(d[0], b.shape()), -1.0f));
-  });
+  }; });
 }
 
 Var mul(const Var& a, const Var& b) {
   detail::check_defined(a, "mul", "a");
   detail::check_defined(b, "mul", "b");
-  return record(qkv::mul(a.value, b.value), {&a, &b}, [a, b](Tape& t, Douts d) {
+  return record(qkv::mul(a.value, b.value), {&a, &b}, [&] { return [a, b](Tape& t, Douts d) {
     if (t.needs(a)) t.accumulate_owned(a, detail::sum_to(qkv::mul(d[0], b.value), a.shape()));
     if (t.needs(b)) t.accumulate_owned(b, detail::sum_to(qkv::mul(d[0], a.value), b.shape()));
-  });
+  }; });
 }
 
 Var scale(const Var& x, float s) {
   detail::check_defined(x, "scale", "x");
-  return record(qkv::scale(x.value, s), {&x}, [x, s](Tape& t, Douts d) { t.accumulate_owned(x, qkv::scale(d[0], s)); });
+  return record(qkv::scale(x.value, s), {&x}, [&] {
+    return [x, s](Tape& t, Douts d) { t.accumulate_owned(x, qkv::scale(d[0], s)); };
+  });
 }
 
 Var relu(const Var& x) {
   detail::check_defined(x, "relu", "x");
-  return record(qkv::relu(x.value), {&x}, [x](Tape& t, Douts d) { t.accumulate_owned(x, relu_backward(x.value, d[0])); });
+  return record(qkv::relu(x.value), {&x}, [&] {
+    return [x](Tape& t, Douts d) { t.accumulate_owned(x, relu_backward(x.value, d[0])); };
+  });
 }
 
 // GELU through the vectorised kernels of src/kernels/activations.cpp (libm's erf per element costs more than the GEMMs
@@ -205,7 +209,7 @@ Var gelu(const Var& x, GeluApprox approx) {
   const Tensor xc = x.value.contiguous();
   Tensor y = Tensor::empty(xc.shape());
   kernels::gelu_forward(xc.data(), y.data(), xc.numel(), th);
-  return record(y, {&x}, [x, xc, th](Tape& t, Douts d) {
+  return record(y, {&x}, [&] { return [x, xc, th](Tape& t, Douts d) {
     const Tensor dy = d[0].contiguous();
     bool fresh = false;
     Tensor acc = t.accumulator(x, fresh);
@@ -216,7 +220,7 @@ Var gelu(const Var& x, GeluApprox approx) {
     Tensor g = Tensor::empty(xc.shape());
     kernels::gelu_backward(xc.data(), dy.data(), g.data(), xc.numel(), th);
     kernels::add_into(acc, g);
-  });
+  }; });
 }
 
 // tanh and sigmoid through the vectorised kernels of src/kernels/activations.cpp (~2 ulp; libm's tanhf per element dominated
@@ -226,7 +230,7 @@ Var tanh(const Var& x) {
   const Tensor xc = x.value.contiguous();
   Tensor y = Tensor::empty(xc.shape());
   kernels::tanh_forward(xc.data(), y.data(), xc.numel());
-  return record(y, {&x}, [x, y](Tape& t, Douts d) { t.accumulate_owned(x, tanh_backward(y, d[0])); });
+  return record(y, {&x}, [&] { return [x, y](Tape& t, Douts d) { t.accumulate_owned(x, tanh_backward(y, d[0])); }; });
 }
 
 Var sigmoid(const Var& x) {
@@ -234,7 +238,9 @@ Var sigmoid(const Var& x) {
   const Tensor xc = x.value.contiguous();
   Tensor y = Tensor::empty(xc.shape());
   kernels::sigmoid_forward(xc.data(), y.data(), xc.numel());
-  return record(y, {&x}, [x, y](Tape& t, Douts d) { t.accumulate_owned(x, sigmoid_backward(y, d[0])); });
+  return record(y, {&x}, [&] {
+    return [x, y](Tape& t, Douts d) { t.accumulate_owned(x, sigmoid_backward(y, d[0])); };
+  });
 }
 
 // --- reductions ------------------------------------------------------------------------------------------------
@@ -245,9 +251,9 @@ Var sum(const Var& x) {
   const Tensor c = x.value.contiguous();
   const float* p = c.data();
   for (int64_t i = 0; i < c.numel(); ++i) acc += p[i];
-  return record(Tensor::scalar(static_cast<float>(acc)), {&x}, [x](Tape& t, Douts d) {
+  return record(Tensor::scalar(static_cast<float>(acc)), {&x}, [&] { return [x](Tape& t, Douts d) {
     t.accumulate_owned(x, Tensor::full(x.shape(), d[0].item()));
-  });
+  }; });
 }
 
 Var mean(const Var& x) {
@@ -261,30 +267,36 @@ Var mean(const Var& x) {
 Var softmax(const Var& x, int64_t axis) {
   detail::check_defined(x, "softmax", "x");
   const Tensor y = qkv::softmax(x.value, axis);
-  return record(y, {&x}, [x, y, axis](Tape& t, Douts d) { t.accumulate_owned(x, softmax_backward(y, d[0], axis)); });
+  return record(y, {&x}, [&] {
+    return [x, y, axis](Tape& t, Douts d) { t.accumulate_owned(x, softmax_backward(y, d[0], axis)); };
+  });
 }
 
 Var log_softmax(const Var& x, int64_t axis) {
   detail::check_defined(x, "log_softmax", "x");
   const Tensor y = qkv::log_softmax(x.value, axis);
-  return record(y, {&x}, [x, y, axis](Tape& t, Douts d) { t.accumulate_owned(x, log_softmax_backward(y, d[0], axis)); });
+  return record(y, {&x}, [&] {
+    return [x, y, axis](Tape& t, Douts d) { t.accumulate_owned(x, log_softmax_backward(y, d[0], axis)); };
+  });
 }
 
 // Validation and shapes as qkv::layer_norm; the math is the float32 kernels of qkv/kernels/layer_norm.h (the forward
 // agrees with qkv::layer_norm to ~1e-7 relative).
 Var silu(const Var& x) {
   detail::check_defined(x, "silu", "x");
-  return record(qkv::silu(x.value), {&x}, [x](Tape& t, Douts d) { t.accumulate_owned(x, silu_backward(x.value, d[0])); });
+  return record(qkv::silu(x.value), {&x}, [&] {
+    return [x](Tape& t, Douts d) { t.accumulate_owned(x, silu_backward(x.value, d[0])); };
+  });
 }
 
 Var rms_norm(const Var& x, const Var& weight, float eps, bool unit_offset) {
   detail::check_defined(x, "rms_norm", "x");
   RmsNormResult r = qkv::rms_norm(x.value, weight.value, eps, unit_offset);
-  return record(r.y, {&x, &weight}, [x, weight, rstd = r.rstd, unit_offset](Tape& t, Douts d) {
+  return record(r.y, {&x, &weight}, [&] { return [x, weight, rstd = r.rstd, unit_offset](Tape& t, Douts d) {
     RmsNormGrads g = rms_norm_backward(x.value, weight.value, rstd, d[0], unit_offset);
     if (t.needs(x)) t.accumulate_owned(x, g.dx);
     if (t.needs(weight)) t.accumulate_owned(weight, g.dweight);
-  });
+  }; });
 }
 
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
@@ -306,7 +318,7 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
   Tensor mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
   kernels::layer_norm_rows(xc.data(), w.defined() ? w.data() : nullptr, b.defined() ? b.data() : nullptr, eps, rows,
                            e, y.data(), mean.data(), rstd.data());
-  return record(y, {&x, &weight, &bias}, [x, xc, weight, w, bias, mean, rstd, rows, e](Tape& t, Douts d) {
+  return record(y, {&x, &weight, &bias}, [&] { return [x, xc, weight, w, bias, mean, rstd, rows, e](Tape& t, Douts d) {
     const Tensor dy = d[0].contiguous();
     Tensor dw = t.needs(weight) ? Tensor::empty({e}) : Tensor();
     Tensor db = t.needs(bias) ? Tensor::empty({e}) : Tensor();
@@ -319,7 +331,7 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
                                       db.defined() ? db.data() : nullptr);
     if (dw.defined()) t.accumulate(weight, dw);
     if (db.defined()) t.accumulate(bias, db);
-  });
+  }; });
 }
 
 // --- lookup and dropout ----------------------------------------------------------------------------------------
@@ -335,7 +347,7 @@ Var embedding(const Var& weight, const Ids& ids, std::optional<int64_t> padding_
     pad = *padding_idx < 0 ? *padding_idx + V : *padding_idx;
   }
   auto saved = std::make_shared<const Ids>(ids);
-  return record(out, {&weight}, [weight, saved, pad](Tape& t, Douts d) {
+  return record(out, {&weight}, [&] { return [weight, saved, pad](Tape& t, Douts d) {
     Tensor g = t.accumulator_zeroed(weight);
     if (pad < 0) {
       embedding_backward(g, *saved, d[0]);
@@ -346,16 +358,16 @@ Var embedding(const Var& weight, const Ids& ids, std::optional<int64_t> padding_
     for (size_t i = 0; i < saved->data.size(); ++i)
       if (saved->data[i] == pad) std::fill(dy.data() + i * e, dy.data() + (i + 1) * e, 0.0f);
     embedding_backward(g, *saved, dy);
-  });
+  }; });
 }
 
 Var dropout(const Var& x, float p, bool training, Rng& rng) {
   detail::check_defined(x, "dropout", "x");
   DropoutResult r = qkv::dropout(x.value, p, training, rng);
   if (!r.mask.defined()) return x;  // identity: no node
-  return record(r.y, {&x}, [x, mask = r.mask, p](Tape& t, Douts d) {
+  return record(r.y, {&x}, [&] { return [x, mask = r.mask, p](Tape& t, Douts d) {
     t.accumulate_owned(x, dropout_backward(d[0], mask, p));
-  });
+  }; });
 }
 
 }  // namespace qkv::ad

@@ -100,13 +100,13 @@ Var add_bias_gelu(Var&& x, const Var& bias, GeluApprox approx) {
   kernels::gelu_forward(u.data(), out.data(), u.numel(), th);
   const Var xv = std::move(x);
   x = Var();
-  return record(out, {&xv, &bias}, [xv, bias, u, th, f](Tape& t, Douts d) {
+  return record(out, {&xv, &bias}, [&] { return [xv, bias, u, th, f](Tape& t, Douts d) {
     const Tensor dy = d[0].contiguous();
     Tensor du = Tensor::empty(u.shape());
     kernels::gelu_backward(u.data(), dy.data(), du.data(), u.numel(), th);
     accumulate_column_sums(t, bias, du, f ? u.numel() / f : 0, f);
     if (t.needs(xv)) t.accumulate_owned(xv, du);
-  });
+  }; });
 }
 
 Var attention_varlen(const Var& q, const Var& k, const Var& v, std::span<const int32_t> cu_q,

@@ -24,60 +24,69 @@ Var reshape(const Var& x, const Shape& shape) {
   } catch (const std::invalid_argument&) {
     y = kernels::contiguous(x.value).view(shape);
   }
-  return record(y, {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0].reshape(x.shape())); });
+  return record(y, {&x}, [&] { return [x](Tape& t, Douts d) { t.accumulate(x, d[0].reshape(x.shape())); }; });
 }
 
 Var transpose(const Var& x, int64_t a, int64_t b) {
   detail::check_defined(x, "transpose", "x");
-  return record(x.value.transpose(a, b), {&x}, [x, a, b](Tape& t, Douts d) {
+  return record(x.value.transpose(a, b), {&x}, [&] { return [x, a, b](Tape& t, Douts d) {
     t.accumulate(x, d[0].transpose(a, b));
-  });
+  }; });
 }
 
 Var permute(const Var& x, const Shape& dims) {
   detail::check_defined(x, "permute", "x");
   const Tensor y = x.value.permute(dims);
-  Shape inverse(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i)
-    inverse[static_cast<size_t>(normalize_axis(dims[i], x.dim(), "permute"))] = static_cast<int64_t>(i);
-  return record(y, {&x}, [x, inverse](Tape& t, Douts d) { t.accumulate(x, d[0].permute(inverse)); });
+  return record(y, {&x}, [&] {
+    Shape inverse(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i)
+      inverse[static_cast<size_t>(normalize_axis(dims[i], x.dim(), "permute"))] = static_cast<int64_t>(i);
+    return [x, inverse](Tape& t, Douts d) { t.accumulate(x, d[0].permute(inverse)); };
+  });
 }
 
 Var select(const Var& x, int64_t axis, int64_t index) {
   detail::check_defined(x, "select", "x");
-  return record(x.value.select(axis, index), {&x}, [x, axis, index](Tape& t, Douts d) {
+  return record(x.value.select(axis, index), {&x}, [&] { return [x, axis, index](Tape& t, Douts d) {
     kernels::add_into(t.accumulator_zeroed(x).select(axis, index), d[0]);
-  });
+  }; });
 }
 
 Var slice(const Var& x, int64_t axis, int64_t start, int64_t end, int64_t step) {
   detail::check_defined(x, "slice", "x");
-  return record(x.value.slice(axis, start, end, step), {&x}, [x, axis, start, end, step](Tape& t, Douts d) {
+  const Tensor y = x.value.slice(axis, start, end, step);
+  return record(y, {&x}, [&] { return [x, axis, start, end, step](Tape& t, Douts d) {
     kernels::add_into(t.accumulator_zeroed(x).slice(axis, start, end, step), d[0]);
-  });
+  }; });
 }
 
 Var unsqueeze(const Var& x, int64_t axis) {
   detail::check_defined(x, "unsqueeze", "x");
   const int64_t ax = normalize_axis(axis, x.dim() + 1, "unsqueeze");
-  return record(x.value.unsqueeze(ax), {&x}, [x, ax](Tape& t, Douts d) { t.accumulate(x, d[0].squeeze(ax)); });
+  return record(x.value.unsqueeze(ax), {&x}, [&] {
+    return [x, ax](Tape& t, Douts d) { t.accumulate(x, d[0].squeeze(ax)); };
+  });
 }
 
 Var squeeze(const Var& x, int64_t axis) {
   detail::check_defined(x, "squeeze", "x");
   const int64_t ax = normalize_axis(axis, x.dim(), "squeeze");
-  return record(x.value.squeeze(ax), {&x}, [x, ax](Tape& t, Douts d) { t.accumulate(x, d[0].unsqueeze(ax)); });
+  return record(x.value.squeeze(ax), {&x}, [&] {
+    return [x, ax](Tape& t, Douts d) { t.accumulate(x, d[0].unsqueeze(ax)); };
+  });
 }
 
 Var expand(const Var& x, const Shape& shape) {
   detail::check_defined(x, "expand", "x");
-  return record(x.value.expand(shape), {&x}, [x](Tape& t, Douts d) { t.accumulate(x, detail::sum_to(d[0], x.shape())); });
+  return record(x.value.expand(shape), {&x}, [&] {
+    return [x](Tape& t, Douts d) { t.accumulate(x, detail::sum_to(d[0], x.shape())); };
+  });
 }
 
 Var contiguous(const Var& x) {
   detail::check_defined(x, "contiguous", "x");
   if (x.value.is_contiguous()) return x;
-  return record(x.value.contiguous(), {&x}, [x](Tape& t, Douts d) { t.accumulate(x, d[0]); });
+  return record(x.value.contiguous(), {&x}, [&] { return [x](Tape& t, Douts d) { t.accumulate(x, d[0]); }; });
 }
 
 Var concat(const std::vector<Var>& xs, int64_t axis) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "qkv/core/error.h"
@@ -221,12 +222,18 @@ inline Tape* tape_of(std::initializer_list<const Var*> inputs) {
 }
 
 // Records `fn` (a callable (Tape&, std::span<const Tensor>)) as the backward of `value` when any input needs
-// a gradient; otherwise returns `value` as a constant without building the closure's std::function.
+// a gradient; otherwise returns `value` as a constant without building the closure's std::function. `fn` may also
+// be a callable of no arguments that returns that closure (`[&] { return [x](Tape& t, Douts d) {...}; }`): the
+// closure's captures are then copied only when something is recorded. Inference builds none: a decoding step's
+// ops had copied every captured Var (its shape and strides: two allocations each) only to drop it.
 template <class F>
 Var record(const Tensor& value, std::initializer_list<const Var*> inputs, F&& fn) {
   Tape* t = tape_of(inputs);
   if (!t) return Var(value);
-  return t->record(value, inputs, Tape::Backward(std::forward<F>(fn)));
+  if constexpr (std::is_invocable_v<F&>)
+    return t->record(value, inputs, Tape::Backward(fn()));
+  else
+    return t->record(value, inputs, Tape::Backward(std::forward<F>(fn)));
 }
 
 inline void check_defined(const Var& v, const char* op, const char* name) {
