@@ -1,7 +1,8 @@
 // Private (not installed): branch-free float32 GELU forward/backward, tanh, sigmoid, SiLU and RNN gate loops written
 // once over GCC/Clang vector extensions and plain float (the tail), included by activations.cpp (baseline ISA,
 // 4 lanes) and activations_avx2.cpp (-mavx2 -mfma, 8 lanes: define QKV_ACT_LANES 8 first; GCC contracts a*b+c
-// into FMA there, so the two builds differ in the last bits).
+// into FMA there, so the two builds differ in the last bits). Each defines QKV_ACT_BUILD (portable, avx2) first: the
+// namespace of its entry points, written once at the end.
 // erf is Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula PyTorch's vectorised CPU GELU uses;
 // exp is a Cephes-style polynomial (~1 ulp). No libm calls.
 #include <cstdint>
@@ -168,3 +169,22 @@ inline void lstm_row(int64_t hs, const float* xi, const float* hh, const float* 
 }
 
 }  // namespace
+
+// The entry points of the build that includes this file (qkv/kernels/activations.h), in namespace QKV_ACT_BUILD.
+namespace qkv::kernels::QKV_ACT_BUILD {
+
+void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx) {
+  if (tanh_approx) gelu_tanh_fwd(x, y, n);
+  else gelu_erf_fwd(x, y, n);
+}
+
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, bool tanh_approx) {
+  if (tanh_approx) gelu_tanh_bwd(x, dy, dx, n);
+  else gelu_erf_bwd(x, dy, dx, n);
+}
+
+void tanh_forward(const float* x, float* y, int64_t n) { tanh_fwd(x, y, n); }
+void sigmoid_forward(const float* x, float* y, int64_t n) { sigmoid_fwd(x, y, n); }
+void silu_forward(const float* x, float* y, int64_t n) { silu_fwd(x, y, n); }
+
+}  // namespace qkv::kernels::QKV_ACT_BUILD
