@@ -16,6 +16,7 @@ struct V256 : detail::Lanes256 {  // micro.h's float lanes (zero, set1, add, sub
   static constexpr int kLanes = 8;
   static constexpr bool kReadsPacked = false;  // kinds 0..4 in place (Q8_0 tiles hold w + 128)
   static I izero() { return _mm256_setzero_si256(); }
+  using Lanes256::load;
   static I load(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
   static I low_nibbles(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I high_nibbles(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
@@ -67,8 +68,6 @@ struct V256 : detail::Lanes256 {  // micro.h's float lanes (zero, set1, add, sub
     return _mm256_i32gather_epi32(reinterpret_cast<const int*>(base), offsets, 1);
   }
   static void store_i(uint8_t* p, I v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
-  static F load_f(const float* p) { return _mm256_load_ps(p); }
-  static void store_f(float* p, F v) { _mm256_store_ps(p, v); }
   static F half_lo(I v) { return fp16_lanes_to_float(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF))); }
   static F half_hi(I v) { return fp16_lanes_to_float(_mm256_srli_epi32(v, 16)); }
   static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
@@ -83,9 +82,6 @@ struct V256 : detail::Lanes256 {  // micro.h's float lanes (zero, set1, add, sub
     return fp16_lanes_to_float(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static void prefetch(const uint8_t*, int64_t, int64_t, int64_t) {}
-  static void store(float* y, F v, const float* bias) {
-    _mm256_storeu_ps(y, bias ? _mm256_add_ps(v, _mm256_loadu_ps(bias)) : v);
-  }
 };
 
 }  // namespace

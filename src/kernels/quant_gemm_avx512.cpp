@@ -7,12 +7,8 @@
 #include <limits>
 
 #include "qkv/core/half.h"
-#include "micro.h"
+#include "micro.h"  // also silences GCC 12's false -Wmaybe-uninitialized in its AVX-512 intrinsics
 #include "quant_gemm_simd.h"
-
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every use.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace qkv::kernels::quant_detail::avx512 {
 namespace {
@@ -85,6 +81,7 @@ struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub
   static constexpr int kLanes = 16;
   static constexpr bool kReadsPacked = true;  // kinds 0..4 on repacked tiles too
   static I izero() { return _mm512_setzero_si512(); }
+  using Lanes512::load;
   static I load(const uint8_t* p) { return _mm512_load_si512(p); }
   static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
@@ -132,8 +129,6 @@ struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub
   }
   static I gather(const uint8_t* base, I offsets) { return _mm512_i32gather_epi32(offsets, base, 1); }
   static void store_i(uint8_t* p, I v) { _mm512_store_si512(p, v); }
-  static F load_f(const float* p) { return _mm512_load_ps(p); }
-  static void store_f(float* p, F v) { _mm512_store_ps(p, v); }
   static F half_lo(I v) { return fp16_lanes_to_float512(v); }
   static F half_hi(I v) { return fp16_lanes_to_float512(_mm512_srli_epi32(v, 16)); }
   static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
@@ -149,9 +144,6 @@ struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub
     const int64_t lines = stride / 64;
     for (int64_t line = b * lines / nb; line < (b + 1) * lines / nb; ++line)
       _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchAhead + line * 64), _MM_HINT_T1);
-  }
-  static void store(float* y, F v, const float* bias) {
-    _mm512_storeu_ps(y, bias ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v);
   }
 };
 

@@ -101,10 +101,26 @@ Unpacked unpack_interleaved(const QuantMatrix& w, int64_t j0, std::vector<uint8_
     for (int r = 0; r < kLanes; ++r) V::template operand<kKind>(row0 + r * w.row_bytes + b * bs, block[r]);
     for (int g = 0; g < 8; ++g) V::store_i(vals + (b * 8 + g) * kLanes * 4, V::gather(&block[0][4 * g], transpose));
     const typename V::I head = V::gather(row0 + b * bs, rows);  // each row's first 4 bytes: d, and m above it
-    V::store_f(dw + b * kLanes, V::half_lo(head));
-    if constexpr (kKind == 1 || kKind == 3) V::store_f(mw + b * kLanes, V::half_hi(head));
+    V::store(dw + b * kLanes, V::half_lo(head));
+    if constexpr (kKind == 1 || kKind == 3) V::store(mw + b * kLanes, V::half_hi(head));
   }
   return {vals, dw, mw};
+}
+
+// quant_gemm_impl.h's block_term in lanes (kinds 0..4): the rows' exact sums less kOff · Σx, times dw · dx, plus
+// mw · sx (Q4_1, Q5_1); activation row and block o.
+template <class V, int kKind, int kOff>
+typename V::F block_term(typename V::I sumi, typename V::F dw, typename V::F mw, const QuantActivations& a, size_t o) {
+  if constexpr (kOff != 0) sumi = V::sub_i(sumi, kOff * a.sum[o]);
+  const typename V::F term = V::mul(V::to_float(sumi), V::mul(dw, V::set1(a.d[o])));
+  return kKind == 1 || kKind == 3 ? V::add(term, V::mul(mw, V::set1(a.s[o]))) : term;
+}
+
+// R rows of sums into y from column j0, plus the bias (the epilogue's last float addition).
+template <class V, int R>
+void store_rows(const TileArgs& t, int64_t j0, int64_t i0, const typename V::F (&acc)[R]) {
+  for (int r = 0; r < R; ++r)
+    V::store(t.y + (i0 + r) * t.ldy + j0, t.bias ? V::add(acc[r], V::load(t.bias + j0)) : acc[r]);
 }
 
 // R activation rows against an unpack_interleaved tile, with quant_gemm_impl.h's float epilogue in lanes.
@@ -115,7 +131,8 @@ void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const Unpacked&
   typename V::F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
   for (int64_t b = 0; b < a.blocks; ++b) {
-    const typename V::F d = V::load_f(u.dw + b * kLanes);
+    const typename V::F d = V::load(u.dw + b * kLanes);
+    const typename V::F mw = kKind == 1 || kKind == 3 ? V::load(u.mw + b * kLanes) : V::zero();
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
       const int8_t* xq = a.q.data() + i * a.cols + b * kQK;
@@ -126,14 +143,10 @@ void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const Unpacked&
         sumi = V::template dot_kind<kKind>(sumi, V::load(u.vals + (b * 8 + g) * kLanes * 4), group);
       }
       const size_t o = static_cast<size_t>(i * a.blocks + b);
-      if constexpr (V::kOffset[kKind] != 0) sumi = V::sub_i(sumi, V::kOffset[kKind] * a.sum[o]);
-      typename V::F term = V::mul(V::to_float(sumi), V::mul(d, V::set1(a.d[o])));
-      if constexpr (kKind == 1 || kKind == 3)
-        term = V::add(term, V::mul(V::load_f(u.mw + b * kLanes), V::set1(a.s[o])));
-      acc[r] = V::add(acc[r], term);
+      acc[r] = V::add(acc[r], block_term<V, kKind, V::kOffset[kKind]>(sumi, d, mw, a, o));
     }
   }
-  for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
+  store_rows<V>(t, j0, i0, acc);
 }
 
 // Every activation row against the kinds 0..4 tile from j0, unpacked column-interleaved.
@@ -165,13 +178,10 @@ void rows_fused(const TileArgs& t, int64_t j0, int64_t i0) {
       const int64_t i = i0 + r;
       typename V::I sumi = V::template block_sums<kKind>(z, a.q.data() + i * a.cols + b * kQK);
       const size_t o = static_cast<size_t>(i * a.blocks + b);
-      if constexpr (V::kOffset[kKind] != 0) sumi = V::sub_i(sumi, V::kOffset[kKind] * a.sum[o]);
-      typename V::F term = V::mul(V::to_float(sumi), V::mul(dw, V::set1(a.d[o])));
-      if constexpr (kKind == 1 || kKind == 3) term = V::add(term, V::mul(mw, V::set1(a.s[o])));
-      acc[r] = V::add(acc[r], term);
+      acc[r] = V::add(acc[r], block_term<V, kKind, V::kOffset[kKind]>(sumi, dw, mw, a, o));
     }
   }
-  for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
+  store_rows<V>(t, j0, i0, acc);
 }
 
 // A matrix without repacked tiles (kinds 0..4): up to 4 activation rows fused, more through the interleaved tile.
@@ -268,16 +278,13 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
         const F dsc = V::mul(d, V::scales_u8(sc)), mm = V::mul(dmin, V::scales_u8(sc + 16));
         term = V::mul(V::to_float(V::add_i(s0[r], s1[r])), V::mul(dsc, dx));
         term = V::sub(term, V::mul(mm, V::set1(a.d[o] * static_cast<float>(a.sum[o]))));
-      } else {  // block_term
-        I sumi = V::add_i(s0[r], s1[r]);
-        if constexpr (kPackedOffset[kKind] != 0) sumi = V::sub_i(sumi, kPackedOffset[kKind] * a.sum[o]);
-        term = V::mul(V::to_float(sumi), V::mul(dw, dx));
-        if constexpr (kMin) term = V::add(term, V::mul(mw, V::set1(a.s[o])));
+      } else {
+        term = block_term<V, kKind, kPackedOffset[kKind]>(V::add_i(s0[r], s1[r]), dw, mw, a, o);
       }
       acc[r] = V::add(acc[r], term);
     }
   }
-  for (int r = 0; r < R; ++r) V::store(t.y + (i0 + r) * t.ldy + j0, acc[r], t.bias ? t.bias + j0 : nullptr);
+  store_rows<V>(t, j0, i0, acc);
 }
 
 // The V::kLanes columns from j0 on repacked tiles: their part of the matrix's 16-row tile, or (rows without one)
