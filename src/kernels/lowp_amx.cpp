@@ -92,7 +92,7 @@ struct Avx512Rows {
   static void pack_int8(const int16_t* q, int64_t ldq, int64_t rows, int64_t words, uint32_t* dst) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t g0 = 0; g0 < words; g0 += 16)  // 64 values -> 16 words (words is a multiple of 16)
-        _mm512_storeu_si512(dst + r * words + g0, detail::int8_quads64(q + r * ldq + 4 * g0));
+        detail::Lanes512::int8_quads(q + r * ldq + 4 * g0, dst + r * words + g0);
   }
   // amx_pairs_product's copies and block stores (ScalarRows' contract and bits). A in rows (a_ks 1) is copied row
   // by row; A in columns (a_rs 1: P·V's probabilities, paired along keys) is transposed 16 x 16 words at a time.
@@ -108,16 +108,12 @@ struct Avx512Rows {
           _mm512_storeu_si512(dst + r * kw + k0,
                               _mm512_maskz_loadu_epi32(detail::lanes(depth - k0), a + r * a_rs + k0));
     } else {
-      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        const __mmask16 m = detail::lanes(rows - r0);
+      for (int64_t r0 = 0; r0 < rows; r0 += 16)
         for (int64_t k0 = 0; k0 < kw; k0 += 16) {
-          __m512i x[16];
-          for (int64_t i = 0; i < 16; ++i)
-            x[i] = k0 + i < depth ? _mm512_maskz_loadu_epi32(m, a + (k0 + i) * a_ks + r0) : _mm512_setzero_si512();
-          detail::transpose16(x);
-          for (int64_t i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (r0 + i) * kw + k0, x[i]);
+          __m512 x[16];
+          detail::load_transposed(reinterpret_cast<const float*>(a + k0 * a_ks + r0), a_ks, depth - k0, rows - r0, x);
+          for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (r0 + i) * kw + k0, x[i]);
         }
-      }
     }
     const int64_t done = a_ks == 1 ? rows : (rows + 15) / 16 * 16;  // the transposed rows past rows are zeros
     std::memset(dst + done * kw, 0, static_cast<size_t>((rows_padded - done) * kw) * sizeof(uint32_t));

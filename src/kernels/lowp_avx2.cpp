@@ -1,6 +1,6 @@
 // The low-precision kernels of lowp_impl.h with AVX2 intrinsics: bfloat16 rounding 8 floats at a time (the same
 // integer steps as the scalar rounding, so the same bits), the int8 quantization, and the packed int8 product
-// (micro_int8_256.h: vpdpbusd's u8·s8 quads widened to int16 pairs for vpmaddwd, exact int32 sums per block, never
+// (micro_int8.h: vpdpbusd's u8·s8 quads widened to int16 pairs for vpmaddwd, exact int32 sums per block, never
 // the saturating vpmaddubsw; the same bits as every other int8 build).
 #include <immintrin.h>
 
@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "lowp_impl.h"
-#include "micro_int8_256.h"
+#include "micro_int8.h"
 
 namespace qkv::kernels::avx2 {
 namespace {
@@ -96,11 +96,11 @@ void quantize_row_int8(const float* x, int64_t cols, int64_t group, int64_t bloc
   }
 }
 
-// The packed product: micro_int8_256.h's blocks of 3 rows by 16 columns (6 int32 sums; the widened operands of
+// The packed product: micro_int8.h's blocks of 3 rows by 16 columns (6 int32 sums; the widened operands of
 // the emulated quads take the other registers, and 4 rows spill them).
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  detail::int8_packed_block_256<3>(a, w, bias, c, ldc, m0, m1, n0, n1);
+  detail::int8_packed_block<detail::Lanes256, 3>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 
 }  // namespace qkv::kernels::avx2

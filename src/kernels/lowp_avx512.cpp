@@ -7,8 +7,7 @@
 #include <immintrin.h>
 
 #include "lowp_avx512_impl.h"
-#include "lowp_packed_impl.h"
-#include "micro.h"
+#include "micro_int8.h"
 #include "qkv/kernels/lowp.h"
 
 namespace qkv::kernels {
@@ -19,27 +18,30 @@ constexpr int64_t kMR = detail::kPackedRows;  // rows of c per microkernel: 28 a
 using detail::lanes;
 using L = detail::Lanes512;
 using detail::PairsBf16;
-using detail::QuadsU8S8;
 using BiasOut = detail::BiasOut<L>;
-using Int8Out = detail::Int8Out<L>;
 
 // The pair word of two rounded halves: even k low, odd k high.
 inline __m512i pair_words(__m512 even, __m512 odd) {
   return _mm512_or_si512(_mm512_srli_epi32(detail::bf16_round16_hi(even), 16), detail::bf16_round16_hi(odd));
 }
 
+// Rows [0, rows) of x read across (x[r][p] at x[r + p * xks], k columns; rows <= 16 · halves) as bf16 pair words,
+// group g's at dst + g * ld: per half of 16 rows the lanes of `keep` stored, zero from row `rows` on.
+void pack_pairs_across(const float* x, int64_t xks, int64_t rows, int64_t k, int64_t groups, uint32_t* dst, int64_t ld,
+                       int halves, __mmask16 keep) {
+  const __mmask16 m[2] = {lanes(rows), lanes(rows - 16)};
+  for (int64_t g = 0; g < groups; ++g)
+    for (int h = 0; h < halves; ++h) {
+      const float* e = x + 16 * h + 2 * g * xks;
+      const __m512 odd = 2 * g + 1 < k ? _mm512_maskz_loadu_ps(m[h], e + xks) : _mm512_setzero_ps();
+      _mm512_mask_storeu_epi32(dst + g * ld + 16 * h, keep, pair_words(_mm512_maskz_loadu_ps(m[h], e), odd));
+    }
+}
+
 // Rows [0, rows) of x (x[r][p] at x[r * ldx + p * xks], k columns) as [group][kMR] words of bf16 pairs (low half:
 // even k). xks == 1: rows read along k; ldx == 1 (a transposed operand): the tile's rows of each k read at once.
 void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
-  if (xks != 1 && ldx == 1) {
-    const __mmask16 m = lanes(rows);  // rows <= kMR <= 16
-    for (int64_t g = 0; g < groups; ++g) {
-      const __m512 even = _mm512_maskz_loadu_ps(m, x + 2 * g * xks);
-      const __m512 odd = 2 * g + 1 < k ? _mm512_maskz_loadu_ps(m, x + (2 * g + 1) * xks) : _mm512_setzero_ps();
-      _mm512_mask_storeu_epi32(dst + g * kMR, m, pair_words(even, odd));
-    }
-    return;
-  }
+  if (xks != 1 && ldx == 1) return pack_pairs_across(x, xks, rows, k, groups, dst, kMR, 1, lanes(rows));  // <= 16
   if (xks != 1) {  // any other layout: one element at a time
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t g = 0; g < groups; ++g) {
@@ -56,20 +58,6 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t
       _mm512_store_si512(pairs, detail::bf16_pairs32(xr + 2 * g0, k - 2 * g0));
       const int64_t gn = detail::min64(16, groups - g0);
       for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = pairs[g];
-    }
-  }
-}
-
-// Rows [0, rows) of int8 rows (int16 values, zero past cols; ld a multiple of 64) as [group][kMR] words of
-// 4 bytes q + 128.
-void pack_a_int8(const int16_t* q, int64_t ld, int64_t rows, int64_t groups, uint32_t* dst) {
-  alignas(64) uint32_t words[16];
-  for (int64_t r = 0; r < rows; ++r) {
-    const int16_t* qr = q + r * ld;
-    for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // 64 values -> 16 words
-      _mm512_store_si512(words, detail::int8_quads64(qr + 4 * g0));
-      const int64_t gn = detail::min64(16, groups - g0);
-      for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = words[g];
     }
   }
 }
@@ -115,18 +103,7 @@ void pack_bf16_panels(const float* w, int64_t n, int64_t k, int64_t stride_n, in
     uint32_t* panel = data + p * groups * kPanel;
     const int64_t j0 = p * kPanel, cols = detail::min64(kPanel, n - j0);
     if (stride_n == 1) {  // a (k, n) row-major B: each k's 32 columns are adjacent
-      const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* e = w + j0 + 2 * g * stride_k;
-        const float* o = e + stride_k;
-        const bool odd = 2 * g + 1 < k;
-        for (int h = 0; h < 2; ++h) {
-          const __mmask16 m = h ? m1 : m0;
-          const __m512 ev = _mm512_maskz_loadu_ps(m, e + 16 * h);
-          const __m512 ov = odd ? _mm512_maskz_loadu_ps(m, o + 16 * h) : _mm512_setzero_ps();
-          _mm512_storeu_si512(panel + g * kPanel + 16 * h, pair_words(ev, ov));
-        }
-      }
+      pack_pairs_across(w + j0, stride_k, cols, k, groups, panel, kPanel, 2, lanes(16));
     } else {  // each column's k along stride_k: pack_a_bf16's row packing, 32 columns as rows of a kPanel tile
       for (int64_t i = 0; i < groups * kPanel; ++i) panel[i] = 0u;  // lanes past n
       for (int64_t l0 = 0; l0 < cols; l0 += kMR) {
@@ -146,20 +123,10 @@ void pack_bf16_panels(const float* w, int64_t n, int64_t k, int64_t stride_n, in
 }  // namespace avx512bf16
 
 namespace avx512vnni {
+// micro_int8.h in blocks of 7 rows by 32 columns: the float and int32 sums of 14 rows do not fit in the registers.
 void gemm_int8_packed_block(const Int8View& a, const PackedBView& w, const float* bias, float* c, int64_t ldc,
                             int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  const int64_t blocks = a.groups();
-  detail::run_packed_block(
-      w, bias, c, ldc, m0, m1, n0, n1,
-      [](int64_t rows, int64_t groups, const uint32_t* pa, const uint32_t* b, float* c, int64_t ldc,
-         const Int8Out& out, int64_t n) {
-        // rows of 7: the float and int32 sums of 14 do not fit in the registers
-        detail::micro_tile<L, 7, 2, QuadsU8S8, detail::Int8Out>(rows, groups, pa, kMR, b, c, ldc, out, n);
-      },
-      [&](int64_t r0, int64_t rows, uint32_t* dst) { pack_a_int8(a.q + r0 * a.ld, a.ld, rows, w.groups, dst); },
-      [&](int64_t p, int64_t r0, const float* b) {
-        return Int8Out{b, w.colsum + p * blocks * kPanel, w.scale + p * kPanel, a.scale + r0 * blocks, blocks};
-      });
+  detail::int8_packed_block<L, 7>(a, w, bias, c, ldc, m0, m1, n0, n1);
 }
 }  // namespace avx512vnni
 

@@ -7,12 +7,7 @@
 
 #include <cstdint>
 
-// GCC 12 flags the _mm512_undefined_*() inside its own shift intrinsics (a known false positive); for every unit
-// that includes this header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "micro.h"  // Lanes512; and GCC 12's false -Wmaybe-uninitialized silenced for every unit that includes this
 
 namespace qkv::kernels::detail {
 namespace {
@@ -38,25 +33,13 @@ inline __m512i bf16_adjacent_pairs(__m512i lo, __m512i hi) {
 }
 
 // Lanes [0, count) of 16 (none for count <= 0).
-inline __mmask16 lanes(int64_t count) {
-  return count <= 0 ? static_cast<__mmask16>(0)
-         : count >= 16 ? static_cast<__mmask16>(0xFFFF)
-                       : static_cast<__mmask16>((1u << count) - 1u);
-}
+inline __mmask16 lanes(int64_t count) { return Lanes512::tail(count); }
 
 // The 16 pair words of x[0, 32) rounded to bf16 (word w: x[2w] low, x[2w + 1] high); x[count..] read as zero.
 inline __m512i bf16_pairs32(const float* x, int64_t count) {
   const __m512i lo = bf16_round16_hi(_mm512_maskz_loadu_ps(lanes(count), x));
   const __m512i hi = bf16_round16_hi(_mm512_maskz_loadu_ps(lanes(count - 16), x + 16));
   return bf16_adjacent_pairs(lo, hi);
-}
-
-// The 16 words of 64 int8 values held in int16 at q, each value's byte q + 128 (unsigned, for vpdpbusd / tdpbusd).
-inline __m512i int8_quads64(const int16_t* q) {
-  const __m256i lo = _mm512_cvtepi16_epi8(_mm512_loadu_si512(q));
-  const __m256i hi = _mm512_cvtepi16_epi8(_mm512_loadu_si512(q + 32));
-  const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-  return _mm512_xor_si512(bytes, _mm512_set1_epi8(static_cast<char>(0x80)));  // v ^ 0x80 = v + 128 in [-128, 127]
 }
 
 }  // namespace

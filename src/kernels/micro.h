@@ -1,11 +1,11 @@
 // Private (not installed): the register-blocked microkernel of the packed products, written once over lane traits
 // (highway's way): micro<Lanes, Rows, Cols, Dot, Out> with the dot product a policy (fp32 FMA, bf16 pairs, u8·s8
 // quads, native or widened to int16 pairs) and the epilogue another. Each ISA's translation unit (sgemm_avx512.cpp,
-// lowp_avx512.cpp; lowp_avxvnni.cpp and lowp_avx2.cpp through micro_int8_256.h) instantiates it with its own lanes;
-// everything here has internal linkage, so each unit compiles its own copy with its own flags and nothing built for
-// one ISA can stand in for another's (the one-definition rule holds by construction). The AMX products keep their
-// tile walk (lowp_amx_impl.h); lowp.cpp's table per ISA picks every build. Include only from files compiled with
-// ISA flags.
+// lowp_avx512.cpp; the int8 product there, in lowp_avxvnni.cpp and in lowp_avx2.cpp through micro_int8.h)
+// instantiates it with its own lanes; everything here has internal linkage, so each unit compiles its own copy with
+// its own flags and nothing built for one ISA can stand in for another's (the one-definition rule holds by
+// construction). The AMX products keep their tile walk (lowp_amx_impl.h); lowp.cpp's table per ISA picks every
+// build. Include only from files compiled with ISA flags.
 //
 // The packed layout (qkv/kernels/lowp.h, qkv/kernels/sgemm.h): A as [step][a_step] words (row r of a step at
 // a[r]), B as panels of 32 columns, [step][32] words, panels b_panel words apart. One k-step is one word: a float
@@ -30,8 +30,9 @@ namespace qkv::kernels::detail {
 namespace {
 
 // Lane traits: F (kW floats), I (kW 32-bit integers), Tail (lanes [0, n) of a vector), M (a lane mask), and kRegs
-// registers; also attention_flash_simd.h's V (its comment lists the operations). dot_pairs (vdpbf16ps) and
-// dot_quads (vpdpbusd) exist only in units compiled with their flags.
+// registers; also attention_flash_simd.h's V (its comment lists the operations); int8_quads(q, out): 4 kW int8
+// values held in int16 as kW words of 4 bytes q + 128 (micro_int8.h). dot_pairs (vdpbf16ps) and dot_quads
+// (vpdpbusd) exist only in units compiled with their flags.
 #if defined(__AVX512F__)
 struct Lanes512 {
   using F = __m512;
@@ -72,6 +73,11 @@ struct Lanes512 {
   static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
   static I neg_shl7(I a) { return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(a, 7)); }  // -128 a
   static void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static void int8_quads(const int16_t* q, uint32_t* out) {  // 64 int8 values held in int16 -> 16 words of q + 128
+    const __m512i bytes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_loadu_si512(q))),
+                                             _mm512_cvtepi16_epi8(_mm512_loadu_si512(q + 32)), 1);
+    _mm512_storeu_si512(out, _mm512_xor_si512(bytes, _mm512_set1_epi8(static_cast<char>(0x80))));  // v ^ 0x80 = v + 128
+  }
 #if defined(__AVX512BF16__)
   static F dot_pairs(F s, I a, I b) {
     return _mm512_dpbf16_ps(s, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
@@ -108,11 +114,12 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
-inline void transpose16(__m512i (&x)[16]) {
-  __m512 f[16];
-  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(x[i]);
-  transpose16(f);
-  for (int i = 0; i < 16; ++i) x[i] = _mm512_castps_si512(f[i]);
+// out[q] lane i = src[i * ld + q] for i < rows and q < cols <= 16, zero elsewhere: floats, or any 32-bit words read
+// as floats (every step is an exact move).
+inline void load_transposed(const float* src, int64_t ld, int64_t rows, int64_t cols, __m512 out[16]) {
+  const __mmask16 cm = Lanes512::tail(cols);
+  for (int64_t i = 0; i < 16; ++i) out[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
+  transpose16(out);
 }
 #endif
 
@@ -159,7 +166,13 @@ struct Lanes256 {
   }
   static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
   static I neg_shl7(I a) { return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(a, 7)); }
-  static void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static void int8_quads(const int16_t* q, uint32_t* out) {  // 32 values -> 8 words, as Lanes512's
+    const I lo = load(reinterpret_cast<const int32_t*>(q)), hi = load(reinterpret_cast<const int32_t*>(q + 16));
+    // packs works per 128-bit lane: (lo0, hi0, lo1, hi1) -> (lo0, lo1, hi0, hi1); values in [-127, 127] stay.
+    const I bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(lo, hi), 0xd8);
+    const I offset = _mm256_set1_epi8(static_cast<char>(0x80));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_xor_si256(bytes, offset));
+  }
 #if defined(__AVXVNNI__)
   static I dot_quads(I s, I a, I b) { return _mm256_dpbusd_avx_epi32(s, a, b); }
 #else

@@ -11,15 +11,8 @@
 namespace qkv::kernels::avx512 {
 namespace {
 
-inline __mmask16 lanes(int64_t count) { return detail::Lanes512::tail(count); }
-
-// Loads `rows` (<= 16) rows of `cols` (<= 16) floats, row stride ld, zero-filled, and transposes them:
-// out[q] lane i = src[i*ld + q].
-inline void load_transposed(const float* src, int64_t ld, int64_t rows, int64_t cols, __m512 out[16]) {
-  const __mmask16 cm = lanes(cols);
-  for (int64_t i = 0; i < 16; ++i) out[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
-  detail::transpose16(out);
-}
+using L = detail::Lanes512;
+inline __mmask16 lanes(int64_t count) { return L::tail(count); }
 
 static_assert(kMR == 14 && kNR == kPanel, "sgemm's tiles are 14 rows by one 32-column panel");
 
@@ -39,7 +32,7 @@ void pack_a(bool trans, const float* a, int64_t lda, int64_t mc, int64_t kc, flo
       for (int64_t p0 = 0; p0 < kc; p0 += 16) {
         const int64_t w = std::min<int64_t>(16, kc - p0);
         __m512 t[16];
-        load_transposed(a + i0 * lda + p0, lda, rows, w, t);
+        detail::load_transposed(a + i0 * lda + p0, lda, rows, w, t);
         for (int64_t q = 0; q < w; ++q) _mm512_mask_storeu_ps(dst + (p0 + q) * kMR, tile, t[q]);
       }
     }
@@ -63,7 +56,7 @@ void pack_b(bool trans, const float* b, int64_t ldb, int64_t kc, int64_t nc, flo
         for (int64_t p0 = 0; p0 < kc; p0 += 16) {
           const int64_t pw = std::min<int64_t>(16, kc - p0);
           __m512 t[16];
-          load_transposed(b + (j0 + 16 * h) * ldb + p0, ldb, cols, pw, t);
+          detail::load_transposed(b + (j0 + 16 * h) * ldb + p0, ldb, cols, pw, t);
           for (int64_t q = 0; q < pw; ++q) _mm512_store_ps(dst + (p0 + q) * kNR + 16 * h, t[q]);
         }
       }
@@ -73,21 +66,13 @@ void pack_b(bool trans, const float* b, int64_t ldb, int64_t kc, int64_t nc, flo
 
 void macro_kernel(int64_t mc, int64_t nc, int64_t kc, float alpha, const float* pa, const float* pb, float beta,
                   float* c, int64_t ldc) {
-  const detail::ScaleOut<detail::Lanes512> out{alpha, beta};
+  const detail::ScaleOut<L> out{alpha, beta};
   for (int64_t j0 = 0; j0 < nc; j0 += kNR)
     for (int64_t i0 = 0; i0 < mc; i0 += kMR)
       detail::micro_tile<detail::Lanes512, kMR, 2, detail::FmaF32, detail::ScaleOut>(
           std::min(kMR, mc - i0), kc, pa + i0 * kc, kMR, pb + j0 * kc, c + i0 * ldc + j0, ldc, out,
           std::min(kNR, nc - j0));
 }
-
-namespace {
-inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
-inline void store_out(float* c, __mmask16 m, __m512 acc, float alpha, float beta) {
-  const __m512 y = _mm512_mul_ps(acc, _mm512_set1_ps(alpha));
-  _mm512_mask_storeu_ps(c, m, beta == 0.0f ? y : _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, c), _mm512_set1_ps(beta), y));
-}
-}  // namespace
 
 void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, int64_t ldb, float beta, float* c,
           int64_t j0, int64_t j1) {
@@ -117,7 +102,7 @@ void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, in
         for (int r = 0; r < R; ++r) s[r][0] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, row[r] + p), s[r][0]);
       }
       for (int r = 0; r < R; ++r) {
-        const float dot = hsum(_mm512_add_ps(_mm512_add_ps(s[r][0], s[r][1]), _mm512_add_ps(s[r][2], s[r][3])));
+        const float dot = L::hsum(_mm512_add_ps(_mm512_add_ps(s[r][0], s[r][1]), _mm512_add_ps(s[r][2], s[r][3])));
         c[j + r] = beta == 0.0f ? alpha * dot : alpha * dot + beta * c[j + r];
       }
     };
@@ -127,7 +112,8 @@ void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, in
     for (; j < j1; ++j) columns.template operator()<1>(j);
     return;
   }
-  // B(p, j) = b[p*ldb + j]: 64 columns at a time, rows of B streamed in k order.
+  // B(p, j) = b[p*ldb + j]: 64 columns at a time, rows of B streamed in k order; micro.h's sgemm epilogue.
+  const detail::ScaleOut<L> out{alpha, beta};
   for (int64_t jb = j0; jb < j1; jb += 64) {
     const int64_t w = std::min<int64_t>(64, j1 - jb);
     const __mmask16 m0 = lanes(w), m1 = lanes(w - 16), m2 = lanes(w - 32), m3 = lanes(w - 48);
@@ -140,10 +126,10 @@ void gemv(bool trans, int64_t k, float alpha, const float* a, const float* b, in
       s2 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m2, col + 32), s2);
       s3 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m3, col + 48), s3);
     }
-    store_out(c + jb, m0, s0, alpha, beta);
-    if (w > 16) store_out(c + jb + 16, m1, s1, alpha, beta);
-    if (w > 32) store_out(c + jb + 32, m2, s2, alpha, beta);
-    if (w > 48) store_out(c + jb + 48, m3, s3, alpha, beta);
+    out.store(s0, 0, c + jb, m0);
+    if (w > 16) out.store(s1, 1, c + jb + 16, m1);
+    if (w > 32) out.store(s2, 2, c + jb + 32, m2);
+    if (w > 48) out.store(s3, 3, c + jb + 48, m3);
   }
 }
 
