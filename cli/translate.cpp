@@ -31,7 +31,7 @@ void run_translate(const TranslateArgs& a) {
   int64_t step = 0;
   std::unique_ptr<train::TextModel> model = load_trained_model(a.dir, c, vocab, step, "translate");
   QKV_CHECK_ARG(a.attention_png.empty() || model->has_attention(), "[translate] a '", c.model,
-                "' model has no attention to show (use rnn-attn, transformer or decoder)");
+                "' model has no attention to show (use rnn-attn, transformer, decoder or llama)");
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(std::cin, line)) {

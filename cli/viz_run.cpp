@@ -48,12 +48,9 @@ Tensor run_attention(train::TextModel& model, const std::vector<int64_t>& source
 RunViewer::RunViewer(const std::string& run_dir, const char* op)
     : run_dir_(run_dir), op_(op), config_(load_run_config(run_dir, op)),
       vocab_(data::Vocabulary::load(run_dir + "/vocab.txt")) {
-  // A llama run attends, but its decoding step recomputes each row and reports no weights.
-  QKV_CHECK_ARG(config_.model != "llama", "[", op, "] attention maps of 'llama' runs are not drawn yet (", op,
-                " draws rnn-attn, transformer and decoder runs)");
   latest_ = load_trained_model(run_dir, config_, vocab_, step_, op);
   QKV_CHECK_ARG(latest_->has_attention(), "[", op, "] a '", config_.model,
-                "' model has no attention to show (use rnn-attn, transformer or decoder)");
+                "' model has no attention to show (use rnn-attn, transformer, decoder or llama)");
 }
 
 RunViewer::~RunViewer() = default;

@@ -94,7 +94,7 @@ class TransformerSeq2Seq : public TextModel {
 };
 
 // The language-model kinds (decoder-only Transformer, Llama) share the config check and the LM batches; they
-// differ in how they decode and whether they report attention.
+// differ in how they decode. Both report the last layer's attention (heads averaged) over the source.
 template <class Model>
 class LanguageModel : public TextModel {
  public:
@@ -105,6 +105,7 @@ class LanguageModel : public TextModel {
                   "[TextModel] reverse_source and source_eos are for the encoder-decoder kinds");
   }
   nn::Module& module() override { return model_; }
+  bool has_attention() const override { return true; }
 
   // Under context parallelism (c.sequence_shard()) the batch is right-padded to the shard's length (causal rows
   // never see the padding, whose targets are ignored) and the model runs on this process's positions of it.
@@ -144,7 +145,6 @@ class DecoderOnly : public LanguageModel<models::DecoderOnlyTransformer> {
     return std::make_unique<decode::CachedStep>(decode::cached_step(model_, sources));
   }
 
-  bool has_attention() const override { return true; }
 
  protected:
   ad::Var forward(const nn::Context& c, const Ids& ids, const std::vector<int64_t>* positions) override {
@@ -165,7 +165,6 @@ class Llama : public LanguageModel<models::LlamaForCausalLM> {
     return std::make_unique<decode::CachedStep>(decode::cached_step(model_, sources));
   }
 
-  bool has_attention() const override { return false; }
 
  protected:
   ad::Var forward(const nn::Context& c, const Ids& ids, const std::vector<int64_t>* positions) override {

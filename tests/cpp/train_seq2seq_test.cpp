@@ -16,6 +16,8 @@
 #include "qkv/train/optim.h"
 #include "qkv/train/data_parallel.h"
 #include "qkv/train/text_model.h"
+#include "recompute_steps.h"
+#include "tiny_llama.h"
 
 namespace qkv {
 namespace {
@@ -264,6 +266,35 @@ TEST(TextModel, TransformerKindsForwardToTheirModels) {
   dc.reverse_source = true;
   Rng r5(11);
   EXPECT_TRUE(ThrowsArg([&] { train::make_text_model(dc, r5); }, "[TextModel]"));
+}
+
+// The Llama kind forwards to its model and reports attention: forced_attention through its decoder (sources of two
+// lengths, left-padded in one KV cache) is the full forward's last layer, heads averaged, over each source.
+TEST(TextModel, LlamaForwardsToItsModelAndReportsItsLastLayersAttention) {
+  train::TextModelConfig tc;
+  tc.kind = train::TextModelKind::kLlama;
+  tc.llama = testing::tiny_gqa_llama(false);
+  Rng r1(13), r2(13);
+  const std::unique_ptr<train::TextModel> tm = train::make_text_model(tc, r1);
+  const models::LlamaForCausalLM ref(tc.llama, r2);
+  const data::LmBatch lb = data::make_lm_batch({&kExA, &kExB});
+  const train::TeacherForced tf = tm->teacher_forced(nn::Context(), {&kExA, &kExB});
+  EXPECT_TRUE(testing::BitIdentical(tf.logits.value, ref.logits(lb.input.ids)));
+  EXPECT_EQ(tf.targets, lb.targets);
+  ASSERT_TRUE(tm->has_attention());
+  const std::vector<std::vector<int64_t>> sources = {{3, 5, 9, 2}, {4, 7}}, tokens = {{6, 11, 2}, {9, 13, 5, 2}};
+  models::ForwardOptions o;
+  o.output_attentions = true;
+  o.attention_layers = {1};
+  const auto last_layer = [&](const Ids& ids) { return ref.forward(ids, o).attentions.back(); };
+  const std::vector<Tensor> want =
+      testing::prompt_attention_oracle(last_layer, sources, tokens, data::Vocabulary::kBos);
+  const std::vector<Tensor> got = decode::forced_attention(*tm->decoder(sources), tokens, data::Vocabulary::kBos);
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    ASSERT_EQ(got[s].shape(), (Shape{static_cast<int64_t>(tokens[s].size()), 4})) << s;
+    EXPECT_TRUE(AllClose(got[s], want[s], testing::Tol{1e-5, 1e-4})) << "source " << s;
+  }
 }
 
 // Context parallelism in a group of one (what every rank's forward does, with the ring reduced to one block): the

@@ -284,12 +284,58 @@ def test_broken_language_model_folder_is_one_line_naming_the_file(tmp_path):
     assert str(lm / "config.json") in r.stderr and "vocab_size" in r.stderr
 
 
-def test_llama_run_says_its_maps_are_not_drawn_yet(tmp_path):
-    """A trained `--model llama` run was said to have "no attention to show"; it has attention, not drawn yet."""
+def llama_run_reference(run, step_dir, source, output):
+    """The last layer's attention (heads averaged) of transformers' eager Llama, built from the run's config and a
+    checkpoint's weights, on source + BOS + output: the rows of BOS and each output token over the source columns."""
+    import torch
+    import transformers as hf
+    from safetensors.torch import load_file
+
+    c = json.loads((run / "config.json").read_text())
+    vocab = (run / "vocab.txt").read_text(encoding="utf-8").splitlines()[1:]  # after the header line, id = index
+    cfg = hf.LlamaConfig(vocab_size=len(vocab), hidden_size=c["d_model"], intermediate_size=c["ffn"],
+                         num_hidden_layers=c["layers"], num_attention_heads=c["heads"], num_key_value_heads=c["heads"],
+                         head_dim=c["d_model"] // c["heads"], rms_norm_eps=1e-6, rope_theta=10000.0,
+                         tie_word_embeddings=False)
+    model = hf.LlamaForCausalLM(cfg)
+    model.config._attn_implementation = "eager"
+    model.load_state_dict(load_file(str(step_dir / "model.safetensors")), strict=True)
+    model.eval()
+    src = [vocab.index(t) for t in source]
+    ids = src + [vocab.index("<bos>")] + [vocab.index(t) for t in output]
+    with torch.no_grad():
+        att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions[-1][0].double().mean(0).numpy()
+    return att[len(src):len(ids), :len(src)]
+
+
+def test_llama_run_draws_the_attention_of_its_output_over_the_source(tmp_path):
+    """`viz --run` of a `--model llama` run: every kept checkpoint's last-layer attention (heads averaged, through its
+    KV cache) of BOS and each output token over the source, as transformers' full forward of that checkpoint has it
+    (a causal model's rows over the source sum to at most 1: the rest is on BOS and the output)."""
     run = tmp_path / "llama"
-    r = run_cli("train", "--model", "llama", "--task", "copy", "--min-len", "2", "--max-len", "3", "--train-size", "20",
-                "--test-size", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "1", "--out", str(run))
+    r = run_cli("train", "--model", "llama", "--task", "reverse", "--min-len", "4", "--max-len", "6", "--train-size",
+                "200", "--test-size", "10", "--d-model", "16", "--heads", "2", "--layers", "2", "--steps", "20",
+                "--lr", "1e-2", "--eval-every", "20", "--eval-size", "5", "--checkpoint-every", "10",
+                "--keep-checkpoints", "5", "--seed", "3", "--out", str(run))
     assert r.returncode == 0, r.stderr
-    r = run_cli("viz", "--run", str(run), "--input", "12", "--out", str(tmp_path / "x.html"))
-    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "attention maps of 'llama' runs are not drawn yet" in r.stderr and "no attention" not in r.stderr
+    page = tmp_path / "x.html"
+    r = run_cli("viz", "--run", str(run), "--checkpoints", "all", "--input", "31415", "--out", str(page))
+    assert r.returncode == 0, r.stderr
+    _, data = page_data(page)
+    assert [s["label"] for s in data["snapshots"]] == ["step 10", "step 20"]
+    steps = sorted((run / "checkpoints").iterdir())
+    for snap, step_dir in zip(data["snapshots"], steps):
+        (g,) = snap["groups"]
+        assert g["name"] == "llama attention (target x source)" and g["kind"] == "cross"
+        assert g["k_tokens"] == list("31415") and g["q_tokens"][-1] == "<eos>"
+        att = decode(g)
+        assert att.shape == (1, 1, len(g["q_tokens"]), 5)
+        rows = att[0, 0]
+        assert (rows.sum(-1) > 0).all() and (rows.sum(-1) <= 1 + 5 * F16_ATOL).all()
+        want = llama_run_reference(run, step_dir, g["k_tokens"], g["q_tokens"][:-1])
+        np.testing.assert_allclose(rows, want, rtol=0, atol=F16_ATOL + 1e-5)
+    png = tmp_path / "a.png"  # translate draws the same maps
+    r = subprocess.run([cli_path(), "translate", str(run), "--show-attention", str(png)], input="31415\n",
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert r.returncode == 0 and "attention of 1 line(s)" in r.stderr, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
