@@ -336,7 +336,8 @@ def test_minilm_page_at_256_tokens_is_small_and_fast(driver, tmp_path, enc):
     assert abs(float(info.get_attribute("data-weight")) - att[0][0, 0, 100, 37]) <= 1 / 510 + 1e-6  # uint8 steps
 
 
-RUN_KINDS = {"rnn-attn": ["--hidden", "32"], "transformer": ["--layers", "1", "--heads", "2"], "decoder": ["--layers", "1", "--heads", "2"]}
+RUN_KINDS = {"rnn-attn": ["--hidden", "32"], "transformer": ["--layers", "1", "--heads", "2"],
+             "decoder": ["--layers", "1", "--heads", "2"], "llama": ["--layers", "1", "--heads", "2"]}
 
 
 @pytest.fixture(scope="module", params=sorted(RUN_KINDS))
