@@ -1,5 +1,5 @@
 // train::TextModel: every sequence-to-sequence model the library trains, behind one face whatever its family
-// (RNN Seq2Seq with or without attention, encoder-decoder Transformer, decoder-only Transformer): built from one
+// (RNN Seq2Seq with or without attention, encoder-decoder Transformer, decoder-only Transformer, Llama): built from one
 // config, the teacher-forced logits of a batch on a Context (the Trainer's loss), a step model for greedy / beam
 // decoding, and save/load through the module's state dict. `qkv train/eval/translate/viz` and the experiments both
 // use it.
