@@ -1,5 +1,5 @@
-// The experiments' Transformer encoder: embeddings (+ absolute positions), nn::TransformerEncoder with the config's
-// residual / LayerNorm / positional options, and the output projection.
+// The experiments' Transformer encoder: embeddings (+ absolute positions), AblationEncoderLayer stack with the
+// config's residual / LayerNorm / positional options, and the output projection.
 #include "tagger.h"
 
 #include <cmath>
@@ -38,33 +38,36 @@ namespace {
 Tensor uniform(Rng& rng, const Shape& shape, float bound) { return rng.uniform(shape, -bound, bound); }
 
 // The encoder layers' config for a Tagger config, which is checked first so errors name the Tagger.
-nn::TransformerLayerConfig layer_config(const TaggerConfig& c) {
+AblationLayerConfig layer_config(const TaggerConfig& c) {
   QKV_CHECK_ARG(c.vocab_in > 0 && c.vocab_out > 0 && c.d_model > 0 && c.heads > 0 && c.d_model % c.heads == 0 &&
                     c.ff > 0 && c.layers >= 1 && c.max_len >= 1 && c.shaw_clip >= 0,
                 "[Tagger] bad config: vocab ", c.vocab_in, "/", c.vocab_out, ", d_model ", c.d_model, ", heads ",
                 c.heads, ", ff ", c.ff, ", layers ", c.layers, ", shaw_clip ", c.shaw_clip);
-  nn::TransformerLayerConfig l;
+  AblationLayerConfig a;
+  nn::TransformerLayerConfig& l = a.layer;
   l.d_model = c.d_model;
   l.nhead = c.heads;
   l.dim_feedforward = c.ff;
   l.dropout = 0.0f;
   l.activation = nn::Activation::kRelu;
   l.norm_first = c.norm == NormKind::kPre;
-  l.layer_norm = c.norm != NormKind::kNone;
-  l.residual = c.residual;
   l.rotary = c.pos == PosKind::kRope;
-  l.relative = c.pos == PosKind::kShaw;
-  l.relative_clip = c.shaw_clip;
   if (!c.scaled) l.attn_scale = 1.0f;
-  return l;
+  a.layer_norm = c.norm != NormKind::kNone;
+  a.residual = c.residual;
+  a.relative = c.pos == PosKind::kShaw;
+  a.relative_clip = c.shaw_clip;
+  return a;
 }
 
 }  // namespace
 
 Tagger::Tagger(const TaggerConfig& c, Rng& rng) : Tagger(c, rng, Rng(0)) {}
 
-Tagger::Tagger(const TaggerConfig& c, Rng& rng, Rng&& scratch)
-    : config_(c), encoder_(layer_config(c), c.layers, c.norm == NormKind::kPre, scratch) {
+Tagger::Tagger(const TaggerConfig& c, Rng& rng, Rng&& scratch) : config_(c) {
+  const AblationLayerConfig lc = layer_config(c);
+  for (int64_t l = 0; l < c.layers; ++l) layers_.push_back(std::make_unique<AblationEncoderLayer>(lc, scratch));
+  if (c.norm == NormKind::kPre) norm_ = std::make_unique<nn::LayerNorm>(c.d_model, lc.layer.layer_norm_eps);
   const int64_t E = c.d_model, D = E / c.heads;
   tok_emb_ = rng.normal({c.vocab_in, E}, 0.0f, c.embed_std);
   register_parameter("tok_emb.weight", &tok_emb_);
@@ -78,7 +81,7 @@ Tagger::Tagger(const TaggerConfig& c, Rng& rng, Rng&& scratch)
   }
   const float xavier = std::sqrt(6.0f / static_cast<float>(E + 3 * E));
   for (int64_t l = 0; l < c.layers; ++l) {
-    nn::TransformerEncoderLayer& L = *encoder_.layers[static_cast<size_t>(l)];
+    AblationEncoderLayer& L = *layers_[static_cast<size_t>(l)];
     L.self_attn.in_proj_weight.copy_from(uniform(rng, {3 * E, E}, xavier));
     L.self_attn.out_proj.weight.copy_from(uniform(rng, {E, E}, 1.0f / std::sqrt(static_cast<float>(E))));
     L.ff.linear1.weight.copy_from(uniform(rng, {c.ff, E}, 1.0f / std::sqrt(static_cast<float>(E))));
@@ -91,7 +94,7 @@ Tagger::Tagger(const TaggerConfig& c, Rng& rng, Rng&& scratch)
     }
     register_module("layers." + std::to_string(l), &L);
   }
-  if (encoder_.norm) register_module("norm", encoder_.norm.get());
+  if (norm_) register_module("norm", norm_.get());
   w_out_ = uniform(rng, {c.vocab_out, E}, 1.0f / std::sqrt(static_cast<float>(E)));
   b_out_ = Tensor::zeros({c.vocab_out});
   register_parameter("out.weight", &w_out_);
@@ -123,11 +126,14 @@ Var Tagger::forward_embedded(const nn::Context& g, const Var& x, const TaggerRun
   }
   if (c.pos == PosKind::kAlibi) m.attn_bias = alibi_bias(H, T, T, AlibiMode::kSymmetric);
   if (c.pos == PosKind::kT5) m.trained_bias = ad::t5_bias(g.param(t5_table_), T, T, true, c.t5_max_distance);
-  if (!run.head_mask.empty()) m.head_mask = Tensor::from_vector({c.layers, H}, run.head_mask);
-  nn::StackRecord record;  // every layer's weights when run.attention asks for them
-  if (run.attention) record.attention_layers.assign(static_cast<size_t>(c.layers), true);
-  const Var y = encoder_.forward(g, x, m, run.attention ? &record : nullptr);
-  if (run.attention) *run.attention = std::move(record.attentions);
+  const Tensor gates = run.head_mask.empty() ? Tensor() : Tensor::from_vector({c.layers, H}, run.head_mask);
+  std::vector<Tensor> weights(run.attention ? layers_.size() : 0);  // every layer's when run.attention asks
+  Var y = x;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    y = layers_[l]->forward(g, y, m, gates.defined() ? gates.select(0, static_cast<int64_t>(l)) : Tensor(),
+                            run.attention ? &weights[l] : nullptr);
+  if (norm_) y = norm_->forward(g, y);
+  if (run.attention) *run.attention = std::move(weights);
   return ad::linear(y, g.param(w_out_), g.param(b_out_));
 }
 

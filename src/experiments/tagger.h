@@ -1,10 +1,11 @@
 // The experiments' configurable Transformer encoder ("tagger": one output token per input position): embeddings,
-// the library's nn::TransformerEncoder (final LayerNorm for pre-LN) and an output projection, on the training tape
+// a stack of AblationEncoderLayer (final LayerNorm for pre-LN) and an output projection, on the training tape
 // so one forward serves training and inference. Every knob the article's claims turn on is exposed: positional
 // encoding, 1/sqrt(d_k) scaling, residuals, LayerNorm placement, per-head masks, attention capture.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "qkv/nn/transformer.h"
 #include "qkv/ops/embedding.h"
 #include "qkv/nn/context.h"
+#include "ablation_layer.h"
 
 namespace qkv::experiments {
 
@@ -43,9 +45,9 @@ struct TaggerRun {
   std::vector<Tensor>* attention = nullptr;  // when set (inference only): replaced by per-layer weights (B, H, T, T)
 };
 
-// Parameters: tok_emb.weight, pos_emb.weight (learned), relative_attention_bias.weight (T5 table), the encoder's
-// layers.N.{self_attn.*, linear1.*, linear2.*, norm1.*, norm2.* (with LayerNorm), rel_k, rel_v (Shaw)},
-// norm.* (pre-LN), out.{weight,bias}. Init: token / position embeddings N(0, embed_std), in_proj xavier-uniform, out_proj and the
+// Parameters: tok_emb.weight, pos_emb.weight (learned), relative_attention_bias.weight (T5 table), the
+// AblationEncoderLayer stack's layers.N.{self_attn.*, linear1.*, linear2.*, norm1.*, norm2.* (with LayerNorm),
+// rel_k, rel_v (Shaw)}, norm.* (pre-LN), out.{weight,bias}. Init: token / position embeddings N(0, embed_std), in_proj xavier-uniform, out_proj and the
 // feed-forward weights U(±1/sqrt(fan_in)), relative tables N(0, 0.5), zero biases, drawn from `rng` in that order.
 class Tagger : public nn::Module {
  public:
@@ -58,11 +60,12 @@ class Tagger : public nn::Module {
   ad::Var forward_embedded(const nn::Context& g, const ad::Var& x, const TaggerRun& run = {}) const;
 
  private:
-  // `scratch` serves the encoder's own construction; every parameter is then drawn again from `rng`.
+  // `scratch` serves the layers' own construction; every parameter is then drawn again from `rng`.
   Tagger(const TaggerConfig& config, Rng& rng, Rng&& scratch);
   TaggerConfig config_;
   Tensor tok_emb_, pos_emb_, t5_table_, w_out_, b_out_;
-  nn::TransformerEncoder encoder_;
+  std::vector<std::unique_ptr<AblationEncoderLayer>> layers_;
+  std::unique_ptr<nn::LayerNorm> norm_;  // pre-LN's final norm, else null
 };
 
 // Inference helper: logits with no tape (eval), for evaluation loops.

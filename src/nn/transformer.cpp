@@ -19,7 +19,6 @@ int64_t checked_layer_config(const TransformerLayerConfig& c, const char* op) {
   QKV_CHECK_ARG(c.d_model % c.nhead == 0, "[", op, "] d_model ", c.d_model, " must be divisible by nhead ",
                 c.nhead);
   QKV_CHECK_ARG(c.dropout >= 0.0f && c.dropout < 1.0f, "[", op, "] dropout must be in [0, 1), got ", c.dropout);
-  QKV_CHECK_ARG(c.relative_clip >= 0, "[", op, "] relative_clip must be >= 0, got ", c.relative_clip);
   QKV_CHECK_ARG(!c.attn_scale || std::isfinite(*c.attn_scale), "[", op, "] attn_scale must be finite");
   QKV_CHECK_ARG(c.layer_norm_eps > 0.0f && std::isfinite(c.layer_norm_eps), "[", op,
                 "] layer_norm_eps must be positive and finite, got ", c.layer_norm_eps);
@@ -49,7 +48,6 @@ MhaForwardOptions to_mha_options(const AttentionMasks& m) {
   o.key_padding_mask_kind = m.key_padding_mask_kind;
   o.attn_bias = m.attn_bias;
   o.is_causal = m.is_causal;
-  o.head_mask = m.head_mask;
   o.cu_seqlens = m.cu_seqlens;
   o.need_weights = false;
   return o;

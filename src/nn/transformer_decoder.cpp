@@ -22,9 +22,8 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerConfig& c
       dropout2(c.dropout, detail::draw_seed(rng)),
       dropout3(c.dropout, detail::draw_seed(rng)),
       config_(c) {
-  QKV_CHECK_ARG(c.layer_norm && c.residual && !c.rotary && !c.relative && !c.attn_scale,
-                "[TransformerDecoderLayer] layer_norm, residual, rotary, relative and attn_scale are encoder-layer "
-                "options; keep their defaults");
+  QKV_CHECK_ARG(!c.rotary && !c.attn_scale,
+                "[TransformerDecoderLayer] rotary and attn_scale are encoder-layer options; keep their defaults");
   register_module("self_attn", &self_attn);
   register_module("multihead_attn", &multihead_attn);
   register_module("linear1", &ff.linear1);

@@ -1,11 +1,11 @@
 // The attention and layer options beyond torch.nn: rotary and Shaw relative positions, the score scale and per-head
 // output gates in MultiheadAttention against the float64 oracle (also step by step through a KV cache), gradients
-// of a trained bias and of the relative tables against finite differences of the oracle, and the encoder layer's
-// LayerNorm-free / residual-free forms, per-layer head masks and parameter names.
+// of a trained bias and of the relative tables against finite differences of the oracle, and the decoder layer's
+// refusal of the encoder-only options. The experiments' ablation layer (no LayerNorm, no residual, Shaw tables,
+// per-layer head gates) is tested in ablation_layer_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -21,7 +21,6 @@ using qkv::testing::AllClose;
 using qkv::testing::kFloatReorder;
 using qkv::testing::kModuleVsDouble;
 using qkv::testing::mha_reference;
-using qkv::testing::names_and_shapes;
 using qkv::testing::MhaRefExtras;
 using qkv::testing::params_of;
 using qkv::testing::randn;
@@ -217,93 +216,14 @@ TransformerLayerConfig options_config() {
   return c;
 }
 
-// Without LayerNorm / residuals the layer is the composition of its blocks: ff(sa(x)), x + sa(x) + ff(...), etc.
-TEST(TransformerEncoderLayerOptions, NormAndResidualSwitchesComposeTheBlocks) {
-  for (bool residual : {false, true})
-    for (bool norm_first : {false, true}) {
-      TransformerLayerConfig c = options_config();
-      c.layer_norm = false;
-      c.residual = residual;
-      c.norm_first = norm_first;
-      c.rotary = true;
-      Rng rng(22);
-      TransformerEncoderLayer layer(c, rng);
-      randomize_parameters(layer, 23);
-      const Tensor x = randn({kB, kT, kE}, 24);
-      MhaForwardOptions o;
-      o.need_weights = false;
-      o.rotary = true;
-      const Tensor sa = layer.self_attn.forward(x, x, x, o).out.value;
-      const Tensor x1 = residual ? add(x, sa) : sa;
-      const Tensor f = layer.ff.forward(Context(), ad::Var(x1)).value;
-      EXPECT_TRUE(AllClose(layer.forward(x), residual ? add(x1, f) : f, kFloatReorder))
-          << "residual " << residual << " norm_first " << norm_first;
-      const auto names = names_and_shapes(layer);
-      EXPECT_EQ(names.count("norm1.weight") + names.count("norm2.bias"), 0u);
-      EXPECT_EQ(names.size(), 8u);  // self_attn (4), linear1 (2), linear2 (2)
-    }
-}
-
-TEST(TransformerEncoderLayerOptions, RelativeLayerOwnsItsTablesAndReturnsWeights) {
+TEST(TransformerOptions, DecoderRefusesEncoderOnlyOptions) {
   TransformerLayerConfig c = options_config();
-  c.relative = true;
-  c.relative_clip = kClip;
-  c.attn_scale = 1.0f;
-  Rng rng(25);
-  TransformerEncoderLayer layer(c, rng);
-  const auto names = names_and_shapes(layer);
-  EXPECT_EQ(names.at("rel_k"), Shape({2 * kClip + 1, kD}));
-  EXPECT_EQ(names.at("rel_v"), Shape({2 * kClip + 1, kD}));
-  EXPECT_EQ(names.count("norm1.weight"), 1u);
-  randomize_parameters(layer, 26);
-  const Tensor x = randn({kB, kT, kE}, 27);
-  Tensor weights;
-  const Tensor y = layer.forward(Context(), ad::Var(x), {}, nullptr, &weights).value;
-  MhaRefExtras ex;
-  ex.rel_k = to_double(layer.rel_k);
-  ex.rel_v = to_double(layer.rel_v);
-  ex.clip = kClip;
-  ex.scale = 1.0;
-  const auto ref = mha_reference(x, x, x, params_of(layer.self_attn), {}, false, ex);
-  EXPECT_TRUE(AllClose(weights, ref.weights, kModuleVsDouble));
-  // post-LN: y = norm2(h + ff(h)), h = norm1(x + sa(x)) with sa the oracle's output.
-  const Tensor sa = Tensor::from_vector({kB, kT, kE}, std::vector<float>(ref.out.begin(), ref.out.end()));
-  const Tensor h = layer.norm1.forward(Context(), ad::Var(add(x, sa))).value;
-  const Tensor want =
-      layer.norm2.forward(Context(), ad::Var(add(h, layer.ff.forward(Context(), ad::Var(h)).value))).value;
-  EXPECT_TRUE(AllClose(y, want, {1e-4, 1e-3}));
-}
-
-TEST(TransformerEncoderOptions, PerLayerHeadMaskGatesOnlyItsLayer) {
-  TransformerLayerConfig c = options_config();
-  c.norm_first = true;
-  Rng rng(28);
-  TransformerEncoder enc(c, 2, true, rng);
-  randomize_parameters(enc, 29);
-  const Tensor x = randn({kB, kT, kE}, 30);
-  AttentionMasks m;
-  m.head_mask = Tensor::from_vector({2, kH}, {1, 1, 1, 0, 1, 1});  // layer 1, head 0 off
-  const Tensor y = enc.forward(Context(), ad::Var(x), m).value;
-  AttentionMasks m1;
-  m1.head_mask = m.head_mask.select(0, 1);
-  const ad::Var h0 = enc.layers[0]->forward(Context(), ad::Var(x));
-  const Tensor want = enc.norm->forward(Context(), enc.layers[1]->forward(Context(), h0, m1)).value;
-  EXPECT_TRUE(AllClose(y, want, kFloatReorder));
-  EXPECT_FALSE(AllClose(y, enc.forward(x), kFloatReorder));  // the gate changes the output
-  m.head_mask = Tensor::ones({3, kH});
-  EXPECT_TRUE(ThrowsArg([&] { enc.forward(x, m); }, "[TransformerEncoder] head_mask (3, 3) must be"));
-}
-
-TEST(TransformerOptions, DecoderRefusesEncoderOnlyOptionsAndClipIsChecked) {
-  TransformerLayerConfig c = options_config();
-  c.residual = false;
+  c.rotary = true;
   Rng rng(31);
-  EXPECT_TRUE(ThrowsArg([&] { TransformerDecoderLayer d(c, rng); }, "[TransformerDecoderLayer] layer_norm, residual"));
+  EXPECT_TRUE(ThrowsArg([&] { TransformerDecoderLayer d(c, rng); }, "[TransformerDecoderLayer] rotary and attn_scale"));
   c = options_config();
-  c.relative = true;
-  c.relative_clip = -1;
-  EXPECT_TRUE(ThrowsArg([&] { TransformerEncoderLayer l(c, rng); },
-                        "[TransformerEncoderLayer] relative_clip must be >= 0"));
+  c.attn_scale = 1.0f;
+  EXPECT_TRUE(ThrowsArg([&] { TransformerDecoderLayer d(c, rng); }, "[TransformerDecoderLayer] rotary and attn_scale"));
 }
 
 }  // namespace

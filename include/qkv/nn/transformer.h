@@ -30,13 +30,9 @@ struct TransformerLayerConfig {
   bool norm_first = false;  // false: post-LN x = norm(x + f(x)); true: pre-LN x = x + f(norm(x))
   bool bias = true;         // biases of every Linear, MultiheadAttention and LayerNorm
   // --- beyond torch.nn's layers (encoder layer's self-attention; see MhaForwardOptions) -----------------------
-  bool layer_norm = true;   // false: no LayerNorm at all (norm1/norm2 are not registered; norm_first is moot)
-  bool residual = true;     // false: x = f(x) in place of x + f(x) around both blocks
+  // The experiments' ablation switches (no LayerNorm, no residual, Shaw relative keys, head gates) are in
+  // src/experiments/ablation_layer.h, not here.
   bool rotary = false;      // RoPE on the self-attention's queries and keys
-  // Shaw relative self-attention: each layer owns "rel_k" and "rel_v" (2·relative_clip+1, head_dim),
-  // drawn N(0, 1/head_dim) after every other parameter of the layer. relative_clip >= 0.
-  bool relative = false;
-  int64_t relative_clip = 16;
   std::optional<float> attn_scale;  // unset: 1/sqrt(head_dim); 1 = unscaled
 };
 
@@ -52,9 +48,6 @@ struct AttentionMasks {
   // An additive bias broadcastable to (B, H, Tq, Tk) on the tape (T5's learned table through ad::t5_bias): its
   // gradient flows back. Added to attn_bias.
   ad::Var trained_bias;
-  // Multipliers of each head's output (see MhaForwardOptions::head_mask): (H) for a layer; TransformerEncoder
-  // also takes (num_layers, H), row i for layer i.
-  Tensor head_mask;
   // Packed variable-length input (encoder layers): src is (N, E), B sequences end to end with these B + 1 offsets;
   // each attends to itself only (MhaForwardOptions::cu_seqlens), the other masks must be empty.
   std::vector<int32_t> cu_seqlens;
@@ -121,7 +114,6 @@ class TransformerEncoderLayer : public Module {
   FeedForward ff;  // its linear1 / dropout / linear2 are registered directly on this layer, as in PyTorch
   LayerNorm norm1, norm2;
   Dropout dropout1, dropout2;
-  Tensor rel_k, rel_v;  // config.relative: "rel_k", "rel_v" (2·relative_clip+1, head_dim); else undefined
 
  private:
   TransformerLayerConfig config_;
