@@ -1,7 +1,8 @@
-// The one cached decoding step of a Llama-style model, shared by decode::generate (a batch of one) and the
-// Scheduler (a changing batch): rows of their own lengths over one paged KV pool per layer, each new prompt
-// prefilled alone (after a cached prefix) and then all rows advanced by one batched forward a step; and the
-// per-row decisions that follow each step (sampling, log-probabilities, stop ids, lengths, the context's end).
+// The continuous-batching step of a Llama-style model, shared by decode::generate (a batch of one) and the
+// Scheduler (a changing batch): rows of their own lengths over one paged KV pool per layer, joining and leaving at
+// any step, each new prompt prefilled alone (after a cached prefix) and then all rows advanced by one batched
+// forward a step; and the per-row decisions that follow each step (sampling, log-probabilities, stop ids, lengths,
+// the context's end). The searches' fixed set of rows (greedy, beam, sampling) runs decode::CachedStep instead.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "qkv/core/error.h"
+#include "qkv/core/rng.h"
 #include "qkv/ops/shape_ops.h"
 
 namespace qkv::decode {
@@ -66,26 +67,34 @@ double length_penalty(int64_t length, LengthPenalty penalty, double alpha) {
   return 1.0;
 }
 
-std::vector<Hypothesis> greedy_search(StepModel& model, const SearchOptions& o) {
-  check_options(model, o, "greedy_search");
+namespace {
+
+// greedy_search and sample_search: one row per source, the next token chosen from each row's logits.
+std::vector<Hypothesis> one_row_search(StepModel& model, const SearchOptions& o, const SamplingOptions& sampling,
+                                       const char* op) {
+  check_options(model, o, op);
+  check_sampling(sampling);
   const int64_t S = model.num_sources(), V = model.vocab_size();
   const int64_t max_len = std::min(o.max_len, model.capacity());
-  QKV_CHECK_ARG(max_len >= 1, "[greedy_search] the model has no room for a single step");
+  QKV_CHECK_ARG(max_len >= 1, "[", op, "] the model has no room for a single step");
   std::vector<Hypothesis> out(static_cast<size_t>(S));
   std::vector<int64_t> rows(static_cast<size_t>(S)), tokens(static_cast<size_t>(S), o.bos), source(rows.size());
   std::iota(rows.begin(), rows.end(), 0);
   std::iota(source.begin(), source.end(), 0);
+  std::vector<Rng> rngs;  // one stream a source (a golden-ratio step apart)
+  for (int64_t s = 0; s < S; ++s) rngs.emplace_back(sampling.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(s)));
   model.start();
   std::vector<double> lp;
   for (int64_t t = 0; t < max_len && !rows.empty(); ++t) {
     const int64_t N = static_cast<int64_t>(rows.size());
-    const Tensor logits = checked_logits(model.step(rows, tokens), N, V, "greedy_search");
+    const Tensor logits = checked_logits(model.step(rows, tokens), N, V, op);
     std::vector<int64_t> next_rows, next_tokens, next_source;
     for (int64_t i = 0; i < N; ++i) {
       const float* x = logits.data() + i * V;
-      const int64_t best = std::max_element(x, x + V) - x;  // first maximum: lowest id on ties
+      const auto src = static_cast<size_t>(source[static_cast<size_t>(i)]);
+      const int64_t best = sample_token(x, V, sampling, rngs[src]);  // temperature 0: the first maximum
       log_softmax_row(x, V, lp);
-      Hypothesis& h = out[static_cast<size_t>(source[static_cast<size_t>(i)])];
+      Hypothesis& h = out[src];
       h.tokens.push_back(best);
       h.log_prob += lp[static_cast<size_t>(best)];
       if (best == o.eos) {
@@ -102,6 +111,17 @@ std::vector<Hypothesis> greedy_search(StepModel& model, const SearchOptions& o) 
   }
   for (Hypothesis& h : out) h.score = h.log_prob;
   return out;
+}
+
+}  // namespace
+
+std::vector<Hypothesis> sample_search(StepModel& model, const SearchOptions& options,
+                                      const SamplingOptions& sampling) {
+  return one_row_search(model, options, sampling, "sample_search");
+}
+
+std::vector<Hypothesis> greedy_search(StepModel& model, const SearchOptions& options) {
+  return one_row_search(model, options, SamplingOptions{}, "greedy_search");
 }
 
 std::vector<std::vector<Hypothesis>> beam_search(StepModel& model, const SearchOptions& o, const BeamOptions& b) {

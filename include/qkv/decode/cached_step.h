@@ -1,4 +1,5 @@
-// The one KV-cached decoding step (a StepModel for greedy_search / beam_search / forced_attention) of every model:
+// The one KV-cached decoding step (a StepModel for greedy_search / beam_search / sample_search / forced_attention)
+// of every model:
 // CachedStep owns the prompts, their left padding, the per-row positions and the rows' reordering; each model plugs
 // in through a small CachedModel (its forward with caches). The recomputing references are the tests' oracles
 // (tests/cpp/recompute_steps.h).

@@ -1,5 +1,6 @@
 // Step model for the RNN Seq2Seq (GRU/LSTM, with or without attention): the encoder runs once, each step() is one
-// Seq2Seq::decode_step over the current rows, whose recurrent states and encoder outputs are gathered per row.
+// Seq2Seq::decode_step over the current rows, whose recurrent states and encoder outputs are gathered per row. (A
+// recurrent state, no KV cache: the models with KV caches share decode::CachedStep.)
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "qkv/core/tensor.h"
+#include "qkv/decode/sampling.h"
 
 namespace qkv::decode {
 
@@ -51,8 +52,15 @@ struct Hypothesis {
   bool finished = false;        // ended with EOS (else cut at max_len)
 };
 
-// Argmax at every step (the lowest id on ties) until EOS or max_len; finished rows leave the batch.
-// -> one hypothesis per source.
+// One row per source, its next token drawn from the row's logits by sample_token (decode/sampling.h: temperature,
+// top-k, top-p) until EOS or max_len; finished rows leave the batch. Source s draws from its own Rng, seeded from
+// sampling.seed and s, so its tokens do not depend on which other sources run beside it or when they finish.
+// Temperature 0 is greedy_search. -> one hypothesis per source (log_prob: of the drawn tokens under the model's
+// unfiltered softmax; score = log_prob). Throws "[sampling] ..." for bad sampling options.
+std::vector<Hypothesis> sample_search(StepModel& model, const SearchOptions& options, const SamplingOptions& sampling);
+
+// Argmax at every step (the lowest id on ties) until EOS or max_len; finished rows leave the batch: sample_search
+// at temperature 0. -> one hypothesis per source.
 std::vector<Hypothesis> greedy_search(StepModel& model, const SearchOptions& options);
 
 enum class LengthPenalty {
