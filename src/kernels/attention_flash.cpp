@@ -194,12 +194,15 @@ Tensor unstack_heads(const Tensor& x, const Shape& batch, int64_t group, int64_t
 }
 
 constexpr int64_t kSplitKeys = 16;
+// The team the key splits are made for, whatever the threads at hand, so a row's bits never depend on the thread
+// count (the splits decide the merge order). 4 parts' multiples balance 1, 2 and 4 threads.
+constexpr int64_t kSplitTeam = 4;
 
-// Key splits per query tile: 1 while there are enough tiles to keep every thread busy and balanced; otherwise
-// (decoding one query against a long cache, B·H below the thread count) the keys of each tile are split and the
-// partial (max, sum, output) merged afterwards in a fixed order. Each part is an equal share of its tile's keys (in
-// multiples of kSplitKeys), so the fewest parts that are a multiple of the team balance it (3 KV heads on 2 threads:
-// 6 parts, 3 a thread) where the keys allow it; more parts would only add each one's setup and merge.
+// Key splits per query tile: 1 while there are enough tiles to keep every thread of a kSplitTeam busy and balanced;
+// otherwise (decoding one query against a long cache, few heads) the keys of each tile are split and the partial
+// (max, sum, output) merged afterwards in a fixed order. Each part is an equal share of its tile's keys (in
+// multiples of kSplitKeys), so the fewest parts that are a multiple of the team balance it (3 KV heads: 4 parts
+// each, 12 in all) where the keys allow it; more parts would only add each one's setup and merge.
 int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
   if (units >= 4 * threads || units % threads == 0) return 1;
   int64_t s = ceil_div(threads, units);
@@ -289,7 +292,7 @@ static AttentionResult forward(Ctx cx, const Shape& batch, const FlashConfig& co
     if (paired.k != nullptr) cx.paired = &paired;
   }
   const int64_t units = nb * nqt;
-  const int64_t splits = config.split_keys ? forward_splits(units, threads, ceil_div(cx.tk, fk)) : 1;
+  const int64_t splits = config.split_keys ? forward_splits(units, kSplitTeam, ceil_div(cx.tk, fk)) : 1;
   // Work for the team size: the multiply-adds, or, where the rows are few (decoding), the K/V reads, each charged as
   // a weight read (kernels::kWeightReadWork): one query row over 1000 cached keys is memory-bound, not small.
   const int64_t keys = tq > 0 ? std::max<int64_t>(0, cx.key_end(tq - 1) - cx.key_begin(0)) : 0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_flash_testing.h"
@@ -374,6 +375,32 @@ TEST(AttentionFusedErrors, KernelBackwardNeedsOutAndLse) {
   EXPECT_TRUE(ThrowsArg(
       [&] { kernels::attention_flash_backward(q, k, v, randn({5, 3}, 6), Tensor(), g, {}, Shape{}, 0.5f); },
       "[attention_backward]"));
+}
+
+// Decoding one query row a head against a long cache splits each head's keys into parts made for a fixed team, not
+// the threads at hand: the output and LSE are the same bits at 1, 2 and 3 threads (a reply does not change with the
+// thread count). GQA (9 query heads over 3), one row, keys past several parts; and a plain multi-head case.
+TEST(AttentionFlash, DecodeBitsDoNotDependOnTheThreadCount) {
+  for (const auto& [hq, hkv, tk] : {std::tuple<int64_t, int64_t, int64_t>{9, 3, 576}, {4, 4, 1000}, {6, 2, 37}}) {
+    const Tensor q = randn({1, hq, 1, 64}, 11), k = randn({1, hkv, tk, 64}, 12), v = randn({1, hkv, tk, 64}, 13);
+    AttentionOptions o;
+    o.causal = Causal::kBottomRight;
+    o.enable_gqa = hq != hkv;
+    const Shape batch = attention_check(q, k, v, o, "test");
+    std::vector<std::vector<float>> outs, lses;
+    for (int threads : {1, 2, 3}) {
+      kernels::FlashConfig cfg;
+      cfg.threads = threads;
+      cfg.min_work_per_thread = 0;  // every thread started
+      const AttentionResult r = kernels::attention_flash_forward(q, k, v, o, batch, 0.125f, cfg);
+      outs.push_back(r.out.to_vector());
+      lses.push_back(r.lse.to_vector());
+    }
+    for (size_t i = 1; i < outs.size(); ++i) {
+      EXPECT_EQ(outs[i], outs[0]) << "Hq " << hq << " Hkv " << hkv << " Tk " << tk << ": threads " << i + 1;
+      EXPECT_EQ(lses[i], lses[0]) << "Hq " << hq << " Hkv " << hkv << " Tk " << tk << ": threads " << i + 1;
+    }
+  }
 }
 
 }  // namespace

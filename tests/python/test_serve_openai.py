@@ -87,8 +87,11 @@ def reference():
         return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True))
 
+    # The server's scheduler decodes on a paged KV cache of 16 positions a page; the reference runs the same cache,
+    # whose bits a request has alone or among others (a contiguous cache tiles and splits the keys otherwise, so a
+    # near-tie between two tokens may go the other way there).
     def greedy(ids, n):
-        new = [int(i) for i in model.generate(ids, n)]
+        new = [int(i) for i in model.generate(ids, n, page_size=16)]
         finish = "length"
         if new and new[-1] in stops:
             new, finish = new[:-1], "stop"

@@ -27,9 +27,9 @@ struct FlashConfig {
   double min_work_per_thread = 1 << 18;
   // Tile sizes (queries x keys) of the forward and the backward; 0 = the tuned default. Positive multiples of 8.
   int64_t fwd_q_tile = 0, fwd_k_tile = 0, bwd_q_tile = 0, bwd_k_tile = 0;
-  // false: the forward never splits a query tile's keys across threads (it splits them when the query tiles are too
-  // few for the threads, as in decoding), so each output's reduction order is the same at any thread count: the
-  // decoding path (attention_with_kvcache) gives a sequence the same bits alone, batched, on 1 or 2 threads.
+  // false: the forward never splits a query tile's keys (it splits them when the query tiles are too few for a
+  // fixed team of 4, as in decoding; the splits, hence the bits, never depend on the threads at hand). The paged
+  // decoding path (attention_with_kvcache) does not split, so a sequence has the same bits alone or batched.
   bool split_keys = true;
 };
 
