@@ -21,6 +21,11 @@ uint32_t Rng::next_u32() {
   return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
 }
 
+uint64_t Rng::next_u64() {
+  const uint64_t hi = next_u32();
+  return (hi << 32) | next_u32();
+}
+
 float Rng::uniform() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
 
 namespace {

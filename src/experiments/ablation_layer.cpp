@@ -20,9 +20,6 @@ const nn::TransformerLayerConfig& checked(const AblationLayerConfig& c) {
   return c.layer;
 }
 
-// A Dropout child's 64-bit seed, drawn as nn's transformer layers draw theirs.
-uint64_t draw_seed(Rng& rng) { return (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32(); }
-
 }  // namespace
 
 AblationEncoderLayer::AblationEncoderLayer(const AblationLayerConfig& config, Rng& rng)
@@ -31,8 +28,8 @@ AblationEncoderLayer::AblationEncoderLayer(const AblationLayerConfig& config, Rn
          config.layer.bias),
       norm1(config.layer.d_model, config.layer.layer_norm_eps, true, config.layer.bias),
       norm2(config.layer.d_model, config.layer.layer_norm_eps, true, config.layer.bias),
-      dropout1(config.layer.dropout, draw_seed(rng)),
-      dropout2(config.layer.dropout, draw_seed(rng)),
+      dropout1(config.layer.dropout, rng.next_u64()),
+      dropout2(config.layer.dropout, rng.next_u64()),
       config_(config) {
   register_module("self_attn", &self_attn);
   register_module("linear1", &ff.linear1);

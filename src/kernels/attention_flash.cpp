@@ -203,10 +203,10 @@ constexpr int64_t kSplitTeam = 4;
 // (max, sum, output) merged afterwards in a fixed order. Each part is an equal share of its tile's keys (in
 // multiples of kSplitKeys), so the fewest parts that are a multiple of the team balance it (3 KV heads: 4 parts
 // each, 12 in all) where the keys allow it; more parts would only add each one's setup and merge.
-int64_t forward_splits(int64_t units, int64_t threads, int64_t max_key_tiles) {
-  if (units >= 4 * threads || units % threads == 0) return 1;
-  int64_t s = ceil_div(threads, units);
-  while (s < max_key_tiles && (units * s) % threads != 0) ++s;
+int64_t forward_splits(int64_t units, int64_t team, int64_t max_key_tiles) {
+  if (units >= 4 * team || units % team == 0) return 1;
+  int64_t s = ceil_div(team, units);
+  while (s < max_key_tiles && (units * s) % team != 0) ++s;
   return std::clamp<int64_t>(s, 1, std::max<int64_t>(1, max_key_tiles));
 }
 

@@ -14,8 +14,6 @@
 namespace qkv::models {
 namespace {
 
-uint64_t draw_seed(Rng& rng) { return (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32(); }
-
 void check_ids(const Ids& ids, const char* op, const char* name) {
   QKV_CHECK_ARG(ids.shape.size() == 2, "[", op, "] ", name, " ids ", str(ids.shape), " must be (B, T)");
   QKV_CHECK_ARG(static_cast<int64_t>(ids.data.size()) == shape_numel(ids.shape), "[", op, "] ", name, " ids ",
@@ -52,7 +50,7 @@ Tensor padding_mask(const Ids& ids, int64_t pad_id) {
 Seq2SeqTransformer::Seq2SeqTransformer(const TransformerSeq2SeqConfig& c, Rng& rng)
     : src_tok_emb(checked(c).src_vocab, c.transformer.layer.d_model, rng),
       tgt_tok_emb(c.tgt_vocab, c.transformer.layer.d_model, rng),
-      pos_dropout(c.transformer.layer.dropout, draw_seed(rng)),
+      pos_dropout(c.transformer.layer.dropout, rng.next_u64()),
       transformer(c.transformer, rng),
       generator(c.transformer.layer.d_model, c.tgt_vocab, true, rng),
       config_(c) {
@@ -125,7 +123,7 @@ ad::Var Seq2SeqTransformer::forward(const nn::Context& c, const Ids& src, const 
 DecoderOnlyTransformer::DecoderOnlyTransformer(const DecoderOnlyConfig& c, Rng& rng)
     : tok_emb(checked(c).vocab, c.layer.d_model, rng),
       pos_emb(c.max_len, c.layer.d_model, rng),
-      emb_dropout(c.layer.dropout, draw_seed(rng)),
+      emb_dropout(c.layer.dropout, rng.next_u64()),
       norm(c.layer.d_model, c.layer.layer_norm_eps, true, c.layer.bias),
       lm_head(c.layer.d_model, c.vocab, false, rng),
       config_(c) {

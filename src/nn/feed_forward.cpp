@@ -17,8 +17,6 @@ int64_t checked_d_model(int64_t d_model, int64_t dim_feedforward, float dropout)
   return d_model;
 }
 
-uint64_t draw_seed(Rng& rng) { return (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32(); }
-
 }  // namespace
 
 Activation activation_from_string(const std::string& name, const char* op) {
@@ -42,7 +40,7 @@ Tensor apply_activation(const Tensor& x, Activation activation) {
 FeedForward::FeedForward(int64_t d_model, int64_t dim_feedforward, Rng& rng, Activation activation, float dropout,
                          bool bias)
     : linear1(checked_d_model(d_model, dim_feedforward, dropout), dim_feedforward, bias, rng),
-      dropout(dropout, draw_seed(rng)),
+      dropout(dropout, rng.next_u64()),
       linear2(dim_feedforward, d_model, bias, rng),
       activation_(activation) {
   register_module("linear1", &linear1);

@@ -25,8 +25,6 @@ int64_t checked_layer_config(const TransformerLayerConfig& c, const char* op) {
   return c.d_model;
 }
 
-uint64_t draw_seed(Rng& rng) { return (static_cast<uint64_t>(rng.next_u32()) << 32) | rng.next_u32(); }
-
 void check_sequence(const Tensor& x, int64_t d_model, const char* op, const char* name, bool packed) {
   QKV_CHECK_ARG(x.defined(), "[", op, "] ", name, " is undefined");
   if (packed) {

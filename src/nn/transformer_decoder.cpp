@@ -18,9 +18,9 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerConfig& c
       norm1(c.d_model, c.layer_norm_eps, true, c.bias),
       norm2(c.d_model, c.layer_norm_eps, true, c.bias),
       norm3(c.d_model, c.layer_norm_eps, true, c.bias),
-      dropout1(c.dropout, detail::draw_seed(rng)),
-      dropout2(c.dropout, detail::draw_seed(rng)),
-      dropout3(c.dropout, detail::draw_seed(rng)),
+      dropout1(c.dropout, rng.next_u64()),
+      dropout2(c.dropout, rng.next_u64()),
+      dropout3(c.dropout, rng.next_u64()),
       config_(c) {
   QKV_CHECK_ARG(!c.rotary && !c.attn_scale,
                 "[TransformerDecoderLayer] rotary and attn_scale are encoder-layer options; keep their defaults");

@@ -14,8 +14,8 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerConfig& c
       ff(c.d_model, c.dim_feedforward, rng, c.activation, c.dropout, c.bias),
       norm1(c.d_model, c.layer_norm_eps, true, c.bias),
       norm2(c.d_model, c.layer_norm_eps, true, c.bias),
-      dropout1(c.dropout, detail::draw_seed(rng)),
-      dropout2(c.dropout, detail::draw_seed(rng)),
+      dropout1(c.dropout, rng.next_u64()),
+      dropout2(c.dropout, rng.next_u64()),
       config_(c) {
   register_module("self_attn", &self_attn);
   register_module("linear1", &ff.linear1);

@@ -13,6 +13,7 @@ class Rng {
   explicit Rng(uint64_t seed = 0);
 
   uint32_t next_u32();
+  uint64_t next_u64();  // two next_u32 draws, the first the high half (a child module's seed)
   float uniform();                    // [0, 1)
   float uniform(float lo, float hi);  // [lo, hi); lo < hi
   float normal(float mean = 0.0f, float stddev = 1.0f);  // Box-Muller; stddev >= 0
