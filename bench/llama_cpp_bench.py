@@ -209,6 +209,28 @@ def gguf_weight_bytes(path):
     return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
 
 
+def gguf_kv_floats_per_position(path):
+    """Floats of K and V one cached position holds over all layers: 2 x layers x KV heads x head size."""
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+
+    def field(key, default=None):
+        f = reader.fields.get(f"{arch}.{key}")
+        return f.contents() if f is not None else default
+
+    heads = field("attention.head_count")
+    kv_heads = field("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer head counts: their sum over the layers
+        return sum(2 * h * field("attention.key_length", field("embedding_length") // heads) for h in kv_heads)
+    head = field("attention.key_length", field("embedding_length") // heads)
+    return 2 * field("block_count") * kv_heads * head
+
+
+# Bytes of one cached K or V element: qkv's cache holds float32; llama.cpp's, as llama-cpp-python creates it
+# here (type_k / type_v left at their default), float16.
+KV_BYTES = {"qkv": 4, "llama.cpp": 2}
+
+
 def read_sweep_gbs(binary, threads):
     out = subprocess.run([binary, "--read-sweep", "--threads", str(threads)], check=True, capture_output=True,
                          text=True).stdout
@@ -277,10 +299,21 @@ def main():
             mb = gguf_weight_bytes(args.gguf) / 1e6
             run["weights_mb_per_token"], run["read_sweep_gbs"] = mb, sweep
             print(f"  weights read per decoded token {mb:.1f} MB; read sweep {sweep:.1f} GB/s")
+            # The decode also reads the KV cache: at the mean context of its steps (the prompt and half the new
+            # tokens), in each engine's cache type. Weights and cache over the sweep bound the decode's speed.
+            context = args.prompt + (n + 1) / 2
+            kv_floats = gguf_kv_floats_per_position(args.gguf) * context
             for name, r in run["engines"].items():
+                kv_mb = kv_floats * KV_BYTES[name] / 1e6
                 gbs = r["decode_tokens_per_s"] * mb / 1e3
+                all_gbs = r["decode_tokens_per_s"] * (mb + kv_mb) / 1e3
                 r["decode_weight_gbs"], r["decode_of_read_sweep"] = gbs, gbs / sweep
-                print(f"  {name:10s} decode reads weights at {gbs:5.1f} GB/s = {gbs / sweep:.2f} of the read sweep")
+                r["kv_cache_mb_per_token"], r["decode_read_gbs"] = kv_mb, all_gbs
+                r["decode_bound_tokens_per_s"] = sweep * 1e3 / (mb + kv_mb)
+                print(f"  {name:10s} decode reads weights at {gbs:5.1f} GB/s = {gbs / sweep:.2f} of the read sweep; "
+                      f"with its KV cache ({kv_mb:.1f} MB a token, {KV_BYTES[name]} bytes an element) "
+                      f"{all_gbs:5.1f} GB/s = {all_gbs / sweep:.2f}: the sweep would allow "
+                      f"{r['decode_bound_tokens_per_s']:.0f} tokens/s")
         runs.append(run)
         del engines
     else:
