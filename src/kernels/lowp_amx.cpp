@@ -80,89 +80,17 @@ struct HardwareTiles {
   }
 };
 
-// The per-call row work with AVX-512: the bits of detail::ScalarRows.
-struct Avx512Rows {
-  static void pack_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * ldx;
-      for (int64_t g0 = 0; g0 < ld; g0 += 16)  // 32 floats (k = 2 g0 ..) -> 16 words; past k zero
-        _mm512_storeu_si512(dst + r * ld + g0, detail::bf16_pairs32(xr + 2 * g0, k - 2 * g0));
-    }
-  }
-  static void pack_int8(const int16_t* q, int64_t ldq, int64_t rows, int64_t words, uint32_t* dst) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g0 = 0; g0 < words; g0 += 16)  // 64 values -> 16 words (words is a multiple of 16)
-        detail::Lanes512::int8_quads(q + r * ldq + 4 * g0, dst + r * words + g0);
-  }
-  // amx_pairs_product's copies and block stores (ScalarRows' contract and bits). A in rows (a_ks 1) is copied row
-  // by row; A in columns (a_rs 1: P·V's probabilities, paired along keys) is transposed 16 x 16 words at a time.
-  static void pairs_a(const uint32_t* a, int64_t a_rs, int64_t a_ks, int64_t rows, int64_t depth, int64_t rows_padded,
-                      int64_t kw, uint32_t* dst) {
-    if (a_ks != 1 && a_rs != 1) {
-      detail::ScalarRows::pairs_a(a, a_rs, a_ks, rows, depth, rows_padded, kw, dst);
-      return;
-    }
-    if (a_ks == 1) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t k0 = 0; k0 < kw; k0 += 16)
-          _mm512_storeu_si512(dst + r * kw + k0,
-                              _mm512_maskz_loadu_epi32(detail::lanes(depth - k0), a + r * a_rs + k0));
-    } else {
-      for (int64_t r0 = 0; r0 < rows; r0 += 16)
-        for (int64_t k0 = 0; k0 < kw; k0 += 16) {
-          __m512 x[16];
-          detail::load_transposed(reinterpret_cast<const float*>(a + k0 * a_ks + r0), a_ks, depth - k0, rows - r0, x);
-          for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (r0 + i) * kw + k0, x[i]);
-        }
-    }
-    const int64_t done = a_ks == 1 ? rows : (rows + 15) / 16 * 16;  // the transposed rows past rows are zeros
-    std::memset(dst + done * kw, 0, static_cast<size_t>((rows_padded - done) * kw) * sizeof(uint32_t));
-  }
-  static void pairs_b(const uint32_t* b, int64_t b_ks, int64_t cols, int64_t depth, int64_t panels, int64_t kw,
-                      uint32_t* dst) {
-    for (int64_t p = 0; p < panels; ++p) {
-      const __mmask16 m0 = detail::lanes(cols - p * 32), m1 = detail::lanes(cols - p * 32 - 16);
-      for (int64_t k = 0; k < kw; ++k) {
-        uint32_t* o = dst + (p * kw + k) * 32;
-        const uint32_t* x = b + k * b_ks + p * 32;
-        const bool in = k < depth;
-        _mm512_storeu_si512(o, in ? _mm512_maskz_loadu_epi32(m0, x) : _mm512_setzero_si512());
-        _mm512_storeu_si512(o + 16, in ? _mm512_maskz_loadu_epi32(m1, x + 16) : _mm512_setzero_si512());
-      }
-    }
-  }
-  static void pairs_c(const float* ct, int64_t rows, int64_t cols, float* y, int64_t ys, const float* row_scale,
-                      bool accumulate, float scale) {
-    const __mmask16 m0 = detail::lanes(cols), m1 = detail::lanes(cols - 16);
-    const __m512 sc = _mm512_set1_ps(scale);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* yr = y + r * ys;
-      const __m512 s = _mm512_set1_ps(row_scale != nullptr ? row_scale[r] : 1.0f);
-      for (int v = 0; v < 2; ++v) {
-        const __mmask16 m = v == 0 ? m0 : m1;
-        if (m == 0) continue;
-        const __m512 x = _mm512_load_ps(ct + r * 32 + 16 * v);
-        const __m512 out = accumulate ? _mm512_add_ps(_mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, yr + 16 * v)), x)
-                                      : _mm512_mul_ps(x, sc);
-        _mm512_mask_storeu_ps(yr + 16 * v, m, out);
-      }
-    }
-  }
-  static void int8_block(const int32_t* ci, const int32_t* colsum, const float* row_scale, int64_t scale_stride,
-                         int64_t rows, float* f) {
-    const __m512i c0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7);
-    const __m512i c1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
-    for (int64_t r = 0; r < rows; ++r) {
-      const __m512 sa = _mm512_set1_ps(row_scale[r * scale_stride]);
-      float* fr = f + r * 32;
-      const int32_t* cr = ci + r * 32;
-      _mm512_storeu_ps(fr, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(cr), c0)), sa,
-                                           _mm512_loadu_ps(fr)));
-      _mm512_storeu_ps(fr + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(cr + 16), c1)),
-                                                sa, _mm512_loadu_ps(fr + 16)));
-    }
+// The per-call row work with AVX-512 (detail::LaneRows over these lanes): the bits of detail::ScalarRows.
+struct Avx512Lanes : detail::Lanes512 {
+  static I bf16_pairs(const float* x, int64_t count) { return detail::bf16_pairs32(x, count); }
+  // Word i of dst's row q (rows ld_dst apart, q < 16, i < 16) = a[i ld + q] for i < n and q < m, zero elsewhere.
+  static void transposed(const uint32_t* a, int64_t ld, int64_t n, int64_t m, uint32_t* dst, int64_t ld_dst) {
+    __m512 x[16];
+    detail::load_transposed(reinterpret_cast<const float*>(a), ld, n, m, x);
+    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ld_dst, x[i]);
   }
 };
+using Avx512Rows = detail::LaneRows<Avx512Lanes>;
 
 }  // namespace
 

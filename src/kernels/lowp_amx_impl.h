@@ -1,7 +1,7 @@
 // Private (not installed): the AMX products' walk over tiles (bf16 tdpbf16ps, int8 tdpbusd), written once over two
 // policies and built three times: Tiles, the tile unit (the hardware's: tileloadd, tdp*, tilestored; or
 // EmulatedTiles below, in plain loops), and Rows, the per-call vector work (packing the activation rows, the int8
-// block epilogue: AVX-512 in lowp_amx.cpp, or ScalarRows below). lowp.cpp builds <EmulatedTiles, ScalarRows> (every
+// block epilogue: LaneRows below over lowp_amx.cpp's AVX-512 lanes, or over Lanes1 as ScalarRows). lowp.cpp builds <EmulatedTiles, ScalarRows> (every
 // CPU), lowp_amx.cpp <EmulatedTiles, its AVX-512 rows> (AVX-512 CPUs) and <its hardware tiles, AVX-512 rows> (AMX
 // CPUs): the three give the same bits where their hardware exists, so the tests reach all but the tile
 // instructions themselves on any AVX-512 CPU.
@@ -257,30 +257,72 @@ struct EmulatedTiles {
   }
 };
 
-// The per-call row work in plain loops (the bits of the vector builds: bf16_round_bits, exact int32, fma).
-struct ScalarRows {
+// One-lane traits (micro.h's lane traits' operations that LaneRows uses, on plain values): LaneRows<Lanes1> is the
+// per-call row work in plain loops, the bits of the vector builds (bf16_round_bits, exact int32, fma).
+struct Lanes1 {
+  using F = float;
+  using I = uint32_t;
+  using Tail = bool;
+  static constexpr int64_t kW = 1;
+  static Tail tail(int64_t n) { return n > 0; }
+  static I izero() { return 0u; }
+  static F set1(float x) { return x; }
+  static F load(const float* p) { return *p; }
+  static I load(const int32_t* p) { return static_cast<uint32_t>(*p); }
+  static F load_n(const float* p, Tail t) { return t ? *p : 0.0f; }
+  static I load_n(const uint32_t* p, Tail t) { return t ? *p : 0u; }
+  static void store(float* p, F v) { *p = v; }
+  static void store_n(float* p, Tail t, F v) { *p = t ? v : *p; }
+  static void store_i(uint32_t* p, I v) { *p = v; }
+  static F add(F a, F b) { return a + b; }
+  static F mul(F a, F b) { return a * b; }
+  static F fmadd(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
+  static I add_i(I a, I b) { return a + b; }
+  static I neg_shl7(I a) { return 0u - (a << 7); }  // -128 a
+  static F to_float(I a) { return static_cast<float>(static_cast<int32_t>(a)); }
+  static I bf16_pairs(const float* x, int64_t count) {  // x[0] rounded in the low half, x[1] in the high one
+    return (count > 0 ? bf16_round_bits(x[0]) >> 16 : 0u) | (count > 1 ? bf16_round_bits(x[1]) : 0u);
+  }
+  static void int8_quads(const int16_t* q, uint32_t* out) {  // 4 values -> 1 word of q + 128
+    uint32_t word = 0;
+    for (int i = 0; i < 4; ++i) word |= static_cast<uint32_t>(static_cast<uint8_t>(q[i] + 128)) << (8 * i);
+    *out = word;
+  }
+};
+
+// The per-call row work (the Rows policy above) written once over lane traits L: Lanes1 here, or lowp_amx.cpp's
+// AVX-512 lanes, which also copy A by rows or by 16 x 16 transposes (L::load_transposed) where one of its strides
+// is 1. Every step is a move, an exact integer step, or the same float operation per lane: the same bits.
+template <class L>
+struct LaneRows {
   static void pack_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t ld, uint32_t* dst) {
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g = 0; g < ld; ++g) {
-        const uint32_t lo = 2 * g < k ? bf16_round_bits(x[r * ldx + 2 * g]) >> 16 : 0u;
-        const uint32_t hi = 2 * g + 1 < k ? bf16_round_bits(x[r * ldx + 2 * g + 1]) : 0u;
-        dst[r * ld + g] = lo | hi;
-      }
+      for (int64_t g0 = 0; g0 < ld; g0 += L::kW)  // 2 kW floats (k = 2 g0 ..) -> kW words; past k zero
+        L::store_i(dst + r * ld + g0, L::bf16_pairs(x + r * ldx + 2 * g0, k - 2 * g0));
   }
   static void pack_int8(const int16_t* q, int64_t ldq, int64_t rows, int64_t words, uint32_t* dst) {
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g = 0; g < words; ++g) {
-        uint32_t word = 0;
-        for (int i = 0; i < 4; ++i)
-          word |= static_cast<uint32_t>(static_cast<uint8_t>(q[r * ldq + 4 * g + i] + 128)) << (8 * i);
-        dst[r * words + g] = word;
-      }
+      for (int64_t g0 = 0; g0 < words; g0 += L::kW)  // 4 kW values -> kW words (words is a multiple of 16)
+        L::int8_quads(q + r * ldq + 4 * g0, dst + r * words + g0);
   }
   // amx_pairs_product's copies: A(r, k) = a[r a_rs + k a_ks] as rows of kw words at dst, r < rows_padded (zero
   // from depth on and from rows on); B(k, col) = b[k b_ks + col] as panels of 32 columns, word k of panel p's lane l
   // at dst[(p kw + k) kPanel + l] (zero from depth on and from cols on).
   static void pairs_a(const uint32_t* a, int64_t a_rs, int64_t a_ks, int64_t rows, int64_t depth, int64_t rows_padded,
                       int64_t kw, uint32_t* dst) {
+    if constexpr (L::kW > 1) {
+      if (a_ks == 1 || a_rs == 1) {  // A in rows: copied row by row; in columns (P·V's probabilities): transposed
+        for (int64_t r0 = 0; r0 < rows; r0 += a_ks == 1 ? 1 : L::kW)
+          for (int64_t k0 = 0; k0 < kw; k0 += L::kW)
+            if (a_ks == 1)
+              L::store_i(dst + r0 * kw + k0, L::load_n(a + r0 * a_rs + k0, L::tail(depth - k0)));
+            else
+              L::transposed(a + k0 * a_ks + r0, a_ks, depth - k0, rows - r0, dst + r0 * kw + k0, kw);
+        const int64_t done = a_ks == 1 ? rows : (rows + L::kW - 1) / L::kW * L::kW;  // transposed rows: zeros
+        std::memset(dst + done * kw, 0, static_cast<size_t>((rows_padded - done) * kw) * sizeof(uint32_t));
+        return;
+      }
+    }
     for (int64_t r = 0; r < rows_padded; ++r)
       for (int64_t k = 0; k < kw; ++k) dst[r * kw + k] = r < rows && k < depth ? a[r * a_rs + k * a_ks] : 0u;
   }
@@ -288,9 +330,10 @@ struct ScalarRows {
                       uint32_t* dst) {
     for (int64_t p = 0; p < panels; ++p)
       for (int64_t k = 0; k < kw; ++k)
-        for (int64_t l = 0; l < kPanel; ++l) {
-          const int64_t col = p * kPanel + l;
-          dst[(p * kw + k) * kPanel + l] = k < depth && col < cols ? b[k * b_ks + col] : 0u;
+        for (int64_t l = 0; l < kPanel; l += L::kW) {
+          const typename L::Tail t = L::tail(cols - p * kPanel - l);
+          const typename L::I x = k < depth ? L::load_n(b + k * b_ks + p * kPanel + l, t) : L::izero();
+          L::store_i(dst + (p * kw + k) * kPanel + l, x);
         }
   }
   // One block of C from ct (32 x 32): y[r ys + l] for r < rows, l < lanes becomes s_r y + ct (accumulate; s_r =
@@ -298,19 +341,29 @@ struct ScalarRows {
   static void pairs_c(const float* ct, int64_t rows, int64_t lanes, float* y, int64_t ys, const float* row_scale,
                       bool accumulate, float scale) {
     for (int64_t r = 0; r < rows; ++r) {
-      const float s = row_scale != nullptr ? row_scale[r] : 1.0f;
-      for (int64_t l = 0; l < lanes; ++l)
-        y[r * ys + l] = accumulate ? s * y[r * ys + l] + ct[r * kPanel + l] : ct[r * kPanel + l] * scale;
+      const typename L::F s = L::set1(row_scale != nullptr ? row_scale[r] : 1.0f);
+      for (int64_t l = 0; l < lanes; l += L::kW) {
+        const typename L::Tail t = L::tail(lanes - l);
+        const typename L::F x = L::load(ct + r * kPanel + l);
+        L::store_n(y + r * ys + l, t, accumulate ? L::add(L::mul(s, L::load_n(y + r * ys + l, t)), x)
+                                                 : L::mul(x, L::set1(scale)));
+      }
     }
   }
   static void int8_block(const int32_t* ci, const int32_t* colsum, const float* row_scale, int64_t scale_stride,
                          int64_t rows, float* f) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t l = 0; l < kPanel; ++l)
-        f[r * kPanel + l] = __builtin_fmaf(static_cast<float>(ci[r * kPanel + l] - colsum[l] * 128),
-                                           row_scale[r * scale_stride], f[r * kPanel + l]);
+    typename L::I c[kPanel / L::kW];  // -128 colsum
+    for (int64_t v = 0; v < kPanel / L::kW; ++v) c[v] = L::neg_shl7(L::load(colsum + v * L::kW));
+    for (int64_t r = 0; r < rows; ++r) {
+      const typename L::F sa = L::set1(row_scale[r * scale_stride]);
+      for (int64_t v = 0; v < kPanel / L::kW; ++v) {
+        float* fr = f + r * kPanel + v * L::kW;
+        L::store(fr, L::fmadd(L::to_float(L::add_i(L::load(ci + r * kPanel + v * L::kW), c[v])), sa, L::load(fr)));
+      }
+    }
   }
 };
+using ScalarRows = LaneRows<Lanes1>;
 
 }  // namespace
 }  // namespace qkv::kernels::detail

@@ -54,6 +54,9 @@ struct Lanes512 {
   static I load_n(const uint32_t* p, Tail t) { return _mm512_maskz_loadu_epi32(t, p); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static void store_n(float* p, Tail t, F v) { _mm512_mask_storeu_ps(p, t, v); }
+  static void store_i(uint32_t* p, I v) { _mm512_storeu_si512(p, v); }
+  static I izero() { return _mm512_setzero_si512(); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }

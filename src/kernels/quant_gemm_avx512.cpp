@@ -80,7 +80,6 @@ inline constexpr int64_t kPrefetchAhead = 16384;
 struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub, mul, to_float) and these
   static constexpr int kLanes = 16;
   static constexpr bool kReadsPacked = true;  // kinds 0..4 on repacked tiles too
-  static I izero() { return _mm512_setzero_si512(); }
   using Lanes512::load;
   static I load(const uint8_t* p) { return _mm512_load_si512(p); }
   static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
@@ -131,7 +130,6 @@ struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub
   static void store_i(uint8_t* p, I v) { _mm512_store_si512(p, v); }
   static F half_lo(I v) { return fp16_lanes_to_float512(v); }
   static F half_hi(I v) { return fp16_lanes_to_float512(_mm512_srli_epi32(v, 16)); }
-  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub_i(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
   static F scales_u8(const uint8_t* p) {
     return to_float(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))));
