@@ -4,13 +4,9 @@
 // picked at run time only when the CPU has all four.
 #include <immintrin.h>
 
-// GCC 12 flags its own _mm512_undefined_ps inside the intrinsic headers (a known false positive).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-
 #include "attention_flash_blocks.h"
 #include "attention_flash_simd.h"
-#include "micro.h"
+#include "micro.h"  // also silences GCC 12's false -Wmaybe-uninitialized in its AVX-512 intrinsics
 
 namespace qkv::kernels::flash {
 namespace {

@@ -5,23 +5,14 @@
 // this one with the bf16 products on AMX tiles, the hardware's or emulated (lowp_amx.cpp).
 #include <immintrin.h>
 
-#include <algorithm>
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 #include "attention_flash_blocks.h"
-#include "lowp_avx512_impl.h"
+#include "lowp_avx512_impl.h"  // micro.h: GCC 12's false -Wmaybe-uninitialized silenced
 #include "micro.h"
 
 namespace qkv::kernels::flash {
 namespace {
 
 using detail::Lanes512;
-
-inline __mmask16 tail_mask(int64_t n) { return Lanes512::tail(n); }  // lanes [0, n), 0 <= n <= 16
 
 // Blocks of up to kMaxNV vectors by R rows.
 constexpr int max_vectors(int rows) { return rows <= 6 ? 4 : 2; }
@@ -34,7 +25,7 @@ void gemm_bf16(const GemmBf16& g) {
 
 void pairs_of_rows(const float* x0, const float* x1, int64_t n, uint32_t* out) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
+    const __mmask16 m = detail::lanes(n - i);
     const __m512i lo = _mm512_srli_epi32(detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m, x0 + i)), 16);
     const __m512i hi = x1 ? detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m, x1 + i)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(out + i, m, _mm512_or_si512(lo, hi));
@@ -42,14 +33,8 @@ void pairs_of_rows(const float* x0, const float* x1, int64_t n, uint32_t* out) {
 }
 
 void pairs_of_adjacent(const float* x, int64_t n, uint32_t* out) {
-  // 16 words from 32 floats: the even ones' high halves shifted down, or'ed with the odd ones' high halves.
-  for (int64_t i = 0; i < n; i += 16) {
-    const int64_t w = std::min<int64_t>(16, n - i);
-    const __mmask16 m0 = tail_mask(std::min<int64_t>(16, 2 * w)), m1 = 2 * w > 16 ? tail_mask(2 * w - 16) : 0;
-    const __m512i a = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m0, x + 2 * i));       // floats 0..15 of this block
-    const __m512i b = detail::bf16_round16_hi(_mm512_maskz_loadu_ps(m1, x + 2 * i + 16));  // floats 16..31
-    _mm512_mask_storeu_epi32(out + i, tail_mask(w), detail::bf16_adjacent_pairs(a, b));
-  }
+  for (int64_t i = 0; i < n; i += 16)  // 16 words from 32 floats
+    _mm512_mask_storeu_epi32(out + i, detail::lanes(n - i), detail::bf16_pairs32(x + 2 * i, 2 * (n - i)));
 }
 
 }  // namespace
