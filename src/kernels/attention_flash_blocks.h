@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "attention_flash_kernels.h"
+#include "static_dispatch.h"
 
 namespace qkv::kernels::flash {
 namespace {
@@ -73,25 +74,13 @@ inline G rows_from(const G& g, int64_t r0) {
 template <class L, template <class> class Dot, int R, int kMaxNV>
 inline void product_tail(const GemmOf<typename Dot<L>::Word>& g, const typename Dot<L>::Word* a,
                          const typename Dot<L>::Word* b, float* c, int64_t nv, int64_t n_last) {
-  static_assert(kMaxNV <= 8, "the switch below handles up to 8 vectors");
   const typename L::Tail last = L::tail(n_last);
-  const auto run = [&]<int NV>() {
-    if constexpr (NV <= kMaxNV) {
+  detail::with_index<kMaxNV + 1>(nv, [&]<int NV>() {
+    if constexpr (NV > 0) {
       if (n_last == L::kW) product_block<L, Dot, R, NV, false>(g, a, b, c, last);
       else product_block<L, Dot, R, NV, true>(g, a, b, c, last);
     }
-  };
-  switch (nv) {
-    case 1: return run.template operator()<1>();
-    case 2: return run.template operator()<2>();
-    case 3: return run.template operator()<3>();
-    case 4: return run.template operator()<4>();
-    case 5: return run.template operator()<5>();
-    case 6: return run.template operator()<6>();
-    case 7: return run.template operator()<7>();
-    case 8: return run.template operator()<8>();
-    default: return;
-  }
+  });
 }
 
 // Rows r0..r0+R of C, all columns: blocks of kMaxNV vectors, then the rest.
@@ -111,27 +100,7 @@ inline void product_rows(const GemmOf<typename Dot<L>::Word>& g, int64_t r0) {
   product_tail<L, Dot, R, kMaxNV>(gr, a, g.b + j, c + j, nv, rest - W * (nv - 1));
 }
 
-// block.template operator()<RR>(r0) for the blocks of RR rows that cover [0, rows): RR = R, then the rest (< R).
-template <int R, class Block>
-inline void for_row_blocks(int64_t rows, const Block& block) {
-  static_assert(R >= 5 && R <= 12, "the rest's switch covers 1 to 11 rows");
-  int64_t r = 0;
-  for (; r + R <= rows; r += R) block.template operator()<R>(r);
-  switch (rows - r) {
-    case 11: if constexpr (R > 11) block.template operator()<11>(r); break;
-    case 10: if constexpr (R > 10) block.template operator()<10>(r); break;
-    case 9: if constexpr (R > 9) block.template operator()<9>(r); break;
-    case 8: if constexpr (R > 8) block.template operator()<8>(r); break;
-    case 7: if constexpr (R > 7) block.template operator()<7>(r); break;
-    case 6: if constexpr (R > 6) block.template operator()<6>(r); break;
-    case 5: block.template operator()<5>(r); break;
-    case 4: block.template operator()<4>(r); break;
-    case 3: block.template operator()<3>(r); break;
-    case 2: block.template operator()<2>(r); break;
-    case 1: block.template operator()<1>(r); break;
-    default: break;
-  }
-}
+using detail::for_row_blocks;
 
 // The whole product in blocks of R rows (then the rest), each kMaxNV(rows) vectors wide: R·NV accumulators fit the
 // registers.

@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "attention_flash_kernels.h"
+#include "static_dispatch.h"
 
 namespace qkv::kernels::flash {
 namespace {
@@ -231,16 +232,9 @@ inline bool dot_scores_held(const float* q, int64_t nq, int64_t dk, const float*
     return false;
   } else {
     if (kNI == 1 && nq > 1) return false;
-    for (int64_t i0 = 0; i0 < nq; i0 += kNI) {
-      const float* qi = q + i0 * dk;
-      float* si = st + i0;
-      switch (std::min<int64_t>(kNI, nq - i0)) {
-        case 4: if constexpr (kNI >= 4) dot_keys_held<V, 4, NV>(qi, dk, k, k_rs, nk, si, ld); break;
-        case 3: if constexpr (kNI >= 3) dot_keys_held<V, 3, NV>(qi, dk, k, k_rs, nk, si, ld); break;
-        case 2: if constexpr (kNI >= 2) dot_keys_held<V, 2, NV>(qi, dk, k, k_rs, nk, si, ld); break;
-        default: dot_keys_held<V, 1, NV>(qi, dk, k, k_rs, nk, si, ld); break;
-      }
-    }
+    detail::for_row_blocks<kNI>(nq, [&]<int NI>(int64_t i0) {
+      dot_keys_held<V, NI, NV>(q + i0 * dk, dk, k, k_rs, nk, st + i0, ld);
+    });
     return true;
   }
 }
@@ -255,31 +249,15 @@ inline bool dot_scores_held(const float* q, int64_t nq, int64_t dk, const float*
 template <class V>
 inline void dot_scores_impl(const float* q, int64_t nq, int64_t dk, const float* k, int64_t k_rs, int64_t nk,
                             float* st, int64_t ld) {
-  if (dk % V::kW == 0) {
-    bool done = false;
-    switch (dk / V::kW) {
-      case 1: done = dot_scores_held<V, 1>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 2: done = dot_scores_held<V, 2>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 3: done = dot_scores_held<V, 3>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 4: done = dot_scores_held<V, 4>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 5: done = dot_scores_held<V, 5>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 6: done = dot_scores_held<V, 6>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 7: done = dot_scores_held<V, 7>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      case 8: done = dot_scores_held<V, 8>(q, nq, dk, k, k_rs, nk, st, ld); break;
-      default: break;
-    }
-    if (done) return;
-  }
-  for (int64_t i0 = 0; i0 < nq; i0 += 4) {
-    const float* qi = q + i0 * dk;
-    float* si = st + i0;
-    switch (std::min<int64_t>(4, nq - i0)) {
-      case 4: for (int64_t j = 0; j < nk; ++j) dot_key<V, 4>(qi, dk, k + j * k_rs, si + j * ld); break;
-      case 3: for (int64_t j = 0; j < nk; ++j) dot_key<V, 3>(qi, dk, k + j * k_rs, si + j * ld); break;
-      case 2: for (int64_t j = 0; j < nk; ++j) dot_key<V, 2>(qi, dk, k + j * k_rs, si + j * ld); break;
-      default: for (int64_t j = 0; j < nk; ++j) dot_key<V, 1>(qi, dk, k + j * k_rs, si + j * ld); break;
-    }
-  }
+  bool done = false;
+  if (dk % V::kW == 0)
+    detail::with_index<9>(dk / V::kW, [&]<int NV>() {
+      if constexpr (NV > 0) done = dot_scores_held<V, NV>(q, nq, dk, k, k_rs, nk, st, ld);
+    });
+  if (done) return;
+  detail::for_row_blocks<4>(nq, [=]<int NI>(int64_t i0) {
+    for (int64_t j = 0; j < nk; ++j) dot_key<V, NI>(q + i0 * dk, dk, k + j * k_rs, st + i0 + j * ld);
+  });
 }
 
 }  // namespace

@@ -7,10 +7,10 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "quant_gemm_impl.h"
+#include "static_dispatch.h"
 
 namespace qkv::kernels::quant_detail {
 namespace {
@@ -61,19 +61,6 @@ inline __m256 fp16_lanes_to_float(__m256i v) {
   __m256i bits = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x400), em));
   bits = _mm256_blendv_epi8(bits, special, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF)));
   return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
-}
-
-// f(std::integral_constant<int, R>, i0) over the activation rows in groups of R = 4, then the 1..3 left.
-template <class F>
-inline void row_groups(int64_t rows, F&& f) {
-  int64_t i = 0;
-  for (; i + 4 <= rows; i += 4) f(std::integral_constant<int, 4>{}, i);
-  switch (rows - i) {
-    case 3: return f(std::integral_constant<int, 3>{}, i);
-    case 2: return f(std::integral_constant<int, 2>{}, i);
-    case 1: return f(std::integral_constant<int, 1>{}, i);
-    default: return;
-  }
 }
 
 // The V::kLanes weight rows from j0 (kinds 0..4) unpacked once into scratch column-interleaved: per block, vector g
@@ -153,7 +140,7 @@ void rows_interleaved(const TileArgs& t, int64_t j0, int64_t i0, const Unpacked&
 template <class V, int kKind>
 void tile_interleaved(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const Unpacked u = unpack_interleaved<V, kKind>(*t.w, j0, scratch);
-  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_interleaved<V, kKind, decltype(r)::value>(t, j0, i, u); });
+  detail::for_row_blocks<4>(t.a->rows, [&]<int R>(int64_t i) { rows_interleaved<V, kKind, R>(t, j0, i, u); });
 }
 
 // Up to 4 activation rows against the V::kLanes rows from j0 of a matrix without repacked tiles (kinds 0..4), read
@@ -188,7 +175,7 @@ void rows_fused(const TileArgs& t, int64_t j0, int64_t i0) {
 template <class V, int kKind>
 void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   if (t.a->rows > 4) return tile_interleaved<V, kKind>(t, j0, scratch);
-  row_groups(t.a->rows, [&](auto r, int64_t i) { rows_fused<V, kKind, decltype(r)::value>(t, j0, i); });
+  detail::for_row_blocks<4>(t.a->rows, [&]<int R>(int64_t i) { rows_fused<V, kKind, R>(t, j0, i); });
 }
 
 // A repacked 16-row tile (QuantMatrix::repacked, quant_gemm_impl.h k_tile_layout), written once over the vector
@@ -305,9 +292,8 @@ void tile_packed(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     pack_tile(w.type, w.data + j0 * w.row_bytes, w.row_bytes, V::kLanes, w.cols, base);
     tile = base;
   }
-  row_groups(t.a->rows, [&](auto r, int64_t i) {
-    rows_packed<V, kKind, decltype(r)::value>(t, j0, i, tile, stride, part);
-  });
+  detail::for_row_blocks<4>(t.a->rows,
+                            [&]<int R>(int64_t i) { rows_packed<V, kKind, R>(t, j0, i, tile, stride, part); });
 }
 
 // A build's TileFn (quant_gemm_impl.h) over its lane traits V: kinds 0..4 on the matrix's repacked tiles where it
@@ -324,16 +310,7 @@ void tile_for(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
       tile_unpacked<V, kKind>(t, j0, scratch);
     }
   };
-  switch (block_layout(t.w->type).kind) {
-    case 0: return run.template operator()<0>();
-    case 1: return run.template operator()<1>();
-    case 2: return run.template operator()<2>();
-    case 3: return run.template operator()<3>();
-    case 4: return run.template operator()<4>();
-    case 5: return run.template operator()<5>();
-    case 6: return run.template operator()<6>();
-    default: return run.template operator()<7>();
-  }
+  detail::with_index<8>(block_layout(t.w->type).kind, run);
 }
 
 }  // namespace
