@@ -23,41 +23,11 @@ struct Avx2 : detail::Lanes256 {
   }
 };
 
-template <int R, int NV, bool kTail>
-inline void micro(const Gemm& g, const float* a, const float* b, float* c, __m256i last) {
-  product_block<Avx2, detail::FmaF32, R, NV, kTail>(g, a, b, c, last);
-}
+// Blocks of up to max_vectors(R) vectors by R rows: few rows (decoding) take wider column blocks, so that enough
+// independent accumulators hide the FMA latency and each row of B streams through once.
+constexpr int max_vectors(int rows) { return rows == 1 ? 16 : rows == 2 ? 6 : rows == 3 ? 4 : 2; }
 
-template <int R>
-inline void row_block(const Gemm& g, int64_t r0) {
-  const float* a = g.a + r0 * g.a_rs;
-  float* c = g.c + r0 * g.c_rs;
-  const Gemm gr = rows_from(g, r0);
-  int64_t j = 0;
-  const __m256i none = _mm256_setzero_si256();
-  // Few rows (decoding): wider column blocks, so that enough independent accumulators hide the FMA latency and
-  // each row of B streams through once.
-  if constexpr (R == 1) {
-    for (; j + 128 <= g.cols; j += 128) micro<1, 16, false>(gr, a, g.b + j, c + j, none);
-    if (j + 64 <= g.cols) micro<1, 8, false>(gr, a, g.b + j, c + j, none), j += 64;
-    if (j + 32 <= g.cols) micro<1, 4, false>(gr, a, g.b + j, c + j, none), j += 32;
-  } else if constexpr (R == 2) {
-    for (; j + 48 <= g.cols; j += 48) micro<2, 6, false>(gr, a, g.b + j, c + j, none);
-    if (j + 32 <= g.cols) micro<2, 4, false>(gr, a, g.b + j, c + j, none), j += 32;
-  } else if constexpr (R == 3) {
-    for (; j + 32 <= g.cols; j += 32) micro<3, 4, false>(gr, a, g.b + j, c + j, none);
-  }
-  for (; j + 16 <= g.cols; j += 16) micro<R, 2, false>(gr, a, g.b + j, c + j, none);
-  if (j + 8 <= g.cols) {
-    micro<R, 1, false>(gr, a, g.b + j, c + j, none);
-    j += 8;
-  }
-  if (j < g.cols) micro<R, 1, true>(gr, a, g.b + j, c + j, Avx2::tail(g.cols - j));
-}
-
-void gemm(const Gemm& g) {
-  for_row_blocks<6>(g.rows, [&]<int R>(int64_t r) { row_block<R>(g, r); });
-}
+void gemm(const Gemm& g) { product<Avx2, detail::FmaF32, 6, max_vectors>(g); }
 
 }  // namespace
 

@@ -36,12 +36,7 @@ constexpr int max_vectors(int rows) { return rows <= 2 ? 8 : rows <= 6 ? 4 : 2; 
 // it in L1; blocks of four rows over 64-column strips read every row in pieces and were 5-15 % slower (Zen 4).
 void gemm(const Gemm& g) {
   if (g.rows <= 3) return avx2_kernels().gemm(g);
-  if (g.rows <= 8 && g.cols > 64) {
-    int64_t r = 0;
-    for (; r + 2 <= g.rows; r += 2) product_rows<Avx512, detail::FmaF32, 2, max_vectors(2)>(g, r);
-    if (r < g.rows) product_rows<Avx512, detail::FmaF32, 1, max_vectors(1)>(g, r);
-    return;
-  }
+  if (g.rows <= 8 && g.cols > 64) return product<Avx512, detail::FmaF32, 2, max_vectors>(g);
   if (g.cols <= 32)
     product<Avx512, detail::FmaF32, 12, max_vectors>(g);
   else
