@@ -1,9 +1,9 @@
 // The quantized product's AVX512-VNNI build: tiles of 16 weight rows as vpdpbusd's u8 operands (nibbles with their
 // fifth bit as they are; Q8_0 as w + 128); per activation row and block the exact int32 sums Σ u · x - offset · Σx
-// (a matrix with a repacked copy, QuantMatrix::repacked: quant_gemm_simd.h rows_packed on its column-interleaved
-// tiles, sums in lanes, for every m; otherwise up to 4 rows: operands built in registers, each row's products
-// reduced; more rows: quant_gemm_simd.h's column-interleaved tile), and quant_gemm_impl.h's float epilogue in 16
-// lanes. The K-quants always run on repacked tiles (the matrix's copy, or one packed into scratch).
+// (quant_gemm_simd.h rows_packed, sums in lanes, for every m: on the column-interleaved tiles of a matrix with a
+// repacked copy, QuantMatrix::repacked, otherwise on the same vectors read from the stored rows in place), and
+// quant_gemm_impl.h's float epilogue in 16 lanes. The K-quants always run on repacked tiles (the matrix's copy, or
+// one packed into scratch).
 #include <limits>
 
 #include "qkv/core/half.h"
@@ -13,64 +13,9 @@
 namespace qkv::kernels::quant_detail::avx512 {
 namespace {
 
-// The register operands of a block: 8 vectors of 64 bytes; vector v pairs rows ra = v (v < 4) or v + 4 (v >= 4) and
-// rb = ra + 4 as [ra 0..15 | rb 0..15 | ra 16..31 | rb 16..31] against the activations' [x 0..15 | x 0..15 |
-// x 16..31 | x 16..31], so that after the reduction below the 16 sums come out in row order.
-inline int row_a(int v) { return v < 4 ? v : v + 4; }
-
 // fp16 bit patterns in the low halves of 16 int32 lanes to float32 by vcvtph2ps (AVX512F): exact, subnormals
 // included and regardless of DAZ; a signaling NaN comes out quiet, as the first product with it would make it.
 inline __m512 fp16_lanes_to_float512(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
-
-// Rows ra and rb of one block as one vector in the order above.
-template <int kKind>
-inline __m512i pair_operand(const uint8_t* a, const uint8_t* b) {
-  if constexpr (kKind == 4) {
-    const __m256i va = block_operand<4>(a), vb = block_operand<4>(b);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);  // [a lo | a hi | b lo | b hi]
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));            // [a lo | b lo | a hi | b hi]
-    return _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
-  } else {
-    constexpr int qs = kKind == 0 ? 2 : kKind == 1 ? 4 : kKind == 2 ? 6 : 8;
-    const __m256i pair = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + qs))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)), 1);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(pair), pair, 1);  // [qa | qb | qa | qb]
-    z = _mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4);                        // high nibbles into lanes 2, 3
-    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-    if constexpr (kKind == 2 || kKind == 3) {
-      constexpr int qh = kKind == 2 ? 2 : 4;
-      uint32_t ha, hb;
-      std::memcpy(&ha, a + qh, 4);
-      std::memcpy(&hb, b + qh, 4);
-      const __mmask64 bits = static_cast<uint64_t>(ha & 0xFFFFu) | static_cast<uint64_t>(hb & 0xFFFFu) << 16 |
-                             static_cast<uint64_t>(ha >> 16) << 32 | static_cast<uint64_t>(hb >> 16) << 48;
-      z = _mm512_or_si512(z, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
-    }
-    return z;
-  }
-}
-
-// The activations' block [x 0..15 | x 0..15 | x 16..31 | x 16..31].
-inline __m512i activation_operand(const int8_t* xq) {
-  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  const __m512i xz = _mm512_inserti64x4(_mm512_castsi256_si512(xv), xv, 1);  // [x lo | x hi | x lo | x hi]
-  return _mm512_shuffle_i64x2(xz, xz, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-// The 16 rows' exact int32 sums of one block from the 8 vpdpbusd results.
-inline __m512i row_sums(const __m512i p[8]) {
-  // Per 128-bit lane, the 4 lanes of p[0..3] (and p[4..7]) summed: [p0 p1 p2 p3] in each lane.
-  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
-  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
-  const __m512i t45 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[4], p[5]), _mm512_unpackhi_epi32(p[4], p[5]));
-  const __m512i t67 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[6], p[7]), _mm512_unpackhi_epi32(p[6], p[7]));
-  const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-  const __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(t45, t67), _mm512_unpackhi_epi64(t45, t67));
-  // Lanes 0 + 2 (elements 0..15 and 16..31 of the "a" rows), 1 + 3 (the "b" rows): rows 0..15 in order.
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
-                          _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
-}
 
 // Software prefetch into L2 of the tiles 16 KB ahead: a matrix streamed from DRAM (an output head) then reads at
 // the rate of a plain streaming read or above it (the hardware prefetcher alone keeps fewer lines in flight).
@@ -79,7 +24,7 @@ inline constexpr int64_t kPrefetchAhead = 16384;
 // The avx512vnni build's lane traits for quant_gemm_simd.h's kernels: 16 rows per vector.
 struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub, mul, to_float) and these
   static constexpr int kLanes = 16;
-  static constexpr bool kReadsPacked = true;  // kinds 0..4 on repacked tiles too
+  static constexpr bool kReadsPacked = true;  // kinds 0..4 on repacked tiles too, or their vectors from the rows
   using Lanes512::load;
   static I load(const uint8_t* p) { return _mm512_load_si512(p); }
   static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
@@ -97,37 +42,44 @@ struct V512 : detail::Lanes512 {  // micro.h's float lanes (zero, set1, add, sub
     return _mm512_ternarylogic_epi32(v, s, _mm512_set1_epi8(0x30), 0xF8);  // v | (s & 0x30)
   }
   static I dot(I acc, I w, int32_t group) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(group)); }
-  // Unpacked operands (quant_gemm_simd.h unpack_interleaved): block_operand's, Q8_0 as w + 128.
-  static constexpr auto& kOffset = kPackedOffset;
-  template <int kKind>
-  static void operand(const uint8_t* blk, uint8_t* out) {
-    __m256i v = block_operand<kKind>(blk);
-    if constexpr (kKind == 4) v = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out), v);
-  }
-  template <int kKind>
-  static I dot_kind(I acc, I w, int32_t group) { return dot(acc, w, group); }
-  // Fused rows (quant_gemm_simd.h rows_fused): the 8 pair_operand vectors, the products reduced by row_sums.
-  template <int kKind>
-  static void operands(const uint8_t* blk, int64_t row_bytes, I z[8]) {
-    for (int v = 0; v < 8; ++v) {
-      const uint8_t* pa = blk + row_a(v) * row_bytes;
-      z[v] = pair_operand<kKind>(pa, pa + 4 * row_bytes);
+  // The stored rows read in place (quant_gemm_simd.h rows_packed, kStored): Q8_0's w + 128, and v | the fifth bits
+  // of elements 4g..4g+3 (bits 4g.. of lane r's qh) at bit 4 of bytes 0..3 of lane r.
+  static I flip_sign_bits(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  // The block's tile vectors from the stored rows (rb apart, p at the first row's bytes): vector g lane r = bytes
+  // 4g..4g+3 of row r (g < 4 per 16 bytes), 16-byte loads of rows k, k + 4, k + 8, k + 12 transposed 4 x 4 words in
+  // each 128-bit lane.
+  template <int kVecs>
+  static void stored_vectors(const uint8_t* p, int64_t rb, I (&v)[kVecs]) {
+    const auto row = [&](int64_t r, int half) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + r * rb + 16 * half));
+    };
+    for (int half = 0; half < kVecs / 4; ++half) {
+      I x[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(row(k, half)), row(k + 4, half), 1);
+        const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(row(k + 8, half)), row(k + 12, half), 1);
+        x[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      }
+      const I t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
+      const I t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+      v[4 * half] = _mm512_unpacklo_epi64(t0, t2);
+      v[4 * half + 1] = _mm512_unpackhi_epi64(t0, t2);
+      v[4 * half + 2] = _mm512_unpacklo_epi64(t1, t3);
+      v[4 * half + 3] = _mm512_unpackhi_epi64(t1, t3);
     }
   }
-  template <int kKind>
-  static I block_sums(const I z[8], const int8_t* xq) {
-    const I xz = activation_operand(xq);
-    I p[8];
-    for (int v = 0; v < 8; ++v) p[v] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[v], xz);
-    return row_sums(p);
+  static I with_fifth_bits_of(I v, I qh, int g) {
+    const I byte = _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
+                                   _mm512_set1_epi8(static_cast<char>(g / 2)));  // byte g / 2 of each lane
+    const I bit = _mm512_set1_epi32(g % 2 == 0 ? 0x08040201 : static_cast<int>(0x80402010u));  // of bits 4g..
+    const __mmask64 m = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, byte), bit);
+    return _mm512_or_si512(v, _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
   }
   static I offsets(int64_t stride) {  // r · stride in lane r
     return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                               _mm512_set1_epi32(static_cast<int>(stride)));
   }
   static I gather(const uint8_t* base, I offsets) { return _mm512_i32gather_epi32(offsets, base, 1); }
-  static void store_i(uint8_t* p, I v) { _mm512_store_si512(p, v); }
   static F half_lo(I v) { return fp16_lanes_to_float512(v); }
   static F half_hi(I v) { return fp16_lanes_to_float512(_mm512_srli_epi32(v, 16)); }
   static I sub_i(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }

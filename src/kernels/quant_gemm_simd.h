@@ -183,11 +183,16 @@ void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch)
 // the tile: rows kLanes · part ..). Per block of 32 the nibble vectors with their high bits (Q8_0: its 8 vectors of
 // w + 128), the exact sums of elements 0..15 and 16..31 apart against the activations' broadcast 4-byte groups
 // (V::dot, in lanes: no horizontal reduction), then quant_gemm_impl.h's block_term (kinds 0..4, the offset
-// kPackedOffset · Σx taken back) or k_term / k6_term (the K-quants) in lanes; R <= 4 activation rows share each
-// load. The avx2 build reads only the K-quants' tiles (its vpmaddubsw would saturate on Q8_0's w + 128).
+// kPackedOffset · Σx taken back) or k_term / k6_term (the K-quants) in lanes; R activation rows share each load.
+// The avx2 build reads only the K-quants' tiles (its vpmaddubsw would saturate on Q8_0's w + 128).
+// kStored (kinds 0..4, V::kLanes == kPackRows): tile is a matrix's stored rows from j0, read in place, no tile packed:
+// the same vectors from each block's rows (V::stored_vectors), d and m from their heads and the fifth bits from their
+// qh (V::gather, V::with_fifth_bits_of). Out of line: inlined into tile_for's row blocks, the stored reads ran
+// 10-15 % slower for one row.
 inline constexpr int kPackedOffset[5] = {8, 0, 16, 0, 128};
-template <class V, int kKind, int R>
-void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride, int part) {
+template <class V, int kKind, int R, bool kStored = false>
+[[gnu::noinline]] void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride,
+                                   int part) {
   using I = typename V::I;
   using F = typename V::F;
   const QuantActivations& a = *t.a;
@@ -199,13 +204,24 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
   const uint8_t* d16 = tile + nb * kVecBytes + (kKind == 2 || kKind == 3 ? nb * 64 : 0);  // kinds 0..4: fp16 d, m
   // This part's bytes in a 64-byte vector of the tile (none where one vector holds the whole tile's rows).
   const int64_t at = V::kLanes == kPackRows ? 0 : part * V::kLanes * 4;
+  const BlockLayout bl = block_layout(t.w->type);  // kStored: tile is the stored rows from j0
+  const int64_t bs = kStored ? gguf::type_size(t.w->type) : 0;
+  const I rows = kStored ? V::offsets(t.w->row_bytes) : V::izero();
   const int8_t* xq[R];
   for (int r = 0; r < R; ++r) xq[r] = a.q.data() + (i0 + r) * a.cols;
   F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
   F d = V::zero(), dmin = V::zero();
   for (int64_t b = 0; b < nb; ++b) {
-    V::prefetch(tile, stride, b, nb);
+    I head = V::izero(), qh = V::izero();  // kStored: each row's first 4 bytes (d, and m above it), fifth bits
+    I sv[kKind == 4 ? 8 : 4];                // kStored: the block's vectors
+    if constexpr (kStored) {
+      V::stored_vectors(tile + b * bs + bl.qs, t.w->row_bytes, sv);
+      head = V::gather(tile + b * bs, rows);
+      if constexpr (kFifth) qh = V::gather(tile + b * bs + bl.qh, rows);
+    } else {
+      V::prefetch(tile, stride, b, nb);
+    }
     if (kQuantK && b % 8 == 0) {
       const uint8_t* dp = tile + l.d + b / 8 * (kKind == 7 ? 32 : 64) + at / 2;
       d = V::fp16(dp);
@@ -222,16 +238,19 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
       I lo, hi;
       int glo = h, ghi = h + 4;  // the activations' 4-byte groups (elements 4g..4g+3)
       if constexpr (kKind == 4) {
-        lo = V::load(tile + b * kVecBytes + 2 * h * 64 + at);
-        hi = V::load(tile + b * kVecBytes + (2 * h + 1) * 64 + at);
+        lo = kStored ? V::flip_sign_bits(sv[2 * h]) : V::load(tile + b * kVecBytes + 2 * h * 64 + at);
+        hi = kStored ? V::flip_sign_bits(sv[2 * h + 1]) : V::load(tile + b * kVecBytes + (2 * h + 1) * 64 + at);
         glo = 2 * h;
         ghi = 2 * h + 1;
       } else {
-        const I pv = V::load(tile + b * kVecBytes + h * 64 + at);
+        const I pv = kStored ? sv[h] : V::load(tile + b * kVecBytes + h * 64 + at);
         lo = V::low_nibbles(pv);
         hi = V::high_nibbles(pv);
       }
-      if constexpr (kFifth) {  // the masks' bits of this part, groups h and h + 4
+      if constexpr (kFifth && kStored) {  // the fifth bits of elements 4h.. and 16 + 4h..
+        lo = V::with_fifth_bits_of(lo, qh, h);
+        hi = V::with_fifth_bits_of(hi, qh, h + 4);
+      } else if constexpr (kFifth) {  // the masks' bits of this part, groups h and h + 4
         lo = V::with_fifth_bits(lo, tile + l.hi + b * 64 + h * 8 + at / 8);
         hi = V::with_fifth_bits(hi, tile + l.hi + b * 64 + (h + 4) * 8 + at / 8);
       }
@@ -248,7 +267,10 @@ void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile,
       }
     }
     F dw = V::zero(), mw = V::zero();
-    if constexpr (!kQuantK) {
+    if constexpr (kStored) {
+      dw = V::half_lo(head);
+      if constexpr (kMin) mw = V::half_hi(head);
+    } else if constexpr (!kQuantK) {
       dw = V::fp16(d16 + b * 32 + at / 2);
       if constexpr (kMin) mw = V::fp16(d16 + nb * 32 + b * 32 + at / 2);
     }
@@ -296,16 +318,18 @@ void tile_packed(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
                             [&]<int R>(int64_t i) { rows_packed<V, kKind, R>(t, j0, i, tile, stride, part); });
 }
 
-// A build's TileFn (quant_gemm_impl.h) over its lane traits V: kinds 0..4 on the matrix's repacked tiles where it
-// has them and V::kReadsPacked, else read in place; the K-quants always on repacked tiles.
+// A build's TileFn (quant_gemm_impl.h) over its lane traits V: kinds 0..4 through rows_packed where V::kReadsPacked
+// (on the matrix's repacked tiles, or its stored rows), else tile_unpacked; the K-quants always on repacked tiles.
 template <class V>
 void tile_for(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
   const auto run = [&]<int kKind>() {
     if constexpr (kKind >= 5) {
       tile_packed<V, kKind>(t, j0, scratch);
     } else if constexpr (V::kReadsPacked) {
-      if (t.w->packed) tile_packed<V, kKind>(t, j0, scratch);
-      else tile_unpacked<V, kKind>(t, j0, scratch);
+      if (t.w->packed) return tile_packed<V, kKind>(t, j0, scratch);
+      const uint8_t* rows = t.w->data + j0 * t.w->row_bytes;
+      const auto stored = [&]<int R>(int64_t i) { rows_packed<V, kKind, R, true>(t, j0, i, rows, 0, 0); };
+      detail::for_row_blocks<8>(t.a->rows, stored);  // 8 rows share each block's transposes
     } else {
       tile_unpacked<V, kKind>(t, j0, scratch);
     }
