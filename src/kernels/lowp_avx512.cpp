@@ -38,15 +38,16 @@ void pack_pairs_across(const float* x, int64_t xks, int64_t rows, int64_t k, int
     }
 }
 
-// Rows [0, rows) of x (x[r][p] at x[r * ldx + p * xks], k columns) as [group][kMR] words of bf16 pairs (low half:
+// Rows [0, rows) of x (x[r][p] at x[r * ldx + p * xks], k columns) as [group][ld] words of bf16 pairs (low half:
 // even k). xks == 1: rows read along k; ldx == 1 (a transposed operand): the tile's rows of each k read at once.
-void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t k, int64_t groups, uint32_t* dst) {
-  if (xks != 1 && ldx == 1) return pack_pairs_across(x, xks, rows, k, groups, dst, kMR, 1, lanes(rows));  // <= 16
+void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t k, int64_t groups, uint32_t* dst,
+                 int64_t ld = kMR) {
+  if (xks != 1 && ldx == 1) return pack_pairs_across(x, xks, rows, k, groups, dst, ld, 1, lanes(rows));  // <= 16
   if (xks != 1) {  // any other layout: one element at a time
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t g = 0; g < groups; ++g) {
         const float e = x[r * ldx + 2 * g * xks], o = 2 * g + 1 < k ? x[r * ldx + (2 * g + 1) * xks] : 0.0f;
-        dst[g * kMR + r] = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm512_castsi512_si128(
+        dst[g * ld + r] = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm512_castsi512_si128(
             pair_words(_mm512_set1_ps(e), _mm512_set1_ps(o)))));
       }
     return;
@@ -57,7 +58,7 @@ void pack_a_bf16(const float* x, int64_t ldx, int64_t xks, int64_t rows, int64_t
     for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // 32 floats (k = 2 g0 ..) -> 16 words; past k zero
       _mm512_store_si512(pairs, detail::bf16_pairs32(xr + 2 * g0, k - 2 * g0));
       const int64_t gn = detail::min64(16, groups - g0);
-      for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * kMR + r] = pairs[g];
+      for (int64_t g = 0; g < gn; ++g) dst[(g0 + g) * ld + r] = pairs[g];
     }
   }
 }
@@ -104,19 +105,11 @@ void pack_bf16_panels(const float* w, int64_t n, int64_t k, int64_t stride_n, in
     const int64_t j0 = p * kPanel, cols = detail::min64(kPanel, n - j0);
     if (stride_n == 1) {  // a (k, n) row-major B: each k's 32 columns are adjacent
       pack_pairs_across(w + j0, stride_k, cols, k, groups, panel, kPanel, 2, lanes(16));
-    } else {  // each column's k along stride_k: pack_a_bf16's row packing, 32 columns as rows of a kPanel tile
+    } else {  // each column's k along stride_k: pack_a_bf16's row packing, 32 columns as the rows, 16 groups a time
       for (int64_t i = 0; i < groups * kPanel; ++i) panel[i] = 0u;  // lanes past n
-      for (int64_t l0 = 0; l0 < cols; l0 += kMR) {
-        alignas(64) uint32_t tile[16 * kMR];
-        const int64_t rows = detail::min64(kMR, cols - l0);
-        for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-          const int64_t gn = detail::min64(16, groups - g0);
-          pack_a_bf16(w + (j0 + l0) * stride_n + 2 * g0 * stride_k, stride_n, stride_k, rows,
-                      detail::min64(k - 2 * g0, 32), gn, tile);
-          for (int64_t g = 0; g < gn; ++g)
-            for (int64_t r = 0; r < rows; ++r) panel[(g0 + g) * kPanel + l0 + r] = tile[g * kMR + r];
-        }
-      }
+      for (int64_t g0 = 0; g0 < groups; g0 += 16)
+        pack_a_bf16(w + j0 * stride_n + 2 * g0 * stride_k, stride_n, stride_k, cols, detail::min64(k - 2 * g0, 32),
+                    detail::min64(16, groups - g0), panel + g0 * kPanel, kPanel);
     }
   }
 }

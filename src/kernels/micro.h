@@ -162,11 +162,6 @@ struct Lanes256 {
   static F pow2n(F p, F t) {  // p · 2^n, n in t's low mantissa bits: t's exponent bits shift out
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23)));
   }
-  static float hsum(F v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-  }
   static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
   static I neg_shl7(I a) { return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(a, 7)); }
   static void int8_quads(const int16_t* q, uint32_t* out) {  // 32 values -> 8 words, as Lanes512's
