@@ -187,12 +187,10 @@ void tile_unpacked(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch)
 // The avx2 build reads only the K-quants' tiles (its vpmaddubsw would saturate on Q8_0's w + 128).
 // kStored (kinds 0..4, V::kLanes == kPackRows): tile is a matrix's stored rows from j0, read in place, no tile packed:
 // the same vectors from each block's rows (V::stored_vectors), d and m from their heads and the fifth bits from their
-// qh (V::gather, V::with_fifth_bits_of). Out of line: inlined into tile_for's row blocks, the stored reads ran
-// 10-15 % slower for one row.
+// qh (V::gather, V::with_fifth_bits_of).
 inline constexpr int kPackedOffset[5] = {8, 0, 16, 0, 128};
 template <class V, int kKind, int R, bool kStored = false>
-[[gnu::noinline]] void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride,
-                                   int part) {
+void rows_packed(const TileArgs& t, int64_t j0, int64_t i0, const uint8_t* tile, int64_t stride, int part) {
   using I = typename V::I;
   using F = typename V::F;
   const QuantActivations& a = *t.a;
@@ -328,8 +326,12 @@ void tile_for(const TileArgs& t, int64_t j0, std::vector<uint8_t>& scratch) {
     } else if constexpr (V::kReadsPacked) {
       if (t.w->packed) return tile_packed<V, kKind>(t, j0, scratch);
       const uint8_t* rows = t.w->data + j0 * t.w->row_bytes;
-      const auto stored = [&]<int R>(int64_t i) { rows_packed<V, kKind, R, true>(t, j0, i, rows, 0, 0); };
-      detail::for_row_blocks<8>(t.a->rows, stored);  // 8 rows share each block's transposes
+      const auto stored = [&]<int R>(int64_t i) __attribute__((noinline)) {
+        rows_packed<V, kKind, R, true>(t, j0, i, rows, 0, 0);
+      };
+      // 8 rows share each block's transposes; out of line (inlined into the row dispatch, one row ran 10-15 %
+      // slower).
+      detail::for_row_blocks<8>(t.a->rows, stored);
     } else {
       tile_unpacked<V, kKind>(t, j0, scratch);
     }
