@@ -2,15 +2,18 @@
 // attention over a float32 cache holding the bf16-rounded keys and values (every kernel set of this CPU, contiguous
 // and paged, GQA, a decoding row and a prefill chunk, 1 and 2 threads), close to the float64 oracle over the rounded
 // inputs; the cache's moves (growth, reorder, copy on write, take_rows, shared pools) keep the words' bits; misuse
-// is refused; a Llama model decodes with it.
+// is refused; a Llama model decodes with it (generate, the searches' cached step, the Scheduler).
 #include <gtest/gtest.h>
 
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -21,6 +24,7 @@
 #include "qkv/core/rng.h"
 #include "qkv/decode/cached_step.h"
 #include "qkv/decode/generate.h"
+#include "qkv/decode/scheduler.h"
 #include "qkv/kernels/attention_flash.h"
 #include "qkv/models/llama.h"
 #include "qkv/nn/attention_core.h"
@@ -384,6 +388,58 @@ TEST(KvCacheBf16, GenerateHonoursTheKvCacheOption) {
   // The searches' cached step: bf16 caches hold half the bytes a row.
   const int64_t fp = decode::cached_step(model, {{3, 7}}).row_bytes(10);
   EXPECT_EQ(decode::cached_step(model, {{3, 7}}, 0, Precision::kBFloat16).row_bytes(10) * 2, fp);
+}
+
+// The Scheduler's pool honours SchedulerOptions::kv_cache: its greedy tokens are generate()'s with the same page
+// size and storage (the same paged step), and its log-probabilities differ from a float32 pool's (the rounding took
+// place there).
+TEST(KvCacheBf16, SchedulerPoolTakesTheStorage) {
+  Rng rng(13);
+  const models::LlamaForCausalLM model(testing::tiny_gqa_llama(false), rng);
+  const std::vector<int64_t> prompt{3, 7, 1, 19, 5, 2, 8};
+  decode::RequestOptions r;
+  r.max_new_tokens = 5;
+  r.top_logprobs = 0;
+  auto run = [&](Precision storage) {
+    decode::SchedulerOptions so;
+    so.max_batch = 2;
+    so.page_size = 4;
+    so.kv_cache = storage;
+    decode::Scheduler s(model, so);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<decode::TokenEvent> events;
+    bool done = false;
+    s.submit(
+        prompt, r,
+        [&](const decode::TokenEvent& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          events.push_back(e);
+          return true;
+        },
+        [&](const decode::RequestResult&) {
+          std::lock_guard<std::mutex> lock(mu);
+          done = true;
+          cv.notify_all();
+        });
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done; }));
+    return events;
+  };
+  const std::vector<decode::TokenEvent> bf = run(Precision::kBFloat16), fp = run(Precision::kFloat32);
+  decode::GenerateOptions o;
+  o.max_new_tokens = 5;
+  o.page_size = 4;
+  o.kv_cache = Precision::kBFloat16;
+  const std::vector<int64_t> want = decode::generate(model, prompt, o).tokens;
+  ASSERT_EQ(bf.size(), want.size());
+  ASSERT_EQ(fp.size(), want.size());
+  bool differ = false;
+  for (size_t i = 0; i < bf.size(); ++i) {
+    EXPECT_EQ(bf[i].id, want[i]) << "token " << i;
+    differ = differ || bf[i].logprob != fp[i].logprob;
+  }
+  EXPECT_TRUE(differ);
 }
 
 }  // namespace
