@@ -10,6 +10,7 @@
 
 #include "attention_flash_kernels.h"
 #include "qkv/kernels/attention_flash.h"
+#include "qkv/core/storage_pool.h"
 #include "qkv/kernels/attention_reference.h"
 
 namespace qkv::kernels::flash {
@@ -166,8 +167,9 @@ struct FwdWork {
   std::vector<float> qt, st, bias, o, m, l, alpha;
   // bf16: Qᵀ, the K tile, P and the V tile as pair words (Qᵀ and P pair along k / keys, K along d, V along keys).
   std::vector<uint32_t> q2, k2, p2, v2;
-  // kv_bf16: a key tile and a value tile widened to float32 (rows dk and dv floats apart); not zero-filled.
-  std::unique_ptr<float[]> kf, vf;
+  // kv_bf16: a key tile and a value tile widened to float32 (rows dk and dv floats apart), in buffers of the
+  // tensors' caching pool (reused by the next call; not zero-filled).
+  std::shared_ptr<float> kf, vf;
   explicit FwdWork(const Ctx& cx)
       : qt(static_cast<size_t>(cx.dk * cx.fwd_rows())),
         st(static_cast<size_t>(tile_floats(cx))),
@@ -177,8 +179,8 @@ struct FwdWork {
         l(static_cast<size_t>(cx.fwd_rows())),
         alpha(static_cast<size_t>(cx.fwd_rows())) {
     if (cx.kv_bf16) {
-      kf.reset(new float[static_cast<size_t>(cx.max_key_tile() * cx.dk)]);
-      vf.reset(new float[static_cast<size_t>(cx.max_key_tile() * cx.dv)]);
+      kf = storage_pool::allocate(cx.max_key_tile() * cx.dk);
+      vf = storage_pool::allocate(cx.max_key_tile() * cx.dv);
     }
     if (cx.bf16) {
       const int64_t dk2 = ceil_div(cx.dk, 2), fk2 = ceil_div(cx.fk, 2), ld = round_up(cx.fwd_rows(), 8);
