@@ -72,21 +72,16 @@ void pairs_across_rows(const Kernels& kr, const float* x, int64_t rs, int64_t ro
 }
 
 // Rows j0..j0+n of batch b of a bf16-pairs operand (cols / 2 words a row; rows that never cross a cache block)
-// widened to float32: out (n x cols, rows cols apart). Pure bit moves: element 2c is word c's low half, 2c + 1 its
-// high half.
+// widened to float32: out (n x cols, rows cols apart). A word's halves are elements 2c (low) and 2c + 1 (high) of its
+// row, so the row is cols bf16 values in order, widened exactly by kernels::bf16_to_float (vectorized per ISA); a
+// contiguous cache's tile is one run of them.
 void widen_rows(const Operand& x, int64_t b, int64_t j0, int64_t n, int64_t cols, float* out) {
-  const int64_t words = cols / 2;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* src = x.row(b, j0 + j);
-    float* dst = out + j * cols;
-    for (int64_t c = 0; c < words; ++c) {
-      uint32_t w;
-      std::memcpy(&w, src + c, sizeof w);
-      const uint32_t lo = w << 16, hi = w & 0xffff0000u;
-      std::memcpy(dst + 2 * c, &lo, sizeof lo);
-      std::memcpy(dst + 2 * c + 1, &hi, sizeof hi);
-    }
+  if (x.rs * 2 == cols) {
+    bf16_to_float(reinterpret_cast<const uint16_t*>(x.row(b, j0)), out, n * cols);
+    return;
   }
+  for (int64_t j = 0; j < n; ++j)
+    bf16_to_float(reinterpret_cast<const uint16_t*>(x.row(b, j0 + j)), out + j * cols, cols);
 }
 
 }  // namespace
