@@ -331,6 +331,22 @@ TEST(KvCacheBf16, MisuseIsRefused) {
   decode::GenerateOptions g;
   g.kv_cache = Precision::kInt8;
   EXPECT_TRUE(ThrowsArg([&] { decode::generate(model, {1, 2}, g); }, "[generate] kv_cache int8"));
+  decode::SchedulerOptions so;
+  so.kv_cache = Precision::kInt8;
+  EXPECT_TRUE(ThrowsArg([&] { decode::Scheduler s(model, so); }, "[scheduler] kv_cache int8"));
+  // The pairs themselves, and the kernel and op that read them.
+  EXPECT_TRUE(ThrowsArg([&] { to_bf16_pairs(Tensor::zeros({2, 3})); }, "[to_bf16_pairs] x (2, 3)"));
+  EXPECT_TRUE(ThrowsArg([&] { from_bf16_pairs(Tensor()); }, "[from_bf16_pairs]"));
+  const Tensor q3 = Tensor::zeros({1, 2, 4}), kv3 = Tensor::zeros({1, 2, 4});
+  FlashConfig pairs;
+  pairs.kv_bf16 = true;
+  EXPECT_TRUE(ThrowsArg([&] { kernels::attention_flash_forward(q3, kv3, kv3, {}, Shape{1}, 1.0f, pairs); },
+                        "[attention] k (1, 2, 4) of bf16 pairs must hold Dk / 2 words"));
+  const Tensor half = Tensor::zeros({1, 2, 2}), lse = Tensor::zeros({1, 2});
+  EXPECT_TRUE(ThrowsArg(
+      [&] { kernels::attention_flash_backward(q3, half, half, q3, lse, q3, {}, Shape{1}, 1.0f, pairs); },
+      "[attention_backward] k and v of bf16 pairs"));
+  EXPECT_TRUE(ThrowsArg([&] { attention_kv_bf16(q3, Tensor::zeros({4}), half); }, "of bf16 pairs must have rank >= 2"));
 }
 
 // --- (e) a Llama model decoding with a bf16 cache --------------------------------------------------------------------
