@@ -45,6 +45,9 @@ def parse():
                    help="the random Llama's file types (see above)")
     p.add_argument("--gguf", help="run this GGUF file on both engines instead of the random Llama")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--kv-cache", choices=["f32", "bf16"], default="f32",
+                   help="qkv's KV cache storage (CausalLM.generate's kv_cache): bf16 holds half the bytes, as "
+                        "llama.cpp's default float16 cache")
     p.add_argument("--read-sweep", metavar="ATTENTION_BENCH",
                    help="with --gguf: run this attention_bench binary's --read-sweep first and give each engine's "
                         "decode as the file's weight bytes read per second over that ceiling")
@@ -175,10 +178,11 @@ class Qkv:
         self.model = qkv.CausalLM.from_pretrained(path)  # a GGUF: its weights as stored
 
     def generate(self, prompt, n):
+        kv = {"f32": "float32", "bf16": "bfloat16"}[args.kv_cache]
         t0 = time.perf_counter()
-        first = self.model.generate(prompt, 1)
+        first = self.model.generate(prompt, 1, kv_cache=kv)
         t_first = time.perf_counter() - t0
-        out = self.model.generate(prompt, n) if n > 1 else first
+        out = self.model.generate(prompt, n, kv_cache=kv) if n > 1 else first
         return [int(t) for t in out], t_first
 
 
@@ -226,9 +230,9 @@ def gguf_kv_floats_per_position(path):
     return 2 * field("block_count") * kv_heads * head
 
 
-# Bytes of one cached K or V element: qkv's cache holds float32; llama.cpp's, as llama-cpp-python creates it
-# here (type_k / type_v left at their default), float16.
-KV_BYTES = {"qkv": 4, "llama.cpp": 2}
+# Bytes of one cached K or V element: qkv's cache holds float32 (bfloat16 with --kv-cache bf16); llama.cpp's, as
+# llama-cpp-python creates it here (type_k / type_v left at their default), float16.
+KV_BYTES = {"qkv": 2 if args.kv_cache == "bf16" else 4, "llama.cpp": 2}
 
 
 def read_sweep_gbs(binary, threads):
@@ -343,7 +347,7 @@ def main():
                 del engines
     summary = {
         "cpu": cpu_name(), "threads": args.threads, "config": None if args.gguf else SIZE,
-        "prompt": args.prompt, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "prompt": args.prompt, "new_tokens": args.new_tokens, "repeats": args.repeats, "qkv_kv_cache": args.kv_cache,
         "llama_cpp_python": llama_cpp.__version__, "runs": runs,
     }
     if args.json:

@@ -28,7 +28,7 @@ namespace qkv::cli {
 namespace {
 
 struct ChatArgs {
-  std::string model, system, precision;
+  std::string model, system, precision, kv_cache;
   int64_t max_new_tokens = 256, page_size = 0, ctx = 0;
   decode::SamplingOptions sampling;
   bool top_k_given = false, top_p_given = false;
@@ -195,6 +195,7 @@ void run_chat(const ChatArgs& a) {
     o.max_new_tokens = a.max_new_tokens;
     o.sampling = a.sampling;
     o.page_size = a.page_size;
+    o.kv_cache = kv_cache_precision(a.kv_cache);
     o.stop_ids = lm.stop_ids;
     o.cancel = &g_interrupted;
     const Reply reply = stream_reply(lm, prompt, o, context, /*print_ids=*/false, "chat");
@@ -228,6 +229,7 @@ void add_chat(CLI::App& app) {
                   "KV cache in pages of this many positions, read in place by the attention (0: contiguous)")
       ->capture_default_str()
       ->check(at_least(0));
+  add_kv_cache_option(cmd, a->kv_cache);
   add_model_precision_option(cmd, a->precision);
   add_ctx_option(cmd, a->ctx);
   cmd->callback([a, sampling]() {

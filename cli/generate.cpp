@@ -50,7 +50,7 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, precision;
+  std::string model, prompt, precision, kv_cache;
   std::string text, system;  // --prompt, --system
   int64_t max_new_tokens = 64, beam = 0, eos = -1, page_size = 0, ctx = 0;
   decode::SamplingOptions sampling;
@@ -86,6 +86,7 @@ void run_generate_text(const GenerateArgs& a, std::optional<Precision> precision
   o.max_new_tokens = a.max_new_tokens;
   o.sampling = a.sampling;
   o.page_size = a.page_size;
+  o.kv_cache = kv_cache_precision(a.kv_cache);
   if (!a.eos_given) {
     o.stop_ids = lm.stop_ids;
   } else if (a.eos >= 0) {
@@ -116,7 +117,8 @@ void run_generate(const GenerateArgs& a) {
     QKV_CHECK_ARG(a.beam <= vocab, "[generate] --beam ", a.beam, " is wider than the vocabulary (", vocab,
                   " tokens)");
     // the prompt but its last token runs at once; the search feeds that token first
-    decode::CachedStep step = decode::cached_step(*model, {{prompt.begin(), prompt.end() - 1}}, a.page_size);
+    decode::CachedStep step = decode::cached_step(*model, {{prompt.begin(), prompt.end() - 1}}, a.page_size,
+                                                  kv_cache_precision(a.kv_cache));
     decode::SearchOptions o;
     o.max_len = a.max_new_tokens;
     o.bos = prompt.back();
@@ -126,7 +128,15 @@ void run_generate(const GenerateArgs& a) {
     b.max_bytes = beam_memory_limit();
     if (a.max_new_tokens > 0) out = decode::beam_search(step, o, b).at(0).at(0).tokens;
   } else {
-    out = decode::generate(*model, prompt, a.max_new_tokens, a.sampling, a.eos, a.page_size);
+    decode::GenerateOptions o;
+    o.max_new_tokens = a.max_new_tokens;
+    o.sampling = a.sampling;
+    if (a.eos >= 0) o.stop_ids = {a.eos};
+    o.page_size = a.page_size;
+    o.kv_cache = kv_cache_precision(a.kv_cache);
+    decode::Generation g = decode::generate(*model, prompt, o);
+    if (g.finish == decode::FinishReason::kStop) g.tokens.push_back(g.stop_id);  // --prompt-ids prints the eos
+    out = std::move(g.tokens);
   }
   std::string line;
   for (size_t i = 0; i < out.size(); ++i) line += (i ? "," : "") + std::to_string(out[i]);
@@ -174,6 +184,7 @@ void add_generate(CLI::App& app) {
                   "KV cache in pages of this many positions, read in place by the attention (0: contiguous)")
       ->capture_default_str()
       ->check(at_least(0));
+  add_kv_cache_option(cmd, a->kv_cache);
   add_model_precision_option(cmd, a->precision);
   add_ctx_option(cmd, a->ctx);
   cmd->callback([a, sampling, text, ids, eos]() {

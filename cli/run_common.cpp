@@ -86,6 +86,20 @@ std::optional<Precision> parse_model_precision(const std::string& value) {
   return parse_precision(value);
 }
 
+void add_kv_cache_option(CLI::App* cmd, std::string& value) {
+  value = "f32";
+  cmd->add_option("--kv-cache", value,
+                  "f32 | bf16: the KV cache's storage; bf16 rounds keys and values to bfloat16 and reads half the "
+                  "bytes a token (llama.cpp's --cache-type-k/v)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+Precision kv_cache_precision(const std::string& value) {
+  QKV_CHECK_ARG(value == "f32" || value == "bf16", "[kv-cache] '", value, "' is not one of f32, bf16");
+  return value == "bf16" ? Precision::kBFloat16 : Precision::kFloat32;
+}
+
 CLI::Validator at_least(int64_t lo) {
   return CLI::Validator(
       [lo](std::string& text) -> std::string {

@@ -50,6 +50,10 @@ void add_precision_option(CLI::App* cmd, std::string& value);
 // Precision; parse_model_precision maps "stored" to std::nullopt.
 void add_model_precision_option(CLI::App* cmd, std::string& value);
 std::optional<Precision> parse_model_precision(const std::string& value);
+// --kv-cache f32|bf16 (default f32) into *value: the KV cache's storage (decode::GenerateOptions::kv_cache), read
+// with kv_cache_precision. A bad value is CLI11's one line "--kv-cache: x not in {f32,bf16}".
+void add_kv_cache_option(CLI::App* cmd, std::string& value);
+Precision kv_cache_precision(const std::string& value);
 
 // e.what() with newlines folded, so that every failure is one line.
 std::string one_line(const std::string& message);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "run_common.h"
 #include "serve_openai.h"
 #include "viz_llm.h"
 
@@ -253,6 +254,9 @@ void add_serve(CLI::App& app) {
   auto* key_opt = cmd->add_option("--api-key", lm->api_key,
                                   "Language model: require 'Authorization: Bearer KEY' (all routes but /health and "
                                   "/v1/models)");
+  auto kv_cache = std::make_shared<std::string>();
+  add_kv_cache_option(cmd, *kv_cache);
+  auto* kv_opt = cmd->get_option("--kv-cache");
   // Hidden: a testing knob (requests waiting beyond it get 503).
   auto* queued_opt = cmd->add_option("--max-queued", lm->max_queued, "Requests waiting for a place (more get 503)")
                          ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
@@ -275,11 +279,12 @@ void add_serve(CLI::App& app) {
                                               "OpenAI API (docs/SERVE.md)");
       lm->model = *model;
       lm->port = *port >= 0 ? *port : 8080;
+      lm->kv_cache = kv_cache_precision(*kv_cache);
       const int rc = run_serve_openai(*lm);
       if (rc != 0) throw CLI::RuntimeError(rc);
       return;
     }
-    for (const CLI::Option* o : {host_opt, ctx_opt, parallel_opt, key_opt, queued_opt})
+    for (const CLI::Option* o : {host_opt, ctx_opt, parallel_opt, key_opt, queued_opt, kv_opt})
       if (o->count() > 0)
         throw CLI::ValidationError("serve", o->get_name() + " is for a language model (a .gguf file or a "
                                             "transformers folder); the viewer listens on 127.0.0.1");

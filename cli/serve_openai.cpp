@@ -589,7 +589,9 @@ int run_serve_openai(const OpenAIServeArgs& a) {
     so.max_batch = a.parallel;
     so.kv_tokens = a.parallel * st.context;
     so.max_queued = a.max_queued;
-    st.viz = std::make_unique<LiveViz>(*st.lm, st.context, so.page_size, omp_get_max_threads());
+    so.kv_cache = a.kv_cache;
+    st.viz = std::make_unique<LiveViz>(*st.lm, st.context, so.page_size, omp_get_max_threads(), LiveVizLimits{},
+                                     a.kv_cache);
     std::lock_guard<std::mutex> lock(st.scheduler_mutex);
     if (!st.stopping) {
       st.scheduler = std::make_unique<decode::Scheduler>(*st.lm->model, so);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "qkv/core/precision.h"
+
 namespace qkv::cli {
 
 struct OpenAIServeArgs {
@@ -16,6 +18,7 @@ struct OpenAIServeArgs {
   int64_t max_queued = 64;          // requests waiting for a place; more get 503
   std::string api_key;              // non-empty: every route but /health and /v1/models needs "Bearer KEY"
   size_t max_body = 1 << 20;        // bytes of one request body
+  Precision kv_cache = Precision::kFloat32;  // the KV pool's storage (--kv-cache)
 };
 constexpr int64_t kDefaultCtx = 4096;
 

@@ -46,9 +46,9 @@ int64_t greedy(const Tensor& logits) {
 }  // namespace
 
 LiveViz::LiveViz(const models::LanguageModel& lm, int64_t context, int64_t page_size, int threads,
-                 LiveVizLimits limits)
+                 LiveVizLimits limits, Precision kv_cache)
     : lm_(lm), context_(context), page_size_(page_size), threads_(std::max(1, threads)), limits_(limits),
-      busy_(std::make_shared<std::atomic<bool>>(false)) {
+      kv_cache_(kv_cache), busy_(std::make_shared<std::atomic<bool>>(false)) {
   QKV_CHECK_ARG(context >= 2 && page_size >= 1, "[viz] context ", context, " and page_size ", page_size,
                 " must be >= 2 and >= 1");
 }
@@ -123,7 +123,7 @@ std::string LiveViz::Stream::prompt_event() {
   const auto p = static_cast<int64_t>(prompt_.size());
   // The scheduler's decoding step: the same paged caches and kernels, so the same greedy tokens as
   // /v1/chat/completions.
-  decoder_ = std::make_unique<decode::RecordingDecoder>(model, viz_.page_size_, p + max_tokens_);
+  decoder_ = std::make_unique<decode::RecordingDecoder>(model, viz_.page_size_, p + max_tokens_, viz_.kv_cache_);
   models::ForwardOptions fo;
   fo.output_attentions = fo.output_hidden_states = true;
   models::CausalLMOutput out = decoder_->prefill(prompt_, fo);

@@ -29,8 +29,10 @@ class LiveViz {
  public:
   // lm must outlive this. context: positions of one request (prompt and reply, as /v1/chat/completions);
   // page_size: the scheduler's KV page (the same paged step as the scheduler's, hence the same greedy tokens);
-  // threads: OpenMP threads of its forwards (a new thread does not inherit the caller's setting).
-  LiveViz(const models::LanguageModel& lm, int64_t context, int64_t page_size, int threads, LiveVizLimits limits = {});
+  // threads: OpenMP threads of its forwards (a new thread does not inherit the caller's setting); kv_cache: the
+  // scheduler's KV storage (the same step again).
+  LiveViz(const models::LanguageModel& lm, int64_t context, int64_t page_size, int threads, LiveVizLimits limits = {},
+          Precision kv_cache = Precision::kFloat32);
 
   // The page of GET / and /viz: the viewer with no maps yet, in live mode.
   static std::string page(const std::string& model_name, const LiveVizLimits& limits = {});
@@ -46,6 +48,7 @@ class LiveViz {
   int64_t context_, page_size_;
   int threads_;
   LiveVizLimits limits_;
+  Precision kv_cache_;
   std::shared_ptr<std::atomic<bool>> busy_;
 };
 

@@ -74,7 +74,7 @@ std::vector<int64_t> continue_prompt(const LlamaForCausalLM& model, const std::v
   QKV_CHECK_ARG(!prompt.empty(), "[CausalLM.generate] a prompt is empty: it needs at least one id");
   // transformers' beam search: scores are log-probabilities over the generated length (length_penalty 1.0)
   // the prompt but its last token runs at once; the search feeds that token first
-  decode::CachedStep step = decode::cached_step(model, {{prompt.begin(), prompt.end() - 1}}, o.page_size);
+  decode::CachedStep step = decode::cached_step(model, {{prompt.begin(), prompt.end() - 1}}, o.page_size, o.kv_cache);
   decode::SearchOptions so;
   so.max_len = o.max_new_tokens;
   so.bos = prompt.back();
@@ -245,15 +245,18 @@ void bind_llama(py::module_& m) {
           [](const CausalLM& m, const py::object& ids_obj, int64_t max_new_tokens, const py::object& do_sample,
              const py::object& temperature, int64_t top_k, float top_p, uint64_t seed, const py::object& eos_token_id,
              int64_t num_beams, const py::object& attention_mask, const py::object& pad_token_id,
-             int64_t page_size) -> py::object {
+             int64_t page_size, const std::string& kv_cache) -> py::object {
             const char* fn = "CausalLM.generate";
             const std::string pre = std::string("[") + fn + "] ";
+            if (kv_cache != "float32" && kv_cache != "bfloat16")
+              throw py::value_error(pre + "kv_cache '" + kv_cache + "' is not one of 'float32', 'bfloat16'");
             if (max_new_tokens < 0)
               throw py::value_error(pre + "max_new_tokens must be >= 0, got " + std::to_string(max_new_tokens));
             if (num_beams < 1) throw py::value_error(pre + "num_beams must be >= 1, got " + std::to_string(num_beams));
             decode::GenerateOptions o;
             o.max_new_tokens = max_new_tokens;
             o.page_size = page_size;
+            o.kv_cache = kv_cache == "bfloat16" ? Precision::kBFloat16 : Precision::kFloat32;
             o.stop_ids = stop_ids_arg(m, eos_token_id);
             // do_sample None: sampled when temperature > 0 (greedy at the default 0); False: greedy; True: sampled at
             // temperature (1.0 when not given), as transformers.
@@ -372,7 +375,7 @@ void bind_llama(py::module_& m) {
           py::arg("ids"), py::arg("max_new_tokens") = 256, py::kw_only(), py::arg("do_sample") = py::none(),
           py::arg("temperature") = py::none(), py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("seed") = 0,
           py::arg("eos_token_id") = py::none(), py::arg("num_beams") = 1, py::arg("attention_mask") = py::none(),
-          py::arg("pad_token_id") = py::none(), py::arg("page_size") = 0,
+          py::arg("pad_token_id") = py::none(), py::arg("page_size") = 0, py::arg("kv_cache") = "float32",
           "Continues prompts through the KV cache, up to max_new_tokens new ids each.\n"
           "ids: one prompt (T) -> int64 (N) new ids; a list of prompts of any lengths -> a list of such arrays; "
           "(B, T) ids (with attention_mask (B, T): ones mark each row's prompt, left padding) -> int64 (B, T + N): "
@@ -383,7 +386,10 @@ void bind_llama(py::module_& m) {
           "eos_token_id: None stops at the model's end-of-generation ids (generation_config.eos_token_id); an int or "
           "a list replaces them; -1 or [] never stops. The stop id that ends a reply is its last new id.\n"
           "num_beams > 1: beam search as transformers' (do_sample=False, length_penalty 1.0), one stop id.\n"
-          "page_size > 0: a paged KV cache of that many positions a page, read in place by the attention.")
+          "page_size > 0: a paged KV cache of that many positions a page, read in place by the attention.\n"
+          "kv_cache: 'float32' (default) or 'bfloat16': the KV cache's storage; bfloat16 rounds keys and values to "
+          "bfloat16 (round to nearest even) and reads half the bytes a token, as llama.cpp's --cache-type-k/v and "
+          "vLLM's kv_cache_dtype.")
       .def_property_readonly(
           "config", [](const CausalLM& m) { return config_of(*m.model); },
           "The model's configuration with transformers' names (vocab_size, hidden_size, num_hidden_layers, "

@@ -141,7 +141,8 @@ namespace {
 
 class LlamaCached : public CachedModel {
  public:
-  LlamaCached(const models::LlamaForCausalLM& model, int64_t page_size) : model_(&model), page_size_(page_size) {
+  LlamaCached(const models::LlamaForCausalLM& model, int64_t page_size, Precision kv_cache)
+      : model_(&model), page_size_(page_size), kv_cache_(kv_cache) {
     QKV_CHECK_ARG(page_size >= 0, "[CachedStep] page_size must be >= 0, got ", page_size);
   }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
@@ -150,10 +151,11 @@ class LlamaCached : public CachedModel {
   int64_t context() const override { return kUnlimited; }
   int64_t row_bytes(int64_t positions) const override {
     const models::LlamaConfig& c = model_->config();
-    return kv_row_bytes(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, positions);
+    const int64_t bytes = kv_row_bytes(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, positions);
+    return kv_cache_ == Precision::kBFloat16 ? bytes / 2 : bytes;  // bf16: 2 bytes an element in place of 4
   }
   std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity) const override {
-    return model_->new_caches(rows, capacity, page_size_);
+    return model_->new_caches(rows, capacity, page_size_, kv_cache_);
   }
   Tensor forward(const Ids& ids, const std::vector<int64_t>* positions, const Tensor& key_padding,
                  std::vector<nn::KvCache>& caches, int64_t cached, Tensor* attention) override {
@@ -179,6 +181,7 @@ class LlamaCached : public CachedModel {
  private:
   const models::LlamaForCausalLM* model_;
   int64_t page_size_;
+  Precision kv_cache_;
 };
 
 // --- DecoderOnlyTransformer --------------------------------------------------------------------------------------
@@ -305,8 +308,8 @@ class Seq2SeqCached : public CachedModel {
 }  // namespace
 
 CachedStep cached_step(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts,
-                       int64_t page_size) {
-  return CachedStep(std::make_unique<LlamaCached>(model, page_size), std::move(prompts));
+                       int64_t page_size, Precision kv_cache) {
+  return CachedStep(std::make_unique<LlamaCached>(model, page_size, kv_cache), std::move(prompts));
 }
 
 CachedStep cached_step(models::DecoderOnlyTransformer& model, std::vector<std::vector<int64_t>> prompts) {

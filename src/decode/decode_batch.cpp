@@ -68,11 +68,11 @@ bool Reply::advance(const float* logits, int64_t vocab, const std::function<bool
   return !done_;
 }
 
-Batch::Batch(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity)
-    : model_(&model), page_(page_size), capacity_(std::max<int64_t>(capacity, 1)) {
+Batch::Batch(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity, Precision kv_cache)
+    : model_(&model), page_(page_size), capacity_(std::max<int64_t>(capacity, 1)), kv_cache_(kv_cache) {
   QKV_CHECK_ARG(page_size >= 0, "[decode] page_size must be >= 0, got ", page_size);
   if (page_ > 0) {
-    caches_ = model.new_caches(0, page_, page_);
+    caches_ = model.new_caches(0, page_, page_, kv_cache_);
     fresh_.resize(caches_.size());
     for (size_t l = 0; l < caches_.size(); ++l) {
       caches_[l].reserve_pages((capacity_ + page_ - 1) / page_);
@@ -89,7 +89,7 @@ Tensor Batch::add(const std::vector<int64_t>& prompt, const std::vector<std::vec
   std::vector<nn::KvCache>* target = &fresh_;
   if (page_ == 0) {
     QKV_CHECK_ARG(rows_ == 0 && prefix_len == 0, "[decode] contiguous KV caches hold one row and no cached prefix");
-    caches_ = model_->new_caches(1, std::max(capacity_, p), 0);
+    caches_ = model_->new_caches(1, std::max(capacity_, p), 0, kv_cache_);
     target = &caches_;
   } else {
     QKV_CHECK_ARG(prefix_len % page_ == 0 && (prefix_len == 0 || prefix_pages.size() == caches_.size()),

@@ -62,8 +62,10 @@ struct Record {
 // their own lengths, joining and leaving at any step. page_size 0: contiguous caches of one row (generate()).
 class Batch {
  public:
-  // capacity: the positions the pool is first sized for (it grows as needed).
-  Batch(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity);
+  // capacity: the positions the pool is first sized for (it grows as needed). kv_cache: the caches' storage
+  // (nn::KvCache::reset).
+  Batch(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity,
+        Precision kv_cache = Precision::kFloat32);
   int64_t rows() const { return rows_; }
   // Prefills prompt[prefix_len ..] as a new last row, its first prefix_len positions read from prefix_pages (one
   // list a layer, pages of this pool; prefix_len a multiple of page_size, < prompt.size()). -> the logits (V) of
@@ -88,6 +90,7 @@ class Batch {
  private:
   const models::LlamaForCausalLM* model_;
   int64_t page_ = 0, capacity_ = 0, rows_ = 0;
+  Precision kv_cache_ = Precision::kFloat32;
   std::vector<nn::KvCache> caches_;  // the running rows
   std::vector<nn::KvCache> fresh_;   // a prompt being prefilled (paged: on caches_' pools)
 };

@@ -24,6 +24,8 @@ Generation generate(const models::LlamaForCausalLM& model, const std::vector<int
                     const GenerateOptions& options, const TokenCallback& on_token) {
   check_sampling(options.sampling);
   QKV_CHECK_ARG(options.page_size >= 0, "[generate] page_size must be >= 0, got ", options.page_size);
+  QKV_CHECK_ARG(options.kv_cache == Precision::kFloat32 || options.kv_cache == Precision::kBFloat16,
+                "[generate] kv_cache ", precision_name(options.kv_cache), " is not one of fp32, bf16");
   QKV_CHECK_ARG(options.max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ", options.max_new_tokens);
   QKV_CHECK_ARG(!prompt.empty(), "[generate] the prompt must hold at least one token");
   const int64_t v = model.config().vocab_size, context = model.config().max_position_embeddings;
@@ -43,7 +45,7 @@ Generation generate(const models::LlamaForCausalLM& model, const std::vector<int
     return reply.generation();
   }
   // The scheduler's step with a batch of one row.
-  detail::Batch batch(model, options.page_size, reply.max_positions());
+  detail::Batch batch(model, options.page_size, reply.max_positions(), options.kv_cache);
   Tensor logits = batch.add(prompt, {}, 0);
   const std::function<bool(const TokenEvent&)> each = [&](const TokenEvent& e) { return !on_token || on_token(e.id); };
   while (reply.advance(logits.data(), v, each)) {

@@ -8,9 +8,10 @@
 
 namespace qkv::decode {
 
-RecordingDecoder::RecordingDecoder(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity) {
+RecordingDecoder::RecordingDecoder(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity,
+                                   Precision kv_cache) {
   QKV_CHECK_ARG(page_size >= 1, "[RecordingDecoder] page_size must be >= 1, got ", page_size);
-  batch_ = std::make_unique<detail::Batch>(model, page_size, capacity);
+  batch_ = std::make_unique<detail::Batch>(model, page_size, capacity, kv_cache);
 }
 
 RecordingDecoder::~RecordingDecoder() = default;

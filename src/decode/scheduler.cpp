@@ -73,7 +73,7 @@ struct Scheduler::Impl {
         total_pages(pages),
         context(m.config().max_position_embeddings),
         vocab(m.config().vocab_size),
-        batch(m, o.page_size, std::min<int64_t>(pages * o.page_size, 1024)) {}  // the pool grows as needed
+        batch(m, o.page_size, std::min<int64_t>(pages * o.page_size, 1024), o.kv_cache) {}  // the pool grows as needed
 
   int64_t pages_of(int64_t positions) const { return (positions + options.page_size - 1) / options.page_size; }
   // Pages the pool holds plus those the running rows may still take.
@@ -318,6 +318,8 @@ Scheduler::Scheduler(const models::LlamaForCausalLM& model, const SchedulerOptio
   QKV_CHECK_ARG(o.kv_tokens >= 0, "[scheduler] kv_tokens must be >= 0, got ", o.kv_tokens);
   QKV_CHECK_ARG(o.max_queued >= 0, "[scheduler] max_queued must be >= 0, got ", o.max_queued);
   QKV_CHECK_ARG(o.threads >= 0, "[scheduler] threads must be >= 0, got ", o.threads);
+  QKV_CHECK_ARG(o.kv_cache == Precision::kFloat32 || o.kv_cache == Precision::kBFloat16, "[scheduler] kv_cache ",
+                precision_name(o.kv_cache), " is not one of fp32, bf16");
   const int64_t tokens = o.kv_tokens > 0 ? o.kv_tokens : o.max_batch * context;
   const int64_t pages = (tokens + o.page_size - 1) / o.page_size;
   impl_ = std::make_unique<Impl>(model, o, pages);

@@ -123,7 +123,10 @@ Ctx make_ctx(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   cx.tq = q.size(-2);
   cx.tk = tk >= 0 ? tk : k.size(-2);
   cx.dk = q.size(-1);
-  cx.dv = v.size(-1);
+  cx.kv_bf16 = config.kv_bf16;
+  cx.dv = v.size(-1) * (cx.kv_bf16 ? 2 : 1);
+  QKV_CHECK_ARG(!cx.kv_bf16 || k.size(-1) * 2 == cx.dk, "[attention] k ", str(k.shape()),
+                " of bf16 pairs must hold Dk / 2 words for q ", str(q.shape()));
   const int64_t group = gqa_group(options, k, batch);
   cx.q = operand(q, batch);
   cx.k = operand(k, batch, group);
@@ -416,6 +419,7 @@ AttentionGrads attention_flash_backward(const Tensor& q, const Tensor& k, const 
                                         const Tensor& lse, const Tensor& d_out, const AttentionOptions& options,
                                         const Shape& batch, float scale, const FlashConfig& config) {
   const char* op = "[attention_backward]";
+  QKV_CHECK_ARG(!config.kv_bf16, op, " k and v of bf16 pairs (FlashConfig::kv_bf16) are read by the forward only");
   const int64_t tq = q.size(-2), dv = v.size(-1);
   Shape out_shape = batch, lse_shape = batch;
   out_shape.push_back(tq);

@@ -10,6 +10,7 @@
 
 #include "attention_flash_kernels.h"
 #include "qkv/kernels/attention_flash.h"
+#include "qkv/core/storage_pool.h"
 #include "qkv/kernels/attention_reference.h"
 
 namespace qkv::kernels::flash {
@@ -114,6 +115,9 @@ struct Ctx {
   // run Q·Kᵀ and P·V on bf16 pairs, P rounded to bf16 after the float32 softmax.
   bool bf16 = false;
   const PairedKv* paired = nullptr;  // bf16: K and V paired once per head (null: each tile pairs its own)
+  // K and V are bf16 pair words (FlashConfig::kv_bf16): k.rs and v.rs count words; a tile is widened to float32
+  // (FwdWork::kf, vf) before its products.
+  bool kv_bf16 = false;
   // Precision kBFloat16 in the backward (every set): P and dS rounded to bf16 before the dV, dK and dQ products,
   // as a bf16 FlashAttention backward does (its inputs are rounded by attention_flash_backward; scores, LSE,
   // delta and every accumulation stay float32).
@@ -124,6 +128,8 @@ struct Ctx {
   int64_t fwd_rows() const { return std::min(fq, round_up(std::max<int64_t>(tq, 1), 8)); }
   // Key tile of a few-query (decoding) tile: longer tiles switch less often between streaming K and V.
   int64_t small_fk() const { return std::max(fk, std::min<int64_t>(kSmallQK, fk * fq / 8)); }
+  // The most keys a forward tile takes (a few-query tile's or another's), at most tk.
+  int64_t max_key_tile() const { return std::min(std::max(fk, small_fk()), std::max<int64_t>(tk, 1)); }
   KeyRange keys(int64_t i) const { return visible_keys(bounds, i / qdiv, tq / qdiv, tk); }
   // Keys [key_begin(i0), key_end(i_last)) hold every key visible to query rows i0..i_last (bounds are monotone).
   int64_t key_begin(int64_t i0) const { return bounded ? keys(i0).begin : 0; }
@@ -161,6 +167,9 @@ struct FwdWork {
   std::vector<float> qt, st, bias, o, m, l, alpha;
   // bf16: Qᵀ, the K tile, P and the V tile as pair words (Qᵀ and P pair along k / keys, K along d, V along keys).
   std::vector<uint32_t> q2, k2, p2, v2;
+  // kv_bf16: a key tile and a value tile widened to float32 (rows dk and dv floats apart), in buffers of the
+  // tensors' caching pool (reused by the next call; not zero-filled).
+  std::shared_ptr<float> kf, vf;
   explicit FwdWork(const Ctx& cx)
       : qt(static_cast<size_t>(cx.dk * cx.fwd_rows())),
         st(static_cast<size_t>(tile_floats(cx))),
@@ -169,6 +178,10 @@ struct FwdWork {
         m(static_cast<size_t>(cx.fwd_rows())),
         l(static_cast<size_t>(cx.fwd_rows())),
         alpha(static_cast<size_t>(cx.fwd_rows())) {
+    if (cx.kv_bf16) {
+      kf = storage_pool::allocate(cx.max_key_tile() * cx.dk);
+      vf = storage_pool::allocate(cx.max_key_tile() * cx.dv);
+    }
     if (cx.bf16) {
       const int64_t dk2 = ceil_div(cx.dk, 2), fk2 = ceil_div(cx.fk, 2), ld = round_up(cx.fwd_rows(), 8);
       q2.resize(static_cast<size_t>(dk2 * ld));

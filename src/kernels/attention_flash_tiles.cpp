@@ -71,6 +71,19 @@ void pairs_across_rows(const Kernels& kr, const float* x, int64_t rs, int64_t ro
     kr.pairs_of_rows(x + 2 * r2 * rs, 2 * r2 + 1 < rows ? x + (2 * r2 + 1) * rs : nullptr, cols, out + r2 * ld);
 }
 
+// Rows j0..j0+n of batch b of a bf16-pairs operand (cols / 2 words a row; rows that never cross a cache block)
+// widened to float32: out (n x cols, rows cols apart). A word's halves are elements 2c (low) and 2c + 1 (high) of its
+// row, so the row is cols bf16 values in order, widened exactly by kernels::bf16_to_float (vectorized per ISA); a
+// contiguous cache's tile is one run of them.
+void widen_rows(const Operand& x, int64_t b, int64_t j0, int64_t n, int64_t cols, float* out) {
+  if (x.rs * 2 == cols) {
+    bf16_to_float(reinterpret_cast<const uint16_t*>(x.row(b, j0)), out, n * cols);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j)
+    bf16_to_float(reinterpret_cast<const uint16_t*>(x.row(b, j0 + j)), out + j * cols, cols);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -99,15 +112,31 @@ PairedKv pair_kv(const Ctx& cx, int64_t nb, int64_t tiles, int threads) {
   p.v = storage_pool::allocate(heads * p.v_words);
   uint32_t* const k = PairedKv::words(p.k);
   uint32_t* const v = PairedKv::words(p.v);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t it = 0; it < heads * blocks; ++it) {
-    const int64_t h = it / blocks, j0 = it % blocks * block, j1 = std::min(cx.tk, j0 + block);
-    const int64_t b = first[static_cast<size_t>(h)];
-    for (int64_t j = j0; j < j1; ++j)  // row by row: a paged cache's rows are not evenly spaced
-      pairs_along_rows(kr, cx.k.row(b, j), 0, 1, cx.dk, k + h * p.k_words + j * p.dk2, p.dk2);
-    for (int64_t j = j0; j < j1; j += 2)  // block is even: a pair never straddles two blocks
-      kr.pairs_of_rows(cx.v.row(b, j), j + 1 < cx.tk ? cx.v.row(b, j + 1) : nullptr, cx.dv,
-                       v + h * p.v_words + j / 2 * p.dv);
+#pragma omp parallel num_threads(threads)
+  {
+    // bf16 pairs (kv_bf16): a key row's words are its pairs along d already; two value rows are widened first.
+    std::vector<float> wide(cx.kv_bf16 ? static_cast<size_t>(2 * cx.dv) : 0);
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < heads * blocks; ++it) {
+      const int64_t h = it / blocks, j0 = it % blocks * block, j1 = std::min(cx.tk, j0 + block);
+      const int64_t b = first[static_cast<size_t>(h)];
+      for (int64_t j = j0; j < j1; ++j) {  // row by row: a paged cache's rows are not evenly spaced
+        uint32_t* dst = k + h * p.k_words + j * p.dk2;
+        if (cx.kv_bf16) std::memcpy(dst, cx.k.row(b, j), static_cast<size_t>(p.dk2) * sizeof(uint32_t));
+        else pairs_along_rows(kr, cx.k.row(b, j), 0, 1, cx.dk, dst, p.dk2);
+      }
+      for (int64_t j = j0; j < j1; j += 2) {  // block is even: a pair never straddles two blocks
+        uint32_t* dst = v + h * p.v_words + j / 2 * p.dv;
+        const bool two = j + 1 < cx.tk;
+        if (cx.kv_bf16) {
+          widen_rows(cx.v, b, j, 1, cx.dv, wide.data());
+          if (two) widen_rows(cx.v, b, j + 1, 1, cx.dv, wide.data() + cx.dv);
+          kr.pairs_of_rows(wide.data(), two ? wide.data() + cx.dv : nullptr, cx.dv, dst);
+        } else {
+          kr.pairs_of_rows(cx.v.row(b, j), two ? cx.v.row(b, j + 1) : nullptr, cx.dv, dst);
+        }
+      }
+    }
   }
   return p;
 }
@@ -153,6 +182,7 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     n = cx.k.run(j0, std::min(fk, j_end - j0));  // a tile never crosses a cache block
     const float* kj = cx.k.row(b, j0);
     const float* vj = cx.v.row(b, j0);
+    int64_t krs = cx.k.rs, vrs = cx.v.rs;
     const bool diag = cx.diagonal(i0, bq, j0, n);
     if (has_mask && !build_bias(cx, b, i0, bq, j0, n, diag, w.bias.data(), 1, ld)) continue;  // all blocked
     // On the causal diagonal the queries before c0 see none of these keys, and under a left window those from c1
@@ -167,16 +197,25 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     const int64_t nc = c1 - c0;
     const int64_t qend = std::min(bq, c1);  // query rows c0..qend of this tile take part
     float* sc = st + c0;
+    // bf16 pairs: the bf16 products take a key tile's words as its pairs along d (or the head's pairs); any other
+    // product takes the tile widened to float32, as if K had held those values.
+    const bool k_words = cx.kv_bf16 && bf16;
+    if (cx.kv_bf16 && !bf16) {
+      widen_rows(cx.k, b, j0, n, dk, w.kf.get());
+      kj = w.kf.get(), krs = dk;
+    }
     // Sᵀ (n keys x nc queries), log2 units.
     if (small) {
-      kr.dot_scores(qt, bq, dk, kj, cx.k.rs, n, st, ld);
+      kr.dot_scores(qt, bq, dk, kj, krs, n, st, ld);
     } else if (bf16) {
-      const uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words)
+      const uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words, a_rs apart)
+      int64_t a_rs = dk2;
       if (cx.paired) k2 = cx.paired->k_rows(b, j0);
-      else pairs_along_rows(kr, kj, cx.k.rs, n, dk, w.k2.data(), dk2);
+      else if (k_words) k2 = reinterpret_cast<const uint32_t*>(kj), a_rs = krs;
+      else pairs_along_rows(kr, kj, krs, n, dk, w.k2.data(), dk2);
       GemmBf16 g;
       g.rows = n, g.cols = nc, g.depth = dk2;
-      g.a = k2, g.a_rs = dk2, g.a_ks = 1;
+      g.a = k2, g.a_rs = a_rs, g.a_ks = 1;
       g.b = w.q2.data() + c0, g.b_ks = ld;
       g.c = sc, g.c_rs = ld;
       g.scale = cx.c2;
@@ -184,7 +223,7 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     } else {
       Gemm g;
       g.rows = n, g.cols = nc, g.depth = dk;
-      g.a = kj, g.a_rs = cx.k.rs, g.a_ks = 1;
+      g.a = kj, g.a_rs = krs, g.a_ks = 1;
       g.b = qt + c0, g.b_ks = ld;
       g.c = sc, g.c_rs = ld;
       kr.gemm(g);
@@ -214,8 +253,15 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       // V's pairs of the head serve a tile that starts on an even key and ends on a pair (or at the last key,
       // where the pair's other half is 0); any other tile pairs its own, so no key outside it takes part.
       const uint32_t* v2 = w.v2.data();
-      if (cx.paired && j0 % 2 == 0 && (n % 2 == 0 || j0 + n == cx.tk)) v2 = cx.paired->v_pairs(b, j0);
-      else pairs_across_rows(kr, vj, cx.v.rs, n, dv, w.v2.data(), dv);
+      if (cx.paired && j0 % 2 == 0 && (n % 2 == 0 || j0 + n == cx.tk)) {
+        v2 = cx.paired->v_pairs(b, j0);
+      } else {
+        if (cx.kv_bf16) {
+          widen_rows(cx.v, b, j0, n, dv, w.vf.get());
+          vj = w.vf.get(), vrs = dv;
+        }
+        pairs_across_rows(kr, vj, vrs, n, dv, w.v2.data(), dv);
+      }
       GemmBf16 g;
       g.rows = qend - c0, g.cols = dv, g.depth = n2;
       g.a = p2 + c0, g.a_rs = 1, g.a_ks = ld;
@@ -226,12 +272,16 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       kr.gemm_bf16(g);
       continue;
     }
+    if (cx.kv_bf16) {
+      widen_rows(cx.v, b, j0, n, dv, w.vf.get());
+      vj = w.vf.get(), vrs = dv;
+    }
     const int64_t pv = small && qend - c0 > 1 ? kSmallPV : n;
     for (int64_t k0 = 0; k0 < n; k0 += pv) {
       Gemm g;
       g.rows = qend - c0, g.cols = dv, g.depth = std::min(pv, n - k0);
       g.a = sc + k0 * ld, g.a_rs = 1, g.a_ks = ld;
-      g.b = vj + k0 * cx.v.rs, g.b_ks = cx.v.rs;
+      g.b = vj + k0 * vrs, g.b_ks = vrs;
       g.c = w.o.data() + c0 * dv, g.c_rs = dv;
       g.row_scale = k0 == 0 ? w.alpha.data() + c0 : nullptr;
       g.accumulate = true;

@@ -157,9 +157,11 @@ CausalLMOutput LlamaForCausalLM::forward(const Ids& ids, const ForwardOptions& o
   return out;
 }
 
-std::vector<nn::KvCache> LlamaForCausalLM::new_caches(int64_t rows, int64_t capacity, int64_t page_size) const {
+std::vector<nn::KvCache> LlamaForCausalLM::new_caches(int64_t rows, int64_t capacity, int64_t page_size,
+                                                      Precision storage) const {
   std::vector<nn::KvCache> caches(model.layers.size());
-  for (nn::KvCache& k : caches) k.reset(rows, config_.num_key_value_heads, config_.head_dim, capacity, page_size);
+  for (nn::KvCache& k : caches)
+    k.reset(rows, config_.num_key_value_heads, config_.head_dim, capacity, page_size, storage);
   return caches;
 }
 

@@ -209,8 +209,10 @@ AttendResult attend(const Context& c, const ad::Var& q_in, const ad::Var& k_in, 
     QKV_CHECK_ARG(in_place || !cache->ragged(), "[", o.op, "] a ragged KV cache (rows at different lengths) is read "
                   "in place: no mask, bias, relative positions, dropout or weights with the output (q ", shape_of(q),
                   ")");
-    // bf16: the cache holds the rounded keys and values, as the op would round them at every step.
-    const bool bf16 = a.precision == Precision::kBFloat16;
+    // bf16: the cache holds the rounded keys and values, as the op would round them at every step (a bf16 cache
+    // rounds them itself).
+    const bool pairs = cache->storage() == Precision::kBFloat16;
+    const bool bf16 = a.precision == Precision::kBFloat16 && !pairs;
     cache->append(bf16 ? round_to_bf16(k.value) : k.value, bf16 ? round_to_bf16(v.value) : v.value);
     if (cache->paged() && in_place) {  // the pages read in place; q as (B, Tq, Hq, D), out (B, Tq, Hq, D)
       if (o.weights != AttendWeights::kNone) result.weights = probabilities(q.value, cache->keys(), ao, Tensor());
@@ -220,9 +222,18 @@ AttendResult attend(const Context& c, const ad::Var& q_in, const ad::Var& k_in, 
       po.enable_gqa = false;  // implied by the pages' heads
       Tensor kp = cache->key_pages(), vp = cache->value_pages();
       const Tensor out = attention_with_kvcache(q.value.transpose(1, 2), kp, vp, Tensor(), Tensor(), lens,
-                                                cache->block_table(), cache->max_pages(), po)
+                                                cache->block_table(), cache->max_pages(), po, cache->storage())
                              .out;
       result.out = ad::Var(out.transpose(1, 2));
+      if (o.head_mask.defined()) result.out = ad::mul(result.out, ad::Var(o.head_mask.reshape({1, Hq, 1, 1})));
+      return result;
+    }
+    if (pairs && in_place) {  // a contiguous bf16 cache: its words read in place by the fused kernel
+      const int64_t len = cache->length();
+      if (o.weights != AttendWeights::kNone) result.weights = probabilities(q.value, cache->keys(), ao, Tensor());
+      result.out = ad::Var(attention_kv_bf16(q.value, cache->key_pages().slice(2, 0, len),
+                                             cache->value_pages().slice(2, 0, len), ao)
+                               .out);
       if (o.head_mask.defined()) result.out = ad::mul(result.out, ad::Var(o.head_mask.reshape({1, Hq, 1, 1})));
       return result;
     }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "qkv/core/error.h"
+#include "qkv/ops/lowp.h"
 
 namespace qkv::nn {
 
@@ -31,13 +32,20 @@ bool is_identity(const std::vector<int64_t>& rows, int64_t n) {
   return true;
 }
 
-void KvCache::reset(int64_t rows, int64_t heads, int64_t head_dim, int64_t capacity, int64_t page_size) {
+void KvCache::reset(int64_t rows, int64_t heads, int64_t head_dim, int64_t capacity, int64_t page_size,
+                    Precision storage) {
   QKV_CHECK_ARG(rows >= 0 && heads >= 1 && head_dim >= 1 && capacity >= 1 && page_size >= 0, "[KvCache] reset(rows ",
                 rows, ", heads ", heads, ", head_dim ", head_dim, ", capacity ", capacity, ", page_size ", page_size,
                 ") needs rows >= 0, page_size >= 0 and the rest >= 1");
+  QKV_CHECK_ARG(storage == Precision::kFloat32 || storage == Precision::kBFloat16, "[KvCache] storage ",
+                precision_name(storage), " is not one of fp32, bf16");
+  QKV_CHECK_ARG(storage != Precision::kBFloat16 || head_dim % 2 == 0, "[KvCache] bf16 storage pairs the elements of ",
+                "a head: head_dim ", head_dim, " must be even");
   rows_ = rows;
   heads_ = heads;
   dim_ = head_dim;
+  storage_ = storage;
+  cols_ = storage == Precision::kBFloat16 ? head_dim / 2 : head_dim;
   len_ = 0;
   page_ = page_size;
   table_.clear();
@@ -45,8 +53,8 @@ void KvCache::reset(int64_t rows, int64_t heads, int64_t head_dim, int64_t capac
   if (page_ == 0) {
     pool_.reset();
     max_pages_ = 0;
-    k_ = Tensor::empty({rows, heads, capacity, head_dim});
-    v_ = Tensor::empty({rows, heads, capacity, head_dim});
+    k_ = Tensor::empty({rows, heads, capacity, cols_});
+    v_ = Tensor::empty({rows, heads, capacity, cols_});
     return;
   }
   k_ = Tensor();
@@ -71,6 +79,8 @@ void KvCache::reset_shared(const KvCache& other, int64_t rows) {
   rows_ = rows;
   heads_ = other.heads_;
   dim_ = other.dim_;
+  storage_ = other.storage_;
+  cols_ = other.cols_;
   len_ = 0;
   page_ = other.page_;
   max_pages_ = std::max<int64_t>(1, other.max_pages_);
@@ -102,8 +112,8 @@ void KvCache::reserve_pages(int64_t pages) {
   Pool& p = *pool_;
   const int64_t old = static_cast<int64_t>(p.refs.size());
   if (pages <= old) return;
-  Tensor k = Tensor::empty({pages, page_, heads_, dim_});
-  Tensor v = Tensor::empty({pages, page_, heads_, dim_});
+  Tensor k = Tensor::empty({pages, page_, heads_, cols_});
+  Tensor v = Tensor::empty({pages, page_, heads_, cols_});
   if (old > 0) {
     k.slice(0, 0, old).copy_from(p.k);
     v.slice(0, 0, old).copy_from(p.v);
@@ -152,11 +162,11 @@ void KvCache::grow(int64_t need) {
   const int64_t cap = k_.size(2);
   if (need <= cap) return;
   const int64_t new_cap = std::max(need, 2 * cap);
-  Tensor k = Tensor::empty({rows_, heads_, new_cap, dim_});
-  Tensor v = Tensor::empty({rows_, heads_, new_cap, dim_});
+  Tensor k = Tensor::empty({rows_, heads_, new_cap, cols_});
+  Tensor v = Tensor::empty({rows_, heads_, new_cap, cols_});
   if (len_ > 0) {
-    k.slice(2, 0, len_).copy_from(keys());
-    v.slice(2, 0, len_).copy_from(values());
+    k.slice(2, 0, len_).copy_from(stored_keys());
+    v.slice(2, 0, len_).copy_from(stored_values());
   }
   k_ = k;
   v_ = v;
@@ -207,15 +217,16 @@ void KvCache::append(const Tensor& k, const Tensor& v) {
                 v.defined() ? str(v.shape()) : "()", " must both be (N, H, Tn, D) = ",
                 str(Shape{rows_, heads_, -1, dim_}).c_str());
   const int64_t tn = k.size(2);
+  const bool bf16 = storage_ == Precision::kBFloat16;
+  const Tensor kc = bf16 ? to_bf16_pairs(k) : k.contiguous(), vc = bf16 ? to_bf16_pairs(v) : v.contiguous();
   if (!paged()) {
     grow(len_ + tn);
-    k_.slice(2, len_, len_ + tn).copy_from(k);
-    v_.slice(2, len_, len_ + tn).copy_from(v);
+    k_.slice(2, len_, len_ + tn).copy_from(kc);
+    v_.slice(2, len_, len_ + tn).copy_from(vc);
     len_ += tn;
     return;
   }
   grow_pages(tn);
-  const Tensor kc = k.contiguous(), vc = v.contiguous();
   float* kp = pool_->k.data();
   float* vp = pool_->v.data();
   for (int64_t r = 0; r < rows_; ++r) {
@@ -224,9 +235,9 @@ void KvCache::append(const Tensor& k, const Tensor& v) {
       const int64_t pos = len + t;
       const int64_t slot = table_[static_cast<size_t>(r * max_pages_ + pos / page_)] * page_ + pos % page_;
       for (int64_t h = 0; h < heads_; ++h) {
-        const int64_t src = ((r * heads_ + h) * tn + t) * dim_, dst = (slot * heads_ + h) * dim_;
-        std::copy(kc.data() + src, kc.data() + src + dim_, kp + dst);
-        std::copy(vc.data() + src, vc.data() + src + dim_, vp + dst);
+        const int64_t src = ((r * heads_ + h) * tn + t) * cols_, dst = (slot * heads_ + h) * cols_;
+        std::copy(kc.data() + src, kc.data() + src + cols_, kp + dst);
+        std::copy(vc.data() + src, vc.data() + src + cols_, vp + dst);
       }
     }
     len += tn;
@@ -249,6 +260,8 @@ int64_t KvCache::add_row(std::span<const int32_t> pages, int64_t length) {
 
 void KvCache::take_rows(KvCache& other) {
   check_paged("take_rows");
+  QKV_CHECK_ARG(other.storage_ == storage_, "[KvCache] take_rows from a ", precision_name(other.storage_),
+                " cache into a ", precision_name(storage_), " one (caches on one pool share its storage)");
   QKV_CHECK_ARG(other.pool_ == pool_, "[KvCache] take_rows from a cache on another pool (make it with reset_shared)");
   if (&other == this) return;
   widen(other.max_pages_);
@@ -302,40 +315,44 @@ void KvCache::reorder(const std::vector<int64_t>& rows) {
     return;
   }
   const int64_t cap = std::max<int64_t>(k_.size(2), 1);
-  Tensor k = Tensor::empty({n, heads_, cap, dim_});
-  Tensor v = Tensor::empty({n, heads_, cap, dim_});
+  Tensor k = Tensor::empty({n, heads_, cap, cols_});
+  Tensor v = Tensor::empty({n, heads_, cap, cols_});
   for (size_t i = 0; i < rows.size(); ++i) {
     if (len_ == 0) continue;
-    k.select(0, static_cast<int64_t>(i)).slice(1, 0, len_).copy_from(keys().select(0, rows[i]));
-    v.select(0, static_cast<int64_t>(i)).slice(1, 0, len_).copy_from(values().select(0, rows[i]));
+    k.select(0, static_cast<int64_t>(i)).slice(1, 0, len_).copy_from(stored_keys().select(0, rows[i]));
+    v.select(0, static_cast<int64_t>(i)).slice(1, 0, len_).copy_from(stored_values().select(0, rows[i]));
   }
   k_ = k;
   v_ = v;
   rows_ = n;
 }
 
-// (N, H, length, D) copied out of the pages of `pool`.
+// (N, H, length, cols) copied out of the pages of `pool`.
 Tensor KvCache::gather(const Tensor& pool) const {
   QKV_CHECK_ARG(!ragged(), "[KvCache] keys / values of ragged rows (read them through block_table)");
-  Tensor out = Tensor::empty({rows_, heads_, len_, dim_});
+  Tensor out = Tensor::empty({rows_, heads_, len_, cols_});
   for (int64_t r = 0; r < rows_; ++r)
     for (int64_t pos = 0; pos < len_; ++pos) {
       const int64_t slot = table_[static_cast<size_t>(r * max_pages_ + pos / page_)] * page_ + pos % page_;
       for (int64_t h = 0; h < heads_; ++h)
-        std::copy(pool.data() + (slot * heads_ + h) * dim_, pool.data() + (slot * heads_ + h + 1) * dim_,
-                  out.data() + ((r * heads_ + h) * len_ + pos) * dim_);
+        std::copy(pool.data() + (slot * heads_ + h) * cols_, pool.data() + (slot * heads_ + h + 1) * cols_,
+                  out.data() + ((r * heads_ + h) * len_ + pos) * cols_);
     }
   return out;
 }
 
+Tensor KvCache::stored_keys() const { return paged() ? gather(pool_->k) : k_.slice(2, 0, len_); }
+
+Tensor KvCache::stored_values() const { return paged() ? gather(pool_->v) : v_.slice(2, 0, len_); }
+
 Tensor KvCache::keys() const {
   QKV_CHECK_ARG(ready(), "[KvCache] keys before reset");
-  return paged() ? gather(pool_->k) : k_.slice(2, 0, len_);
+  return storage_ == Precision::kBFloat16 ? from_bf16_pairs(stored_keys()) : stored_keys();
 }
 
 Tensor KvCache::values() const {
   QKV_CHECK_ARG(ready(), "[KvCache] values before reset");
-  return paged() ? gather(pool_->v) : v_.slice(2, 0, len_);
+  return storage_ == Precision::kBFloat16 ? from_bf16_pairs(stored_values()) : stored_values();
 }
 
 }  // namespace qkv::nn

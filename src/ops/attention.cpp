@@ -198,14 +198,15 @@ AttentionResult reference_dropped(const Tensor& q, const Tensor& k, const Tensor
   return r;
 }
 
+// config.kv_bf16: k and v are bf16 pairs, whose values are bf16 already.
 AttentionResult fused_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                              const Shape& batch) {
+                              const Shape& batch, const kernels::FlashConfig& config = {}) {
   // bf16: the inputs rounded once here; the kernel keeps the precision, and where the CPU has AVX512-BF16 it runs
   // both products on vdpbf16ps with P rounded to bf16 (softmax, LSE and sums in float32), else float32 products.
-  const bool bf16 = o.precision == Precision::kBFloat16;
-  AttentionResult r = kernels::attention_flash_forward(bf16 ? round_to_bf16(q) : q, bf16 ? round_to_bf16(k) : k,
-                                                       bf16 ? round_to_bf16(v) : v, o, batch,
-                                                       attention_scale(o, q.size(-1)));
+  const bool bf16 = o.precision == Precision::kBFloat16, kv = bf16 && !config.kv_bf16;
+  AttentionResult r = kernels::attention_flash_forward(bf16 ? round_to_bf16(q) : q, kv ? round_to_bf16(k) : k,
+                                                       kv ? round_to_bf16(v) : v, o, batch,
+                                                       attention_scale(o, q.size(-1)), config);
   if (!o.return_lse) r.lse = Tensor();
   return r;
 }
@@ -246,6 +247,25 @@ AttentionGrads attention_backward_checked(const Tensor& q, const Tensor& k, cons
 // The single entry: checks once, then decides (empty, dropout, fused or reference).
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
   return detail::attention_checked(q, k, v, options, attention_check(q, k, v, options, "attention"));
+}
+
+AttentionResult attention_kv_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  QKV_CHECK_ARG(k.defined() && v.defined() && k.dim() >= 2 && v.dim() >= 2, "[attention] k ",
+                k.defined() ? str(k.shape()) : "(undefined)", " and v ", v.defined() ? str(v.shape()) : "(undefined)",
+                " of bf16 pairs must have rank >= 2");
+  // The checks see the widened shapes (a broadcast zero: nothing is widened for them).
+  const auto widened = [](const Tensor& x) {
+    Shape s = x.shape();
+    s.back() *= 2;
+    return Tensor::zeros({1}).expand(s);
+  };
+  const Tensor kw = widened(k), vw = widened(v);
+  const Shape batch = attention_check(q, kw, vw, options, "attention");
+  if (is_empty(q, kw, vw) || options.dropout_p > 0.0f || options.return_weights)
+    return detail::attention_checked(q, from_bf16_pairs(k), from_bf16_pairs(v), options, batch);
+  kernels::FlashConfig config;
+  config.kv_bf16 = true;
+  return fused_checked(q, k, v, options, batch, config);
 }
 
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,

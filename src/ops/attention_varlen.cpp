@@ -202,18 +202,25 @@ AttentionGrads attention_varlen_backward(const Tensor& q_in, const Tensor& k_in,
 AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& k_new,
                                        const Tensor& v_new, std::span<const int32_t> cache_seqlens,
                                        std::span<const int32_t> block_table, int64_t max_blocks,
-                                       const AttentionOptions& options) {
+                                       const AttentionOptions& options, Precision cache_storage) {
   const char* op = "attention_with_kvcache";
+  QKV_CHECK_ARG(cache_storage == Precision::kFloat32 || cache_storage == Precision::kBFloat16, "[", op,
+                "] cache storage ", precision_name(cache_storage), " is not one of fp32, bf16");
+  // bf16 storage: the caches' last dim holds D / 2 words (pairs of bf16).
+  const bool pairs = cache_storage == Precision::kBFloat16;
+  const int64_t per_word = pairs ? 2 : 1;
   QKV_CHECK_ARG(q.defined() && k_cache.defined() && v_cache.defined(), "[", op, "] q, k_cache and v_cache must be defined");
   QKV_CHECK_ARG(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "[", op, "] q ", str(q.shape()),
                 " must be (B, Tq, Hq, D) and k_cache ", str(k_cache.shape()), ", v_cache ", str(v_cache.shape()),
                 " (num_blocks, block_size, Hkv, D)");
   const int64_t B = q.size(0), tq = q.size(1), hq = q.size(2), dk = q.size(3);
-  const int64_t nblocks = k_cache.size(0), bs = k_cache.size(1), hkv = k_cache.size(2), dv = v_cache.size(3);
-  QKV_CHECK_ARG(k_cache.size(3) == dk && v_cache.size(0) == nblocks && v_cache.size(1) == bs &&
+  const int64_t nblocks = k_cache.size(0), bs = k_cache.size(1), hkv = k_cache.size(2);
+  const int64_t dv = v_cache.size(3) * per_word;
+  QKV_CHECK_ARG(k_cache.size(3) * per_word == dk && v_cache.size(0) == nblocks && v_cache.size(1) == bs &&
                     v_cache.size(2) == hkv && hkv > 0 && hq % hkv == 0 && tq > 0 && dk > 0 && dv > 0,
                 "[", op, "] q ", str(q.shape()), ", k_cache ", str(k_cache.shape()), " and v_cache ",
-                str(v_cache.shape()), ": D must agree, the caches share blocks and heads, Hq a multiple of Hkv");
+                str(v_cache.shape()), ": D must agree (", pairs ? "bf16 caches: D / 2 words" : "float32 caches",
+                "), the caches share blocks and heads, Hq a multiple of Hkv");
   QKV_CHECK_ARG(k_cache.is_contiguous() && v_cache.is_contiguous(), "[", op, "] k_cache ", str(k_cache.shape()),
                 " and v_cache must be contiguous (they are updated in place)");
   QKV_CHECK_ARG(!options.mask.defined() && options.mask_kind == MaskKind::kNone, "[", op, "] takes no mask (q ",
@@ -262,8 +269,12 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
   }
   // Append in place: the row of position p of sequence b is block table[b][p / bs], row p % bs.
   const bool bf16 = options.precision == Precision::kBFloat16;
-  if (append) {
-    const Tensor kc = bf16 ? round_to_bf16(k_new) : k_new.contiguous(), vc = bf16 ? round_to_bf16(v_new) : v_new.contiguous();
+  if (append) {  // bf16 storage: the new rows as pairs of bf16 (rounded once, as a bf16 KvCache appends them)
+    const auto stored = [&](const Tensor& x) {
+      return pairs ? to_bf16_pairs(x) : bf16 ? round_to_bf16(x) : x.contiguous();
+    };
+    const Tensor kc = stored(k_new), vc = stored(v_new);
+    const int64_t kw = hkv * dk / per_word, vw = hkv * dv / per_word;  // floats (or words) a position
     float* kd = k_cache.data();
     float* vd = v_cache.data();
     for (int64_t b = 0; b < B; ++b)
@@ -271,10 +282,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
         const int64_t pos = lens[static_cast<size_t>(b)] - tnew + t;
         const int64_t blk = block_table[static_cast<size_t>(b * max_blocks + pos / bs)];
         const int64_t row = blk * bs + pos % bs;
-        std::copy(kc.data() + (b * tnew + t) * hkv * dk, kc.data() + (b * tnew + t + 1) * hkv * dk,
-                  kd + row * hkv * dk);
-        std::copy(vc.data() + (b * tnew + t) * hkv * dv, vc.data() + (b * tnew + t + 1) * hkv * dv,
-                  vd + row * hkv * dv);
+        std::copy(kc.data() + (b * tnew + t) * kw, kc.data() + (b * tnew + t + 1) * kw, kd + row * kw);
+        std::copy(vc.data() + (b * tnew + t) * vw, vc.data() + (b * tnew + t + 1) * vw, vd + row * vw);
       }
   }
   const float scale = attention_scale(options, dk);
@@ -291,6 +300,7 @@ AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor&
   for_each_sequence(B, [&](int64_t b, const kernels::FlashConfig& team) {
     kernels::FlashConfig cfg = team;
     cfg.split_keys = false;
+    cfg.kv_bf16 = pairs;
     const int64_t tk = lens[static_cast<size_t>(b)];
     if (tk == 0) {  // nothing cached: zeros, lse -inf
       std::fill(lp + b * hq * tq, lp + (b + 1) * hq * tq, kNegInf);

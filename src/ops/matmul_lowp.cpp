@@ -2,6 +2,8 @@
 #include "qkv/ops/lowp.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 
 #include "qkv/core/error.h"
 #include "qkv/ops/matmul.h"
@@ -14,6 +16,29 @@ Tensor round_to_bf16(const Tensor& x) {
   const Tensor c = x.contiguous();
   Tensor out = Tensor::empty(x.shape());
   kernels::bf16_round(c.data(), out.data(), c.numel());
+  return out;
+}
+
+static_assert(std::endian::native == std::endian::little, "bf16 pairs: element 2i is the low half of word i");
+
+Tensor to_bf16_pairs(const Tensor& x) {
+  QKV_CHECK_ARG(x.defined() && x.dim() >= 1 && x.size(-1) % 2 == 0, "[to_bf16_pairs] x ",
+                x.defined() ? str(x.shape()) : std::string("(undefined)"), " needs an even last dim");
+  const Tensor c = x.contiguous();
+  Shape shape = x.shape();
+  shape.back() /= 2;
+  Tensor out = Tensor::empty(shape);
+  kernels::float_to_bf16(c.data(), reinterpret_cast<uint16_t*>(out.data()), c.numel());
+  return out;
+}
+
+Tensor from_bf16_pairs(const Tensor& words) {
+  QKV_CHECK_ARG(words.defined() && words.dim() >= 1, "[from_bf16_pairs] words must have rank >= 1");
+  const Tensor c = words.contiguous();
+  Shape shape = words.shape();
+  shape.back() *= 2;
+  Tensor out = Tensor::empty(shape);
+  kernels::bf16_to_float(reinterpret_cast<const uint16_t*>(c.data()), out.data(), out.numel());
   return out;
 }
 

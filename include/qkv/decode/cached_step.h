@@ -89,9 +89,10 @@ class CachedStep : public StepModel {
 // A models::LlamaForCausalLM (a Mistral / Qwen 2 / Gemma 2 one too) continuing prompts: the attention mask and
 // positions as transformers' generate passes them; page_size > 0: paged caches (new_caches); recording through
 // ForwardOptions (output_attentions for the last layer). No context limit (rotary positions have no table; a beam
-// search's BeamOptions::max_bytes bounds its caches). Throws "[CachedStep] page_size must be >= 0".
+// search's BeamOptions::max_bytes bounds its caches). kv_cache: the caches' storage (kFloat32 or kBFloat16,
+// nn::KvCache::reset). Throws "[CachedStep] page_size must be >= 0".
 CachedStep cached_step(const models::LlamaForCausalLM& model, std::vector<std::vector<int64_t>> prompts,
-                       int64_t page_size = 0);
+                       int64_t page_size = 0, Precision kv_cache = Precision::kFloat32);
 // A models::DecoderOnlyTransformer continuing prompts (learned positions: context = max_len). The model is switched
 // to eval mode (no dropout).
 CachedStep cached_step(models::DecoderOnlyTransformer& model, std::vector<std::vector<int64_t>> prompts);

@@ -31,6 +31,9 @@ struct GenerateOptions {
   int64_t page_size = 0;                  // > 0: paged KV caches: the step (and the bits) of a Scheduler with
                                           // this page_size; 0: contiguous ones (another attention kernel, whose
                                           // last bits, amplified by quantized weights, can change a reply)
+  // The KV caches' storage (llama.cpp's --cache-type-k/v, vLLM's kv_cache_dtype): kFloat32, or kBFloat16 (keys
+  // and values rounded to bfloat16, half the cache bytes read a token; nn::KvCache::reset). kInt8 is refused.
+  Precision kv_cache = Precision::kFloat32;
   const std::atomic<bool>* cancel = nullptr;  // read before every step: true ends the reply (Ctrl-C)
 };
 

@@ -19,9 +19,10 @@ class Batch;
 
 class RecordingDecoder {
  public:
-  // page_size >= 1: the KV pages; capacity: the positions first reserved (they grow as needed). The model must
-  // outlive this.
-  RecordingDecoder(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity);
+  // page_size >= 1: the KV pages; capacity: the positions first reserved (they grow as needed); kv_cache: their
+  // storage (GenerateOptions::kv_cache). The model must outlive this.
+  RecordingDecoder(const models::LlamaForCausalLM& model, int64_t page_size, int64_t capacity,
+                   Precision kv_cache = Precision::kFloat32);
   ~RecordingDecoder();
   RecordingDecoder(const RecordingDecoder&) = delete;
   RecordingDecoder& operator=(const RecordingDecoder&) = delete;

@@ -46,6 +46,7 @@ struct SchedulerOptions {
   bool reuse_prefix = true;   // take a prompt's longest cached prefix from finished requests' pages
   int64_t threads = 0;        // OpenMP threads of the scheduler's forwards, >= 0 (0: omp_get_max_threads() of the
                               // thread that makes the scheduler, which a new thread would not inherit)
+  Precision kv_cache = Precision::kFloat32;  // the KV pool's storage: kFloat32 or kBFloat16 (GenerateOptions)
 };
 
 struct RequestOptions {

@@ -31,6 +31,11 @@ struct FlashConfig {
   // fixed team of 4, as in decoding; the splits, hence the bits, never depend on the threads at hand). The paged
   // decoding path (attention_with_kvcache) does not split, so a sequence has the same bits alone or batched.
   bool split_keys = true;
+  // k and v (or a KvPages' caches) hold bf16 pairs, as a bf16 KV cache stores them (nn::KvCache,
+  // qkv::to_bf16_pairs): (..., Tk, D/2) float-sized words, element 2i of a row in the low half of word i. The
+  // forward widens each key and value tile to float32 right before its products: the same bits as over float32
+  // k and v holding those bf16 values, with half the bytes read. Forward only.
+  bool kv_bf16 = false;
 };
 
 // Name of the microkernel set `isa` resolves to on this CPU: "avx512", "avx2" or "portable".

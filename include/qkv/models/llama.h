@@ -224,8 +224,10 @@ class LlamaForCausalLM : public nn::Module {
   CausalLMOutput forward(const Ids& ids, const ForwardOptions& options, std::vector<nn::KvCache>* caches = nullptr,
                          const Ids& attention_mask = {}, const std::vector<int64_t>* positions = nullptr) const;
   // One empty cache per layer for `rows` sequences; page_size > 0: paged caches (nn::KvCache), which the
-  // attention reads in place through attention_with_kvcache's block table.
-  std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0) const;
+  // attention reads in place through attention_with_kvcache's block table. storage: the caches' precision
+  // (nn::KvCache::reset: kFloat32, or kBFloat16 with half the bytes).
+  std::vector<nn::KvCache> new_caches(int64_t rows, int64_t capacity = 16, int64_t page_size = 0,
+                                      Precision storage = Precision::kFloat32) const;
 
   // A GGUF file (see from_gguf), or a folder that transformers' save_pretrained wrote: config.json +
   // model.safetensors (or its shards). Throws std::runtime_error with one line naming the file and the problem (missing file, unsupported config, missing / unexpected /

@@ -18,6 +18,13 @@ namespace qkv {
 // reference when weights are asked for, else the fused kernel.
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
+// attention() over k and v stored as bf16 pairs (a bf16 nn::KvCache's storage, qkv::to_bf16_pairs): k (..., Tk,
+// Dk/2) and v (..., Tk, Dv/2) words. The same result, bit for bit, as attention(q, from_bf16_pairs(k),
+// from_bf16_pairs(v), options): the fused kernel reads the words in place (half the bytes of float32 k and v), the
+// other paths widen them first. Inference only (no backward).
+AttentionResult attention_kv_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionOptions& options = {});
+
 // The plain composed path (scores -> mask -> softmax -> weights·v), always materialising the weights.
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});

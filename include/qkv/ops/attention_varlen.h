@@ -44,9 +44,13 @@ AttentionGrads attention_varlen_backward(const Tensor& q, const Tensor& k, const
 // attention() rounds its inputs; keys cached before are read as they are (append them at bf16 too).
 // Batch invariance: each sequence's out and lse are the same bits whatever the other sequences of the call and the
 // thread count (one fixed reduction order over its keys: they are never split across threads).
+// cache_storage kBFloat16: the caches hold bf16 pairs (a bf16 nn::KvCache's pages, qkv::to_bf16_pairs), their last
+// dim D / 2 words; k_new and v_new are rounded into them, and the attention is the float32 one over those bf16
+// values (half the bytes read). kInt8 is refused.
 AttentionResult attention_with_kvcache(const Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& k_new,
                                        const Tensor& v_new, std::span<const int32_t> cache_seqlens,
                                        std::span<const int32_t> block_table, int64_t max_blocks,
-                                       const AttentionOptions& options = {});
+                                       const AttentionOptions& options = {},
+                                       Precision cache_storage = Precision::kFloat32);
 
 }  // namespace qkv

@@ -16,6 +16,13 @@ namespace qkv {
 // x rounded to bfloat16 element-wise (a new contiguous float32 tensor; NaN stays NaN, inf stays inf).
 Tensor round_to_bf16(const Tensor& x);
 
+// bfloat16 pairs, the storage of a bf16 KV cache (nn::KvCache): x (..., D), D even  ->  (..., D/2) float-sized words
+// (a new contiguous tensor whose elements are bit patterns, not numbers: copy them, never compute on them), word i
+// holding x[2i] rounded as round_to_bf16 in its low 16 bits and x[2i + 1] in its high 16 bits.
+Tensor to_bf16_pairs(const Tensor& x);
+// The inverse: words (..., C)  ->  (..., 2C) float32, each element its bf16 value exactly.
+Tensor from_bf16_pairs(const Tensor& words);
+
 // A linear layer's weight (out, in) prepared once for one precision and the kernels this CPU runs.
 //   kFloat32:  the weight itself (shared storage), and where sgemm runs its own AVX-512 kernel its transpose packed
 //              once into that kernel's panels (twice the weight's memory); linear() gives the float32 bits exactly.
