@@ -199,13 +199,21 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
     float* sc = st + c0;
     // bf16 pairs: the bf16 products take a key tile's words as its pairs along d (or the head's pairs); any other
     // product takes the tile widened to float32, as if K had held those values.
+    // A few queries (decoding) widen and score kSmallPV keys at a time, so the widened rows are read back from L1
+    // rather than written out to L2 and read again (each key's score is its own dot product: the same bits).
     const bool k_words = cx.kv_bf16 && bf16;
-    if (cx.kv_bf16 && !bf16) {
+    if (cx.kv_bf16 && !bf16 && !small) {
       widen_rows(cx.k, b, j0, n, dk, w.kf.get());
       kj = w.kf.get(), krs = dk;
     }
     // Sᵀ (n keys x nc queries), log2 units.
-    if (small) {
+    if (small && cx.kv_bf16) {
+      for (int64_t k0 = 0; k0 < n; k0 += kSmallPV) {
+        const int64_t nk = std::min(kSmallPV, n - k0);
+        widen_rows(cx.k, b, j0 + k0, nk, dk, w.kf.get());
+        kr.dot_scores(qt, bq, dk, w.kf.get(), dk, nk, st + k0 * ld, ld);
+      }
+    } else if (small) {
       kr.dot_scores(qt, bq, dk, kj, krs, n, st, ld);
     } else if (bf16) {
       const uint32_t* k2 = w.k2.data();  // the key tile as pairs along d (n x dk2 words, a_rs apart)
@@ -272,16 +280,16 @@ void fwd_tile(const Ctx& cx, int64_t b, int64_t i0, int64_t bq, int64_t j_begin,
       kr.gemm_bf16(g);
       continue;
     }
-    if (cx.kv_bf16) {
-      widen_rows(cx.v, b, j0, n, dv, w.vf.get());
-      vj = w.vf.get(), vrs = dv;
-    }
-    const int64_t pv = small && qend - c0 > 1 ? kSmallPV : n;
+    // A bf16 V is widened a block at a time (the few-query blocks, or kSmallPV keys: a split of the depth keeps the
+    // bits, C being reloaded exactly), its rows found in L1 by the product.
+    const int64_t pv = (small && qend - c0 > 1) || (small && cx.kv_bf16) ? kSmallPV : n;
     for (int64_t k0 = 0; k0 < n; k0 += pv) {
+      const float* vb = cx.kv_bf16 ? w.vf.get() : vj + k0 * vrs;
+      if (cx.kv_bf16) widen_rows(cx.v, b, j0 + k0, std::min(pv, n - k0), dv, w.vf.get());
       Gemm g;
       g.rows = qend - c0, g.cols = dv, g.depth = std::min(pv, n - k0);
       g.a = sc + k0 * ld, g.a_rs = 1, g.a_ks = ld;
-      g.b = vj + k0 * vrs, g.b_ks = vrs;
+      g.b = vb, g.b_ks = cx.kv_bf16 ? dv : vrs;
       g.c = w.o.data() + c0 * dv, g.c_rs = dv;
       g.row_scale = k0 == 0 ? w.alpha.data() + c0 : nullptr;
       g.accumulate = true;

@@ -26,7 +26,11 @@ constexpr int64_t kBlockM = 64, kBlockN = 64;       // c blocks of the int8 prod
 template <class F>
 void chunked(int64_t n, F f) {
   const int64_t chunks = n >= kParallelMin ? std::max<int64_t>(1, n / (kParallelMin / 4)) : 1;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+  if (chunks == 1) {  // on the calling thread: `parallel for if (false)` still sets up a team of one (a microsecond)
+    f(0, n);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t ch = 0; ch < chunks; ++ch) {
     // Multiples of 16 so that every chunk but the last runs whole vectors.
     const int64_t b = (n * ch / chunks) & ~int64_t{15}, e = ch + 1 == chunks ? n : (n * (ch + 1) / chunks) & ~int64_t{15};
