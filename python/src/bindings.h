@@ -4,6 +4,7 @@
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -19,6 +20,13 @@
 #include "qkv/models/outputs.h"
 #include "qkv/nn/module.h"
 #include "qkv/ops/attention.h"
+
+// A SmallVector (Shape: dims, strides) crosses to Python as std::vector does: a list out, any sequence of ints in,
+// with the same conversions, signatures and errors.
+namespace pybind11::detail {
+template <typename T, size_t N>
+struct type_caster<qkv::SmallVector<T, N>> : list_caster<qkv::SmallVector<T, N>, T> {};
+}  // namespace pybind11::detail
 
 namespace qkv::python {
 

@@ -28,7 +28,8 @@ void copy_strided(const Shape& shape, float* dst, const Shape& dst_strides, cons
     return;
   }
   const int64_t cols = shape.back(), rows = n / cols, ds = dst_strides.back(), ss = src_strides.back();
-  std::vector<int64_t> dst_starts(static_cast<size_t>(rows)), src_starts(static_cast<size_t>(rows));
+  // Row starts: inline for the few rows of a KV cache's append, on the heap for big copies.
+  SmallVector<int64_t, 16> dst_starts(static_cast<size_t>(rows)), src_starts(static_cast<size_t>(rows));
   const Shape outer(shape.begin(), shape.end() - 1);
   for_each_offset(outer, Shape(dst_strides.begin(), dst_strides.end() - 1),
                   [&](int64_t i, int64_t off) { dst_starts[static_cast<size_t>(i)] = off; });
@@ -224,12 +225,12 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
 Tensor Tensor::permute(const Shape& dims) const {
   QKV_CHECK_ARG(static_cast<int64_t>(dims.size()) == dim(), "[permute] dims ", str(dims),
                 " do not match rank of ", str(shape_));
-  std::vector<bool> seen(dims.size(), false);
+  Shape seen(dims.size(), 0);
   Tensor t = *this;
   for (size_t i = 0; i < dims.size(); ++i) {
     const int64_t d = normalize_axis(dims[i], dim(), "permute");
     QKV_CHECK_ARG(!seen[d], "[permute] repeated axis in ", str(dims));
-    seen[d] = true;
+    seen[d] = 1;
     t.shape_[i] = shape_[d];
     t.strides_[i] = strides_[d];
   }

@@ -5,9 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "qkv/core/small_vector.h"
+
 namespace qkv {
 
-using Shape = std::vector<int64_t>;
+// Dims or strides, in elements. Up to 6 dims live inline (no heap allocation); more go to the heap.
+using Shape = SmallVector<int64_t, 6>;
 
 // "(2, 10, 64)"; "()" for a scalar.
 std::string str(const Shape& shape);

@@ -88,7 +88,7 @@ void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   if (n == 0) return;
-  std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
+  Shape idx(static_cast<size_t>(rank), 0);
   int64_t off = 0;
   for (int64_t i = 0; i < n; ++i) {
     f(i, off);
