@@ -225,12 +225,12 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
 Tensor Tensor::permute(const Shape& dims) const {
   QKV_CHECK_ARG(static_cast<int64_t>(dims.size()) == dim(), "[permute] dims ", str(dims),
                 " do not match rank of ", str(shape_));
-  Shape seen(dims.size(), 0);
+  SmallVector<bool, 8> seen(dims.size(), false);
   Tensor t = *this;
   for (size_t i = 0; i < dims.size(); ++i) {
     const int64_t d = normalize_axis(dims[i], dim(), "permute");
     QKV_CHECK_ARG(!seen[d], "[permute] repeated axis in ", str(dims));
-    seen[d] = 1;
+    seen[d] = true;
     t.shape_[i] = shape_[d];
     t.strides_[i] = strides_[d];
   }
