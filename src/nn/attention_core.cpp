@@ -214,26 +214,27 @@ AttendResult attend(const Context& c, const ad::Var& q_in, const ad::Var& k_in, 
     const bool pairs = cache->storage() == Precision::kBFloat16;
     const bool bf16 = a.precision == Precision::kBFloat16 && !pairs;
     cache->append(bf16 ? round_to_bf16(k.value) : k.value, bf16 ? round_to_bf16(v.value) : v.value);
-    if (cache->paged() && in_place) {  // the pages read in place; q as (B, Tq, Hq, D), out (B, Tq, Hq, D)
+    // The storage read in place by the fused kernel: the pages (q as (B, Tq, Hq, D), out (B, Tq, Hq, D)), or a
+    // contiguous bf16 cache's words. A contiguous float32 cache's keys() are a view: read by the op below.
+    if (in_place && (cache->paged() || pairs)) {
       if (o.weights != AttendWeights::kNone) result.weights = probabilities(q.value, cache->keys(), ao, Tensor());
-      std::vector<int32_t> lens(static_cast<size_t>(B));
-      for (int64_t r = 0; r < B; ++r) lens[static_cast<size_t>(r)] = static_cast<int32_t>(cache->row_length(r));
-      AttentionOptions po = a;
-      po.enable_gqa = false;  // implied by the pages' heads
-      Tensor kp = cache->key_pages(), vp = cache->value_pages();
-      const Tensor out = attention_with_kvcache(q.value.transpose(1, 2), kp, vp, Tensor(), Tensor(), lens,
-                                                cache->block_table(), cache->max_pages(), po, cache->storage())
-                             .out;
-      result.out = ad::Var(out.transpose(1, 2));
-      if (o.head_mask.defined()) result.out = ad::mul(result.out, ad::Var(o.head_mask.reshape({1, Hq, 1, 1})));
-      return result;
-    }
-    if (pairs && in_place) {  // a contiguous bf16 cache: its words read in place by the fused kernel
-      const int64_t len = cache->length();
-      if (o.weights != AttendWeights::kNone) result.weights = probabilities(q.value, cache->keys(), ao, Tensor());
-      result.out = ad::Var(attention_kv_bf16(q.value, cache->key_pages().slice(2, 0, len),
-                                             cache->value_pages().slice(2, 0, len), ao)
-                               .out);
+      Tensor out;
+      if (cache->paged()) {
+        std::vector<int32_t> lens(static_cast<size_t>(B));
+        for (int64_t r = 0; r < B; ++r) lens[static_cast<size_t>(r)] = static_cast<int32_t>(cache->row_length(r));
+        AttentionOptions po = a;
+        po.enable_gqa = false;  // implied by the pages' heads
+        Tensor kp = cache->key_pages(), vp = cache->value_pages();
+        out = attention_with_kvcache(q.value.transpose(1, 2), kp, vp, Tensor(), Tensor(), lens, cache->block_table(),
+                                     cache->max_pages(), po, cache->storage())
+                  .out.transpose(1, 2);
+      } else {
+        const int64_t len = cache->length();
+        out = attention_kv_bf16(q.value, cache->key_pages().slice(2, 0, len), cache->value_pages().slice(2, 0, len),
+                                ao)
+                  .out;
+      }
+      result.out = ad::Var(out);
       if (o.head_mask.defined()) result.out = ad::mul(result.out, ad::Var(o.head_mask.reshape({1, Hq, 1, 1})));
       return result;
     }

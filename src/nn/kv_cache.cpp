@@ -218,15 +218,17 @@ void KvCache::append(const Tensor& k, const Tensor& v) {
                 str(Shape{rows_, heads_, -1, dim_}).c_str());
   const int64_t tn = k.size(2);
   const bool bf16 = storage_ == Precision::kBFloat16;
-  const Tensor kc = bf16 ? to_bf16_pairs(k) : k.contiguous(), vc = bf16 ? to_bf16_pairs(v) : v.contiguous();
+  // The rows as stored (bf16: pairs of words, contiguous); float32 rows as given: copy_from reads any strides.
+  const Tensor ks = bf16 ? to_bf16_pairs(k) : k, vs = bf16 ? to_bf16_pairs(v) : v;
   if (!paged()) {
     grow(len_ + tn);
-    k_.slice(2, len_, len_ + tn).copy_from(kc);
-    v_.slice(2, len_, len_ + tn).copy_from(vc);
+    k_.slice(2, len_, len_ + tn).copy_from(ks);
+    v_.slice(2, len_, len_ + tn).copy_from(vs);
     len_ += tn;
     return;
   }
   grow_pages(tn);
+  const Tensor kc = ks.contiguous(), vc = vs.contiguous();  // the pages' rows copied from contiguous ones
   float* kp = pool_->k.data();
   float* vp = pool_->v.data();
   for (int64_t r = 0; r < rows_; ++r) {
