@@ -13,6 +13,7 @@
 #include "lowp_amx_impl.h"
 #include "lowp_impl.h"
 #include "qkv/core/error.h"
+#include "qkv/core/parallel_for.h"
 #include "qkv/kernels/cpu.h"
 #include "qkv/kernels/grad.h"
 #include "sgemm_kernels.h"
@@ -23,19 +24,16 @@ namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 16;  // elements per OpenMP region for the element-wise passes
 constexpr int64_t kBlockM = 64, kBlockN = 64;       // c blocks of the int8 product (one OpenMP work item each)
 
+// f(b, e) over chunks of [0, n): over the OpenMP team where n is large, else one call on the calling thread (no
+// parallel region: a small tile's conversion would pay a team's set-up per call).
 template <class F>
 void chunked(int64_t n, F f) {
   const int64_t chunks = n >= kParallelMin ? std::max<int64_t>(1, n / (kParallelMin / 4)) : 1;
-  if (chunks == 1) {  // on the calling thread: `parallel for if (false)` still sets up a team of one (a microsecond)
-    f(0, n);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t ch = 0; ch < chunks; ++ch) {
+  parallel_for(chunks > 1, chunks, [&](int64_t ch) {
     // Multiples of 16 so that every chunk but the last runs whole vectors.
     const int64_t b = (n * ch / chunks) & ~int64_t{15}, e = ch + 1 == chunks ? n : (n * (ch + 1) / chunks) & ~int64_t{15};
     f(b, e);
-  }
+  });
 }
 
 
